@@ -1,0 +1,384 @@
+//! The four algorithms as pure functions of (policy, state, now, cost).
+//!
+//! This is the one Rust truth of each algorithm: the memory store keeps these states in
+//! a map, and the Lua scripts in `lua/` are line-for-line translations of the same
+//! arithmetic (integers only, exact in Lua's doubles because policies keep every
+//! product under 2^53). The conformance suite runs both on the same traces.
+//!
+//! A decision never changes state when it denies, so a request that one of several
+//! policies denies can be rolled back simply by not committing the others.
+
+use std::collections::VecDeque;
+
+use crate::decision::PolicyOutcome;
+use crate::policy::{Algorithm, Policy};
+
+/// The state one subject holds for one policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Window index and the count admitted in it.
+    FixedWindow { window: u64, count: u64 },
+    /// Index of the current window and the counts of it and the one before.
+    SlidingWindow { window: u64, prev: u64, cur: u64 },
+    /// Theoretical arrival time in microseconds (GCRA).
+    TokenBucket { tat_us: u64 },
+    /// The last `limit` admitted stamps in ms, oldest first (non-decreasing).
+    SlidingLog { stamps: VecDeque<u64> },
+}
+
+/// A decision for one policy, and the state to keep if every policy admits.
+#[derive(Debug, Clone)]
+pub(crate) struct Step {
+    pub(crate) outcome: PolicyOutcome,
+    /// The new state when admitted; `None` when denied (nothing changes).
+    pub(crate) next: Option<State>,
+    /// How long the state must be kept, in ms from now: after that it is "unused".
+    pub(crate) ttl_ms: u64,
+}
+
+/// Decides one policy. `state` is `None` for a subject never seen (or expired).
+///
+/// `cost` must be at least 1 and at most `policy.max_cost()`; the limiter checks that.
+pub(crate) fn decide(policy: &Policy, state: Option<&State>, now_ms: u64, cost: u64) -> Step {
+    match policy.algorithm() {
+        Algorithm::FixedWindow => fixed_window(policy, state, now_ms, cost),
+        Algorithm::SlidingWindow => sliding_window(policy, state, now_ms, cost),
+        Algorithm::TokenBucket => token_bucket(policy, state, now_ms, cost),
+        Algorithm::SlidingLog => sliding_log(policy, state, now_ms, cost),
+    }
+}
+
+fn fixed_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> Step {
+    let (limit, w) = (policy.limit(), policy.window_ms());
+    let mut idx = now / w;
+    let mut count = 0;
+    let mut now = now;
+    if let Some(State::FixedWindow { window, count: c }) = state {
+        if *window >= idx {
+            // Same window, or a clock that went back: stay in the stored window.
+            if *window > idx {
+                idx = *window;
+                now = idx * w;
+            }
+            count = *c;
+        }
+    }
+    let reset = (idx + 1) * w - now;
+    let allowed = count + cost <= limit;
+    if allowed {
+        count += cost;
+    }
+    Step {
+        outcome: PolicyOutcome {
+            allowed,
+            limit,
+            remaining: limit.saturating_sub(count),
+            reset_after_ms: reset,
+            retry_after_ms: if allowed { 0 } else { reset },
+        },
+        next: allowed.then_some(State::FixedWindow { window: idx, count }),
+        ttl_ms: reset,
+    }
+}
+
+fn sliding_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> Step {
+    let (limit, w) = (policy.limit(), policy.window_ms());
+    let mut idx = now / w;
+    let mut now = now;
+    let (mut prev, mut cur) = (0, 0);
+    if let Some(State::SlidingWindow {
+        window,
+        prev: p,
+        cur: c,
+    }) = state
+    {
+        if *window > idx {
+            // The clock went back: clamp to the start of the stored window.
+            idx = *window;
+            now = idx * w;
+        }
+        if *window == idx {
+            (prev, cur) = (*p, *c);
+        } else if *window + 1 == idx {
+            prev = *c;
+        }
+    }
+    let elapsed = now - idx * w;
+    // The previous window's weight, scaled by w to stay in integers.
+    let weighted = prev * (w - elapsed);
+    let allowed = (cur + cost) * w + weighted <= limit * w;
+    if allowed {
+        cur += cost;
+    }
+    let remaining = ((limit * w - weighted) / w).saturating_sub(cur);
+    let reset = if cur > 0 {
+        2 * w - elapsed
+    } else if prev > 0 {
+        w - elapsed
+    } else {
+        0
+    };
+    let retry = if allowed {
+        0
+    } else if cur + cost <= limit {
+        // This window has room once the previous one has decayed enough.
+        w - ((limit - cur - cost) * w) / prev - elapsed
+    } else {
+        // Only the next window has room: its `prev` will be today's `cur`.
+        let into_next = w.saturating_sub(((limit - cost) * w) / cur);
+        (w - elapsed) + into_next
+    };
+    Step {
+        outcome: PolicyOutcome {
+            allowed,
+            limit,
+            remaining,
+            reset_after_ms: reset,
+            retry_after_ms: retry,
+        },
+        next: allowed.then_some(State::SlidingWindow {
+            window: idx,
+            prev,
+            cur,
+        }),
+        ttl_ms: reset,
+    }
+}
+
+fn token_bucket(policy: &Policy, state: Option<&State>, now_ms: u64, cost: u64) -> Step {
+    let t = policy.emission_interval_us();
+    let tolerance = policy.limit() * t;
+    let mut now = now_ms * 1_000;
+    let tat = match state {
+        Some(State::TokenBucket { tat_us }) => {
+            // A clock that went back is clamped to the last moment the stored state
+            // can describe (an empty bucket), so the bucket never looks fuller.
+            now = now.max(tat_us.saturating_sub(tolerance));
+            (*tat_us).max(now)
+        }
+        _ => now,
+    };
+    let new_tat = tat + cost * t;
+    let allowed = new_tat - now <= tolerance;
+    let kept = if allowed { new_tat } else { tat };
+    let reset = (kept - now).div_ceil(1_000);
+    Step {
+        outcome: PolicyOutcome {
+            allowed,
+            limit: policy.limit(),
+            remaining: (tolerance - (kept - now)) / t,
+            reset_after_ms: reset,
+            retry_after_ms: if allowed {
+                0
+            } else {
+                (new_tat - tolerance - now).div_ceil(1_000)
+            },
+        },
+        next: allowed.then_some(State::TokenBucket { tat_us: kept }),
+        ttl_ms: reset,
+    }
+}
+
+fn sliding_log(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> Step {
+    let (limit, w) = (policy.limit(), policy.window_ms());
+    let empty = VecDeque::new();
+    let stamps = match state {
+        Some(State::SlidingLog { stamps }) => stamps,
+        _ => &empty,
+    };
+    // A clock that went back is clamped to the newest stamp: stamps stay sorted.
+    let now = stamps.back().map_or(now, |newest| now.max(*newest));
+    // Admit iff at most limit - cost stamps are in the window, that is iff the
+    // (limit - cost + 1)-th most recent stamp (if any) has left it.
+    let k = (limit - cost + 1) as usize;
+    let deciding = stamps.len().checked_sub(k).map(|i| stamps[i]);
+    let allowed = deciding.is_none_or(|s| s + w <= now);
+    let mut next = None;
+    let in_window = |s: &VecDeque<u64>| s.len() - s.partition_point(|x| x + w <= now);
+    let (count, newest) = if allowed {
+        let mut s = stamps.clone();
+        for _ in 0..cost {
+            if s.len() as u64 == limit {
+                s.pop_front();
+            }
+            s.push_back(now);
+        }
+        let count = in_window(&s) as u64;
+        next = Some(State::SlidingLog { stamps: s });
+        (count, Some(now))
+    } else {
+        (in_window(stamps) as u64, stamps.back().copied())
+    };
+    let reset = newest.map_or(0, |n| (n + w).saturating_sub(now));
+    Step {
+        outcome: PolicyOutcome {
+            allowed,
+            limit,
+            remaining: limit.saturating_sub(count),
+            reset_after_ms: reset,
+            retry_after_ms: match deciding {
+                Some(s) if !allowed => s + w - now,
+                _ => 0,
+            },
+        },
+        next,
+        ttl_ms: reset,
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Runs one policy over `(time_ms, cost)` steps, keeping state like a store would.
+    pub(crate) fn run(policy: &Policy, steps: &[(u64, u64)]) -> Vec<PolicyOutcome> {
+        let mut state = None;
+        let mut expires = 0;
+        steps
+            .iter()
+            .map(|&(t, cost)| {
+                if t >= expires {
+                    state = None;
+                }
+                let step = decide(policy, state.as_ref(), t, cost);
+                if let Some(next) = step.next {
+                    state = Some(next);
+                    expires = t + step.ttl_ms;
+                }
+                step.outcome
+            })
+            .collect()
+    }
+
+    fn admitted(outcomes: &[PolicyOutcome]) -> usize {
+        outcomes.iter().filter(|o| o.allowed).count()
+    }
+
+    /// The seed's boundary test, on exact times: limit 100 per second, 200 requests
+    /// spread over the last 130 ms of a window, then 200 over the first 20 ms of the
+    /// next (150 ms in all).
+    pub(crate) fn seed_boundary_times(boundary_ms: u64) -> (Vec<u64>, Vec<u64>) {
+        let end = (0..200)
+            .map(|i| boundary_ms - 130 + i * 130 / 200)
+            .collect();
+        let start = (0..200).map(|i| boundary_ms + i * 21 / 200).collect();
+        (end, start)
+    }
+
+    pub(crate) fn seed_policies() -> Vec<Policy> {
+        let s = Duration::from_secs(1);
+        vec![
+            Policy::fixed_window("fw", 100, s).unwrap(),
+            Policy::sliding_window("sw", 100, s).unwrap(),
+            Policy::token_bucket("tb", 100, 100, s).unwrap(),
+            Policy::sliding_log("sl", 100, s).unwrap(),
+        ]
+    }
+
+    #[test]
+    fn seed_boundary_scenario() {
+        let (end, start) = seed_boundary_times(10_000);
+        let mut totals = Vec::new();
+        for policy in seed_policies() {
+            let steps: Vec<_> = end.iter().chain(&start).map(|t| (*t, 1)).collect();
+            let out = run(&policy, &steps);
+            totals.push((admitted(&out[..200]), admitted(&out[200..])));
+        }
+        assert_eq!(totals[0], (100, 100), "fixed window");
+        assert_eq!(totals[1], (100, 2), "sliding window");
+        let tb = totals[2].0 + totals[2].1;
+        assert!((110..=120).contains(&tb), "token bucket {totals:?}");
+        assert_eq!(totals[3], (100, 0), "sliding log");
+    }
+
+    #[test]
+    fn fixed_window_resets_on_the_aligned_boundary() {
+        let p = Policy::fixed_window("p", 2, Duration::from_millis(100)).unwrap();
+        let out = run(&p, &[(150, 1), (160, 1), (199, 1), (200, 1)]);
+        assert_eq!(
+            out.iter().map(|o| o.allowed).collect::<Vec<_>>(),
+            [true, true, false, true]
+        );
+        assert_eq!(out[1].remaining, 0);
+        assert_eq!(out[2].retry_after_ms, 1);
+        assert_eq!(out[0].reset_after_ms, 50);
+    }
+
+    #[test]
+    fn sliding_window_retry_after_is_exact() {
+        let p = Policy::sliding_window("p", 10, Duration::from_millis(1_000)).unwrap();
+        // Fill window 0, then probe window 1 until admitted; retry_after must point at
+        // exactly the first admitted millisecond.
+        let mut state = None;
+        for _ in 0..10 {
+            state = decide(&p, state.as_ref(), 500, 1).next.or(state);
+        }
+        let denied = decide(&p, state.as_ref(), 999, 1);
+        assert!(!denied.outcome.allowed);
+        let at = 999 + denied.outcome.retry_after_ms;
+        assert!(decide(&p, state.as_ref(), at, 1).outcome.allowed);
+        assert!(!decide(&p, state.as_ref(), at - 1, 1).outcome.allowed);
+        assert_eq!(at, 1_100, "10*(1-e/1000)+1 <= 10 first at e=100");
+    }
+
+    #[test]
+    fn token_bucket_bursts_then_refills_at_the_rate() {
+        let p = Policy::token_bucket("p", 10, 1, Duration::from_secs(1)).unwrap();
+        let steps: Vec<_> = (0..11).map(|_| (0, 1)).chain([(999, 1), (1_000, 1)]).collect();
+        let out = run(&p, &steps);
+        assert_eq!(admitted(&out[..10]), 10);
+        assert!(!out[10].allowed);
+        assert_eq!(out[10].retry_after_ms, 1_000);
+        assert!(!out[11].allowed);
+        assert!(out[12].allowed);
+        assert_eq!(out[9].remaining, 0);
+        assert_eq!(out[0].remaining, 9);
+    }
+
+    #[test]
+    fn sliding_log_is_exact_in_every_window() {
+        let p = Policy::sliding_log("p", 3, Duration::from_millis(100)).unwrap();
+        let out = run(&p, &[(0, 1), (10, 1), (20, 1), (99, 1), (100, 1), (105, 2)]);
+        let allowed: Vec<_> = out.iter().map(|o| o.allowed).collect();
+        assert_eq!(allowed, [true, true, true, false, true, false]);
+        assert_eq!(out[3].retry_after_ms, 1);
+        // At 105 the window (5, 105] holds 10, 20, 100: cost 2 needs two to leave.
+        assert_eq!(out[5].retry_after_ms, 20 + 100 - 105);
+    }
+
+    #[test]
+    fn costs_consume_and_never_partially_admit() {
+        let p = Policy::fixed_window("p", 5, Duration::from_secs(1)).unwrap();
+        let out = run(&p, &[(0, 3), (1, 3), (2, 2)]);
+        assert_eq!(
+            out.iter().map(|o| (o.allowed, o.remaining)).collect::<Vec<_>>(),
+            [(true, 2), (false, 2), (true, 0)]
+        );
+    }
+
+    #[test]
+    fn a_clock_that_goes_back_never_floods() {
+        for p in seed_policies() {
+            let mut state = None;
+            let mut admitted = 0;
+            for t in (0..400u64).map(|i| 5_000 + i) {
+                let s = decide(&p, state.as_ref(), t, 1);
+                if s.outcome.allowed {
+                    admitted += 1;
+                }
+                state = s.next.or(state);
+            }
+            // Jump back 3 seconds: nothing may reset.
+            let before = admitted;
+            for _ in 0..200 {
+                let s = decide(&p, state.as_ref(), 2_000, 1);
+                if s.outcome.allowed {
+                    admitted += 1;
+                }
+                state = s.next.or(state);
+            }
+            assert_eq!(admitted, before, "{p:?} admitted after a backwards step");
+        }
+    }
+}

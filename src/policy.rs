@@ -1,0 +1,337 @@
+//! Policies: an algorithm, its numbers and a name, valid by construction.
+//!
+//! ```
+//! use redlimit::Policy;
+//! use std::time::Duration;
+//!
+//! # fn main() -> Result<(), redlimit::PolicyError> {
+//! // 100 requests per minute, estimated over a sliding window: the recommended default.
+//! let default = Policy::sliding_window("default", 100, Duration::from_secs(60))?;
+//! // Bursts of 20, refilled at 10 per second.
+//! let api = Policy::token_bucket("api", 20, 10, Duration::from_secs(1))?;
+//! assert_eq!(api.max_cost(), 20);
+//! assert!(Policy::fixed_window("bad", 0, Duration::from_secs(1)).is_err());
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Largest product of limit and window (in ms) or of capacity and emission interval (in
+/// µs): the Lua side computes in doubles, exact only below 2^53.
+const MAX_EXACT: u64 = 1 << 53;
+/// The sliding log keeps one stamp per admitted unit; past this a sorted set or a
+/// sliding window counter is the better tool.
+pub const MAX_SLIDING_LOG_LIMIT: u32 = 100_000;
+/// Longest policy name: it travels in every response header and Redis key.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// The four algorithms of the seed documents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// One counter per window aligned to the epoch. Fastest and smallest; lets up to
+    /// twice the limit through across a window boundary.
+    FixedWindow,
+    /// The previous and current windows' counters, the previous weighted by how much of
+    /// it still overlaps the sliding window. About 2% over at a boundary; the default.
+    SlidingWindow,
+    /// A token bucket, kept as one theoretical arrival time (GCRA): bursts up to the
+    /// capacity, sustained rate equal to the refill rate.
+    TokenBucket,
+    /// The admitted requests' timestamps: exact, never more than the limit in any
+    /// window, at a few bytes per admitted request.
+    SlidingLog,
+}
+
+impl Algorithm {
+    /// A short stable name, used in keys, metrics and tables.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::SlidingLog => "sliding_log",
+        }
+    }
+
+    /// All four, in the seed's order of speed.
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::SlidingLog,
+    ];
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a policy could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The name is empty, too long or has characters outside `[A-Za-z0-9_.-]`.
+    #[error("policy name {0:?} must be 1 to 64 characters of A-Z, a-z, 0-9, '_', '.' or '-'")]
+    BadName(String),
+    /// A limit or capacity of zero admits nothing.
+    #[error("policy {0:?}: the limit must be at least 1")]
+    ZeroLimit(String),
+    /// A window (or refill period) under one millisecond.
+    #[error("policy {0:?}: the window must be at least 1 ms")]
+    WindowTooShort(String),
+    /// The refill amount of a token bucket is zero.
+    #[error("policy {0:?}: the refill amount must be at least 1")]
+    ZeroRefill(String),
+    /// Numbers too large to compute exactly (limit x window over 2^53, or a refill
+    /// faster than one token per microsecond).
+    #[error("policy {0:?}: {1}")]
+    OutOfRange(String, &'static str),
+}
+
+/// A rate-limit policy: algorithm, limit, window and a name for headers and keys.
+///
+/// Cheap to clone. Built only through the checked constructors, so every `Policy` that
+/// exists can be computed exactly in Rust and in Lua.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Policy {
+    name: Arc<str>,
+    algorithm: Algorithm,
+    /// Limit (window algorithms) or capacity (token bucket).
+    limit: u64,
+    /// Window length in ms; for the token bucket, the time to refill from empty.
+    window_ms: u64,
+    /// Token bucket only: microseconds per token.
+    emission_us: u64,
+}
+
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("name", &self.name)
+            .field("algorithm", &self.algorithm)
+            .field("limit", &self.limit)
+            .field("window_ms", &self.window_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Policy {
+    /// At most `limit` per window aligned to the epoch (`floor(now / window)`).
+    pub fn fixed_window(
+        name: impl Into<String>,
+        limit: u32,
+        window: Duration,
+    ) -> Result<Self, PolicyError> {
+        Self::windowed(name.into(), Algorithm::FixedWindow, limit, window)
+    }
+
+    /// At most `limit` in the estimate `previous * (1 - elapsed / window) + current`.
+    pub fn sliding_window(
+        name: impl Into<String>,
+        limit: u32,
+        window: Duration,
+    ) -> Result<Self, PolicyError> {
+        Self::windowed(name.into(), Algorithm::SlidingWindow, limit, window)
+    }
+
+    /// Exactly at most `limit` in any window of length `window`.
+    pub fn sliding_log(
+        name: impl Into<String>,
+        limit: u32,
+        window: Duration,
+    ) -> Result<Self, PolicyError> {
+        let name = name.into();
+        if limit > MAX_SLIDING_LOG_LIMIT {
+            return Err(PolicyError::OutOfRange(
+                name,
+                "a sliding log holds at most 100000 stamps; use a sliding window for more",
+            ));
+        }
+        Self::windowed(name, Algorithm::SlidingLog, limit, window)
+    }
+
+    /// Bursts of up to `capacity`, refilled by `refill` tokens every `period`.
+    ///
+    /// The refill is continuous: one token every `period / refill`, to the microsecond.
+    pub fn token_bucket(
+        name: impl Into<String>,
+        capacity: u32,
+        refill: u32,
+        period: Duration,
+    ) -> Result<Self, PolicyError> {
+        let name = checked_name(name.into())?;
+        if capacity == 0 {
+            return Err(PolicyError::ZeroLimit(name));
+        }
+        if refill == 0 {
+            return Err(PolicyError::ZeroRefill(name));
+        }
+        let period_us = u64::try_from(period.as_micros()).unwrap_or(u64::MAX);
+        if period_us < 1_000 {
+            return Err(PolicyError::WindowTooShort(name));
+        }
+        let emission_us = period_us / u64::from(refill);
+        if emission_us == 0 {
+            return Err(PolicyError::OutOfRange(
+                name,
+                "refill faster than one token per microsecond",
+            ));
+        }
+        let tolerance_us = emission_us
+            .checked_mul(u64::from(capacity))
+            .filter(|t| *t < MAX_EXACT)
+            .ok_or_else(|| {
+                PolicyError::OutOfRange(name.clone(), "capacity x refill interval is too large")
+            })?;
+        Ok(Self {
+            name: name.into(),
+            algorithm: Algorithm::TokenBucket,
+            limit: u64::from(capacity),
+            window_ms: tolerance_us.div_ceil(1_000),
+            emission_us,
+        })
+    }
+
+    fn windowed(
+        name: String,
+        algorithm: Algorithm,
+        limit: u32,
+        window: Duration,
+    ) -> Result<Self, PolicyError> {
+        let name = checked_name(name)?;
+        if limit == 0 {
+            return Err(PolicyError::ZeroLimit(name));
+        }
+        let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
+        if window_ms == 0 {
+            return Err(PolicyError::WindowTooShort(name));
+        }
+        if u64::from(limit)
+            .checked_mul(window_ms)
+            .is_none_or(|p| p >= MAX_EXACT)
+        {
+            return Err(PolicyError::OutOfRange(
+                name,
+                "limit x window in ms must stay under 2^53",
+            ));
+        }
+        Ok(Self {
+            name: name.into(),
+            algorithm,
+            limit: u64::from(limit),
+            window_ms,
+            emission_us: 0,
+        })
+    }
+
+    /// The name used in `RateLimit-Policy` and in Redis keys.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn name_arc(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// Which algorithm decides.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The limit, or the capacity of a token bucket.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The window; for a token bucket, the time to refill from empty to full.
+    pub fn window(&self) -> Duration {
+        Duration::from_millis(self.window_ms)
+    }
+
+    /// The window in milliseconds.
+    pub fn window_ms(&self) -> u64 {
+        self.window_ms
+    }
+
+    /// Token bucket only: microseconds between two tokens (0 for the others).
+    pub fn emission_interval_us(&self) -> u64 {
+        self.emission_us
+    }
+
+    /// The largest cost this policy can ever admit in one request.
+    pub fn max_cost(&self) -> u64 {
+        self.limit
+    }
+}
+
+fn checked_name(name: String) -> Result<String, PolicyError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if ok {
+        Ok(name)
+    } else {
+        Err(PolicyError::BadName(name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_what_cannot_be_computed() {
+        let s = Duration::from_secs(1);
+        assert!(matches!(
+            Policy::fixed_window("a", 0, s),
+            Err(PolicyError::ZeroLimit(_))
+        ));
+        assert!(matches!(
+            Policy::sliding_window("a", 1, Duration::from_micros(999)),
+            Err(PolicyError::WindowTooShort(_))
+        ));
+        assert!(matches!(
+            Policy::sliding_window("a b", 1, s),
+            Err(PolicyError::BadName(_))
+        ));
+        assert!(matches!(
+            Policy::sliding_window("", 1, s),
+            Err(PolicyError::BadName(_))
+        ));
+        assert!(matches!(
+            Policy::sliding_window("{x}", 1, s),
+            Err(PolicyError::BadName(_))
+        ));
+        assert!(matches!(
+            Policy::sliding_window("a", u32::MAX, Duration::from_secs(86_400 * 365)),
+            Err(PolicyError::OutOfRange(..))
+        ));
+        assert!(matches!(
+            Policy::sliding_log("a", MAX_SLIDING_LOG_LIMIT + 1, s),
+            Err(PolicyError::OutOfRange(..))
+        ));
+        assert!(matches!(
+            Policy::token_bucket("a", 1, 0, s),
+            Err(PolicyError::ZeroRefill(_))
+        ));
+        assert!(matches!(
+            Policy::token_bucket("a", 1, 2_000_000, s),
+            Err(PolicyError::OutOfRange(..))
+        ));
+    }
+
+    #[test]
+    fn token_bucket_window_is_time_to_refill_from_empty() {
+        let p = Policy::token_bucket("api", 10, 1, Duration::from_secs(1)).unwrap();
+        assert_eq!(p.emission_interval_us(), 1_000_000);
+        assert_eq!(p.window(), Duration::from_secs(10));
+        assert_eq!(p.limit(), 10);
+    }
+}

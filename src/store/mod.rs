@@ -1,0 +1,156 @@
+//! Where limit state lives: [`MemoryStore`] for one process, Redis for many.
+//!
+//! A store decides all of a request's policies at once, atomically: if one denies,
+//! none consumes. Both stores fold their per-policy outcomes with the same code, so the
+//! same trace gives the same [`Decision`] whichever store holds it.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use crate::decision::Decision;
+use crate::policy::Policy;
+use crate::subject::Subject;
+
+mod memory;
+
+pub use memory::MemoryStore;
+
+/// The policies one [`Limiter`](crate::Limiter) checks together, with a fingerprint
+/// that tells policy sets apart inside a shared store.
+#[derive(Debug, Clone)]
+pub struct PolicySet {
+    policies: Arc<[Policy]>,
+    fingerprint: u64,
+    max_cost: u64,
+}
+
+impl PolicySet {
+    pub(crate) fn new(policies: Vec<Policy>) -> Self {
+        // FNV-1a: stable across processes and releases, unlike `DefaultHasher`.
+        struct Fnv(u64);
+        impl Hasher for Fnv {
+            fn finish(&self) -> u64 {
+                self.0
+            }
+            fn write(&mut self, bytes: &[u8]) {
+                for b in bytes {
+                    self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+                }
+            }
+        }
+        let mut h = Fnv(0xcbf2_9ce4_8422_2325);
+        policies.hash(&mut h);
+        let max_cost = policies.iter().map(Policy::max_cost).min().unwrap_or(0);
+        Self {
+            policies: policies.into(),
+            fingerprint: h.finish(),
+            max_cost,
+        }
+    }
+
+    /// The policies, in the order they were added.
+    pub fn policies(&self) -> &Arc<[Policy]> {
+        &self.policies
+    }
+
+    /// A stable hash of the policies' names, algorithms and numbers.
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+
+    /// The largest cost every policy could admit (0 when there are none).
+    pub fn max_cost(&self) -> u64 {
+        self.max_cost
+    }
+}
+
+/// A place that decides and keeps limit state.
+///
+/// The future is a named type so the layer's response future needs no box for the
+/// memory store. Implementations must be atomic per call: no other call on the same
+/// subject and policies may interleave between reading and writing state.
+pub trait Store: Send + Sync + 'static {
+    /// The pending decision.
+    type Future: Future<Output = Result<Decision, StoreError>> + Send + 'static;
+
+    /// Decides whether `subject` may spend `cost` under every policy of `set`, and
+    /// consumes from all of them only if all admit. `cost` is already validated:
+    /// `1 <= cost <= set.max_cost()`.
+    fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future;
+}
+
+impl<S: Store> Store for Arc<S> {
+    type Future = S::Future;
+
+    fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        (**self).check(subject, set, cost)
+    }
+}
+
+/// What went wrong with a store: it is never shown to clients as a 429.
+#[derive(Debug)]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    source: Option<Box<dyn StdError + Send + Sync>>,
+}
+
+/// The broad class of a [`StoreError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The store did not answer within its timeout.
+    Timeout,
+    /// The store could not be reached or refused the call.
+    Unavailable,
+    /// The store answered with something that is not a decision.
+    Protocol,
+}
+
+impl StoreError {
+    /// A store error of `kind` caused by `source`.
+    pub fn new(kind: StoreErrorKind, source: impl Into<Box<dyn StdError + Send + Sync>>) -> Self {
+        Self {
+            kind,
+            source: Some(source.into()),
+        }
+    }
+
+    /// A timeout, with no further cause.
+    pub fn timeout() -> Self {
+        Self {
+            kind: StoreErrorKind::Timeout,
+            source: None,
+        }
+    }
+
+    /// The class of failure.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            StoreErrorKind::Timeout => "timed out",
+            StoreErrorKind::Unavailable => "is unavailable",
+            StoreErrorKind::Protocol => "answered something unexpected",
+        };
+        write!(f, "rate-limit store {what}")?;
+        if let Some(source) = &self.source {
+            write!(f, ": {source}")?;
+        }
+        Ok(())
+    }
+}
+
+impl StdError for StoreError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}

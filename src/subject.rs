@@ -1,0 +1,207 @@
+//! The subject a limit is kept for: an IP network, a hashed API key, a user id, a route.
+//!
+//! A subject is bytes, and may hold anything a client sent. It is made safe once, here:
+//! long values are replaced by a hash so memory stays bounded, secrets are stored only
+//! as a keyed hash, and [`Subject::write_key_part`] escapes it for a Redis key so that no
+//! input can leave its hash tag or reach another subject's key.
+//!
+//! ```
+//! use redlimit::Subject;
+//!
+//! let user = Subject::new("user:42");
+//! let api_key = Subject::secret(b"server-side secret", b"sk_live_abc");
+//! assert_ne!(format!("{api_key:?}").contains("sk_live"), true);
+//! assert_eq!(user, Subject::new("user:42"));
+//! ```
+
+use std::fmt::{self, Write as _};
+
+/// Subjects longer than this are stored as a 128-bit hash of their bytes.
+pub const MAX_RAW_LEN: usize = 128;
+
+const RAW: u8 = b'r';
+const HASHED: u8 = b'h';
+const SECRET: u8 = b's';
+/// Context string of the unkeyed hash used for overlong subjects.
+const LONG_CONTEXT: &str = "redlimit 2026 long subject";
+
+/// An opaque, bounded identity to rate-limit.
+///
+/// Equal subjects share limits; the constructors keep different kinds of input apart
+/// (a raw value can never equal a hashed one).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Subject {
+    /// A tag byte (raw, hashed or secret), then the value or its 16-byte hash.
+    bytes: Box<[u8]>,
+}
+
+impl Subject {
+    /// A subject from a value that may be shown in logs and keys (an IP, a user id).
+    ///
+    /// Values longer than [`MAX_RAW_LEN`] bytes are kept as a hash, so a hostile
+    /// megabyte costs 17 bytes.
+    pub fn new(value: impl AsRef<[u8]>) -> Self {
+        let value = value.as_ref();
+        if value.len() > MAX_RAW_LEN {
+            let hash = blake3::Hasher::new_derive_key(LONG_CONTEXT)
+                .update(value)
+                .finalize();
+            return Self::tagged(HASHED, &hash.as_bytes()[..16]);
+        }
+        Self::tagged(RAW, value)
+    }
+
+    /// A subject from a secret (an API key): only a keyed hash of it is kept.
+    ///
+    /// `key` is the server-side secret that makes the hash unguessable; every instance
+    /// that shares a Redis must use the same one. Any length works: it is first
+    /// stretched into a 32-byte BLAKE3 key.
+    pub fn secret(key: &[u8], value: impl AsRef<[u8]>) -> Self {
+        Self::secret_with(&derive_secret_key(key), value.as_ref())
+    }
+
+    /// [`Subject::secret`] with a key already derived by [`derive_secret_key`].
+    pub(crate) fn secret_with(key: &[u8; 32], value: &[u8]) -> Self {
+        let hash = blake3::keyed_hash(key, value);
+        Self::tagged(SECRET, &hash.as_bytes()[..16])
+    }
+
+    /// Two subjects as one (route and IP, say); `(a, b)` never equals another pair.
+    pub fn pair(first: &Subject, second: &Subject) -> Self {
+        let mut joined = Vec::with_capacity(first.bytes.len() + second.bytes.len() + 4);
+        let _ = write!(Counter(&mut joined), "{}:", first.bytes.len());
+        joined.extend_from_slice(&first.bytes);
+        joined.extend_from_slice(&second.bytes);
+        Self::new(joined)
+    }
+
+    fn tagged(tag: u8, value: &[u8]) -> Self {
+        let mut bytes = Vec::with_capacity(value.len() + 1);
+        bytes.push(tag);
+        bytes.extend_from_slice(value);
+        Self {
+            bytes: bytes.into_boxed_slice(),
+        }
+    }
+
+    /// The subject's stored bytes (a tag byte, then the value or its hash).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Appends the subject as it appears inside a Redis hash tag.
+    ///
+    /// Raw values keep `[A-Za-z0-9._=:/@-]` and percent-escape every other byte (so no
+    /// `{`, `}` or `%` ambiguity); hashes are `#` and hex (`#` is always escaped in raw
+    /// values). The mapping is injective and never emits `{` or `}`.
+    pub fn write_key_part(&self, out: &mut String) {
+        let (tag, value) = self.bytes.split_first().unwrap_or((&RAW, &[]));
+        match *tag {
+            RAW => {
+                for &b in value {
+                    if b.is_ascii_alphanumeric() || b"._=:/@-".contains(&b) {
+                        out.push(char::from(b));
+                    } else {
+                        let _ = write!(out, "%{b:02X}");
+                    }
+                }
+            }
+            other => {
+                out.push(if other == SECRET { '$' } else { '#' });
+                for b in value {
+                    let _ = write!(out, "{b:02x}");
+                }
+            }
+        }
+    }
+}
+
+/// Derives the 32-byte key [`Subject::secret`] uses from a secret of any length.
+pub(crate) fn derive_secret_key(secret: &[u8]) -> [u8; 32] {
+    blake3::derive_key("redlimit 2026 subject secret", secret)
+}
+
+impl From<&str> for Subject {
+    fn from(value: &str) -> Self {
+        Subject::new(value)
+    }
+}
+
+impl From<String> for Subject {
+    fn from(value: String) -> Self {
+        Subject::new(value)
+    }
+}
+
+impl fmt::Debug for Subject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut shown = String::new();
+        self.write_key_part(&mut shown);
+        f.debug_tuple("Subject").field(&shown).finish()
+    }
+}
+
+/// `fmt::Write` over a byte vector, for `write!` of numbers.
+struct Counter<'a>(&'a mut Vec<u8>);
+
+impl fmt::Write for Counter<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(s: &Subject) -> String {
+        let mut out = String::new();
+        s.write_key_part(&mut out);
+        out
+    }
+
+    #[test]
+    fn hostile_bytes_never_leave_the_hash_tag() {
+        for input in [
+            &b"}{evil"[..],
+            b"a}:b",
+            b"%7D",
+            b"#abc",
+            b"$abc",
+            b"\xff\x00\xfe",
+        ] {
+            let k = key(&Subject::new(input));
+            assert!(!k.contains('{') && !k.contains('}'), "{k}");
+            assert!(!k.starts_with('#') && !k.starts_with('$'), "{k}");
+        }
+        assert_ne!(key(&Subject::new("%7D")), key(&Subject::new("}")));
+    }
+
+    #[test]
+    fn long_values_are_bounded_and_distinct() {
+        let a = Subject::new(vec![b'a'; 1 << 20]);
+        let b = Subject::new(vec![b'b'; 1 << 20]);
+        assert_eq!(a.as_bytes().len(), 17);
+        assert_ne!(a, b);
+        assert!(key(&a).starts_with('#'));
+        // A raw value that looks like a hash is not a hash.
+        assert_ne!(Subject::new(key(&a)), a);
+    }
+
+    #[test]
+    fn secrets_are_keyed_and_never_raw() {
+        let a = Subject::secret(b"k1", "sk_live_123");
+        let b = Subject::secret(b"k2", "sk_live_123");
+        assert_ne!(a, b);
+        assert!(!format!("{a:?}").contains("sk_live"));
+        assert_ne!(a, Subject::new("sk_live_123"));
+    }
+
+    #[test]
+    fn pairs_do_not_collide_by_regrouping() {
+        let ab_c = Subject::pair(&Subject::new("ab"), &Subject::new("c"));
+        let a_bc = Subject::pair(&Subject::new("a"), &Subject::new("bc"));
+        assert_ne!(ab_c, a_bc);
+    }
+}
