@@ -6,6 +6,7 @@ pub(crate) mod algorithm;
 pub mod clock;
 mod decision;
 mod error;
+pub mod key;
 mod limiter;
 pub mod policy;
 pub mod store;
