@@ -1,1 +1,98 @@
-fn main() {}
+//! Criterion benchmarks: `cargo bench --bench redlimit`.
+//!
+//! One entry file, one module per subject. The memory store's futures are ready at once,
+//! so they are polled in place with a no-op waker: what is measured is the decision, not
+//! an executor.
+
+use std::future::Future;
+use std::hint::black_box;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+use criterion::{criterion_group, criterion_main};
+
+/// Polls a future that is ready at once (the memory store's).
+fn now<F: Future>(future: F) -> F::Output {
+    let mut cx = Context::from_waker(Waker::noop());
+    match pin!(future).poll(&mut cx) {
+        Poll::Ready(out) => out,
+        Poll::Pending => panic!("the memory store's future is always ready"),
+    }
+}
+
+mod memory {
+    use super::*;
+    use criterion::{BenchmarkId, Criterion, Throughput};
+    use redlimit::clock::FakeClock;
+    use redlimit::{Algorithm, Limiter, MemoryStore, Policy, Subject};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    fn policy(algorithm: Algorithm) -> Policy {
+        let w = Duration::from_secs(60);
+        match algorithm {
+            Algorithm::FixedWindow => Policy::fixed_window("p", 1_000_000, w),
+            Algorithm::SlidingWindow => Policy::sliding_window("p", 1_000_000, w),
+            Algorithm::TokenBucket => Policy::token_bucket("p", 1_000_000, 1_000_000, w),
+            _ => Policy::sliding_log("p", 1_000, w),
+        }
+        .expect("valid bench policy")
+    }
+
+    /// One decision on one thread, over 10,000 subjects in turn (the map is warm).
+    pub fn single_thread(c: &mut Criterion) {
+        let mut group = c.benchmark_group("memory_store/decision");
+        group.throughput(Throughput::Elements(1));
+        let subjects: Vec<Subject> = (0..10_000)
+            .map(|i| Subject::new(format!("ip=10.0.{}.{}", i / 256, i % 256)))
+            .collect();
+        for algorithm in Algorithm::ALL {
+            let clock = FakeClock::new(1_000_000);
+            let limiter = Limiter::new(MemoryStore::with_clock(clock.clone()), policy(algorithm));
+            let mut i = 0;
+            group.bench_function(BenchmarkId::from_parameter(algorithm), |b| {
+                b.iter(|| {
+                    i = (i + 1) % subjects.len();
+                    if i == 0 {
+                        clock.advance(Duration::from_millis(1));
+                    }
+                    black_box(now(limiter.check(subjects[i].clone(), 1)).expect("decided"))
+                })
+            });
+        }
+        group.finish();
+    }
+
+    /// The same decisions from 1 and 2 threads on one store: does it scale?
+    pub fn threads(c: &mut Criterion) {
+        let mut group = c.benchmark_group("memory_store/threads");
+        for threads in [1usize, 2] {
+            group.throughput(Throughput::Elements(threads as u64));
+            let limiter = Arc::new(Limiter::new(
+                MemoryStore::new(),
+                policy(Algorithm::SlidingWindow),
+            ));
+            group.bench_function(BenchmarkId::from_parameter(threads), |b| {
+                b.iter_custom(|iters| {
+                    let start = Instant::now();
+                    std::thread::scope(|scope| {
+                        for t in 0..threads {
+                            let limiter = Arc::clone(&limiter);
+                            scope.spawn(move || {
+                                for i in 0..iters {
+                                    let subject = Subject::new(format!("t{t}-{}", i % 10_000));
+                                    black_box(now(limiter.check(subject, 1)).expect("decided"));
+                                }
+                            });
+                        }
+                    });
+                    start.elapsed()
+                })
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, memory::single_thread, memory::threads);
+criterion_main!(benches);

@@ -26,14 +26,52 @@ pub(crate) enum State {
     SlidingLog { stamps: VecDeque<u64> },
 }
 
-/// A decision for one policy, and the state to keep if every policy admits.
+/// A decision for one policy, and the change to make if every policy admits.
 #[derive(Debug, Clone)]
 pub(crate) struct Step {
     pub(crate) outcome: PolicyOutcome,
-    /// The new state when admitted; `None` when denied (nothing changes).
-    pub(crate) next: Option<State>,
+    /// The change to the state when admitted; `None` when denied (nothing changes).
+    pub(crate) commit: Option<Commit>,
     /// How long the state must be kept, in ms from now: after that it is "unused".
     pub(crate) ttl_ms: u64,
+}
+
+/// How an admission changes a state. The log is appended to in place rather than
+/// copied, so a decision costs O(log limit), not O(limit).
+#[derive(Debug, Clone)]
+pub(crate) enum Commit {
+    /// Replace the state.
+    Set(State),
+    /// Append `count` copies of `stamp` to the sliding log, keeping the last `limit`.
+    Push { stamp: u64, count: u64, limit: u64 },
+}
+
+impl Commit {
+    /// Applies the change to `state`.
+    pub(crate) fn apply(self, state: &mut Option<State>) {
+        match self {
+            Commit::Set(next) => *state = Some(next),
+            Commit::Push {
+                stamp,
+                count,
+                limit,
+            } => {
+                if !matches!(state, Some(State::SlidingLog { .. })) {
+                    *state = Some(State::SlidingLog {
+                        stamps: VecDeque::new(),
+                    });
+                }
+                if let Some(State::SlidingLog { stamps }) = state {
+                    for _ in 0..count {
+                        if stamps.len() as u64 >= limit {
+                            stamps.pop_front();
+                        }
+                        stamps.push_back(stamp);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Decides one policy. `state` is `None` for a subject never seen (or expired).
@@ -76,7 +114,7 @@ fn fixed_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> 
             reset_after_ms: reset,
             retry_after_ms: if allowed { 0 } else { reset },
         },
-        next: allowed.then_some(State::FixedWindow { window: idx, count }),
+        commit: allowed.then_some(Commit::Set(State::FixedWindow { window: idx, count })),
         ttl_ms: reset,
     }
 }
@@ -136,11 +174,11 @@ fn sliding_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -
             reset_after_ms: reset,
             retry_after_ms: retry,
         },
-        next: allowed.then_some(State::SlidingWindow {
+        commit: allowed.then_some(Commit::Set(State::SlidingWindow {
             window: idx,
             prev,
             cur,
-        }),
+        })),
         ttl_ms: reset,
     }
 }
@@ -174,7 +212,7 @@ fn token_bucket(policy: &Policy, state: Option<&State>, now_ms: u64, cost: u64) 
                 (new_tat - tolerance - now).div_ceil(1_000)
             },
         },
-        next: allowed.then_some(State::TokenBucket { tat_us: kept }),
+        commit: allowed.then_some(Commit::Set(State::TokenBucket { tat_us: kept })),
         ttl_ms: reset,
     }
 }
@@ -193,21 +231,13 @@ fn sliding_log(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> S
     let k = (limit - cost + 1) as usize;
     let deciding = stamps.len().checked_sub(k).map(|i| stamps[i]);
     let allowed = deciding.is_none_or(|s| s + w <= now);
-    let mut next = None;
-    let in_window = |s: &VecDeque<u64>| s.len() - s.partition_point(|x| x + w <= now);
+    let in_window = (stamps.len() - stamps.partition_point(|x| x + w <= now)) as u64;
+    // Admitting appends `cost` stamps; whatever falls off the ring is older than the
+    // deciding stamp, hence already out of the window.
     let (count, newest) = if allowed {
-        let mut s = stamps.clone();
-        for _ in 0..cost {
-            if s.len() as u64 == limit {
-                s.pop_front();
-            }
-            s.push_back(now);
-        }
-        let count = in_window(&s) as u64;
-        next = Some(State::SlidingLog { stamps: s });
-        (count, Some(now))
+        (in_window + cost, Some(now))
     } else {
-        (in_window(stamps) as u64, stamps.back().copied())
+        (in_window, stamps.back().copied())
     };
     let reset = newest.map_or(0, |n| (n + w).saturating_sub(now));
     Step {
@@ -221,7 +251,11 @@ fn sliding_log(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> S
                 _ => 0,
             },
         },
-        next,
+        commit: allowed.then_some(Commit::Push {
+            stamp: now,
+            count: cost,
+            limit,
+        }),
         ttl_ms: reset,
     }
 }
@@ -242,8 +276,8 @@ pub(crate) mod tests {
                     state = None;
                 }
                 let step = decide(policy, state.as_ref(), t, cost);
-                if let Some(next) = step.next {
-                    state = Some(next);
+                if let Some(commit) = step.commit {
+                    commit.apply(&mut state);
                     expires = t + step.ttl_ms;
                 }
                 step.outcome
@@ -312,7 +346,9 @@ pub(crate) mod tests {
         // exactly the first admitted millisecond.
         let mut state = None;
         for _ in 0..10 {
-            state = decide(&p, state.as_ref(), 500, 1).next.or(state);
+            if let Some(commit) = decide(&p, state.as_ref(), 500, 1).commit {
+                commit.apply(&mut state);
+            }
         }
         let denied = decide(&p, state.as_ref(), 999, 1);
         assert!(!denied.outcome.allowed);
@@ -325,7 +361,10 @@ pub(crate) mod tests {
     #[test]
     fn token_bucket_bursts_then_refills_at_the_rate() {
         let p = Policy::token_bucket("p", 10, 1, Duration::from_secs(1)).unwrap();
-        let steps: Vec<_> = (0..11).map(|_| (0, 1)).chain([(999, 1), (1_000, 1)]).collect();
+        let steps: Vec<_> = (0..11)
+            .map(|_| (0, 1))
+            .chain([(999, 1), (1_000, 1)])
+            .collect();
         let out = run(&p, &steps);
         assert_eq!(admitted(&out[..10]), 10);
         assert!(!out[10].allowed);
@@ -352,7 +391,9 @@ pub(crate) mod tests {
         let p = Policy::fixed_window("p", 5, Duration::from_secs(1)).unwrap();
         let out = run(&p, &[(0, 3), (1, 3), (2, 2)]);
         assert_eq!(
-            out.iter().map(|o| (o.allowed, o.remaining)).collect::<Vec<_>>(),
+            out.iter()
+                .map(|o| (o.allowed, o.remaining))
+                .collect::<Vec<_>>(),
             [(true, 2), (false, 2), (true, 0)]
         );
     }
@@ -367,7 +408,9 @@ pub(crate) mod tests {
                 if s.outcome.allowed {
                     admitted += 1;
                 }
-                state = s.next.or(state);
+                if let Some(commit) = s.commit {
+                    commit.apply(&mut state);
+                }
             }
             // Jump back 3 seconds: nothing may reset.
             let before = admitted;
@@ -376,7 +419,9 @@ pub(crate) mod tests {
                 if s.outcome.allowed {
                     admitted += 1;
                 }
-                state = s.next.or(state);
+                if let Some(commit) = s.commit {
+                    commit.apply(&mut state);
+                }
             }
             assert_eq!(admitted, before, "{p:?} admitted after a backwards step");
         }

@@ -131,7 +131,9 @@ impl MemoryStore {
         if allowed {
             let mut ttl = 0;
             for (state, step) in entry.states.iter_mut().zip(steps.iter_mut()) {
-                *state = step.next.take();
+                if let Some(commit) = step.commit.take() {
+                    commit.apply(state);
+                }
                 ttl = ttl.max(step.ttl_ms);
             }
             entry.expires_at_ms = now.saturating_add(ttl.max(1));

@@ -1,0 +1,84 @@
+//! The memory store under a flood of one-off subjects: memory must come back.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::Duration;
+
+use redlimit::clock::FakeClock;
+use redlimit::{Limiter, MemoryStore, Policy};
+
+/// Counts live heap bytes, so the test measures memory exactly instead of guessing
+/// from RSS (the system allocator keeps freed pages).
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counter is
+// only bookkeeping.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_million_subjects_leave_no_memory_behind() {
+    let clock = FakeClock::new(1_000_000);
+    let store = MemoryStore::with_clock(clock.clone());
+    let limiter = Limiter::new(
+        store.clone(),
+        Policy::sliding_window("flood", 10, Duration::from_secs(1)).unwrap(),
+    )
+    .policy(Policy::token_bucket("burst", 5, 5, Duration::from_secs(1)).unwrap());
+
+    // Warm up whatever the runtime and the store allocate once.
+    limiter.check("warm-up", 1).await.unwrap();
+    clock.advance(Duration::from_secs(5));
+    store.sweep();
+    let before = LIVE.load(Ordering::SeqCst);
+
+    const SUBJECTS: u32 = 1_000_000;
+    for i in 0..SUBJECTS {
+        let ip = std::net::Ipv4Addr::from(0x0a00_0000 + i);
+        let decision = limiter.check(format!("ip={ip}"), 1).await.unwrap();
+        assert!(decision.is_allowed());
+        if i % 100_000 == 0 {
+            // A flood spread over time: the store sweeps as it goes.
+            clock.advance(Duration::from_millis(100));
+        }
+    }
+    let peak = LIVE.load(Ordering::SeqCst);
+    assert!(
+        peak - before > 50 * SUBJECTS as isize,
+        "the flood should hold state while its windows last ({} B)",
+        peak - before
+    );
+
+    // Every window passes; the next call sweeps.
+    clock.advance(Duration::from_secs(3));
+    limiter.check("after", 1).await.unwrap();
+    let after = LIVE.load(Ordering::SeqCst);
+    assert!(store.len() <= 1, "{} entries left", store.len());
+    assert!(
+        after - before < 256 * 1024,
+        "memory did not come back: {} B before, {} B at peak, {} B after",
+        before,
+        peak,
+        after
+    );
+}
