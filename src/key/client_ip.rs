@@ -2,7 +2,7 @@
 //! proxies say the client was.
 
 use std::fmt::Write as _;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -12,7 +12,7 @@ use http::{HeaderMap, StatusCode};
 use ipnet::{IpNet, Ipv4Net};
 
 use super::forwarding::{forwarded_hop, plain_hop, trim, ElementsRev};
-use super::{KeyExtractor, KeyRejection, SubjectBuf};
+use super::{KeyExtractor, KeyRejection};
 use crate::subject::Subject;
 
 /// How many hops of a forwarding chain are examined by default.
@@ -34,7 +34,7 @@ pub enum ForwardedHeader {
     XForwardedFor,
     /// `Forwarded: for=client, for="[2001:db8::1]:4711"` (RFC 7239): its `for=` values.
     Forwarded,
-    /// `X-Real-IP: client` (nginx): read like a one-hop `X-Forwarded-For`.
+    /// `X-Real-IP: client` (nginx): one address, read with the `X-Forwarded-For` syntax.
     XRealIp,
 }
 
@@ -210,21 +210,33 @@ impl ClientIp {
 
     /// The subject of an address: its network under the configured prefix.
     pub fn subject_of(&self, addr: IpAddr) -> Subject {
-        let mut text = SubjectBuf::default();
+        let mut text = IpText::default();
         text.push(b"ip=");
-        let _ = match addr.to_canonical() {
-            IpAddr::V4(v4) if self.ipv4_prefix == 32 => write!(text, "{v4}"),
+        match addr.to_canonical() {
             IpAddr::V4(v4) => {
-                let network = Ipv4Addr::from(u32::from(v4) & mask32(self.ipv4_prefix));
-                write!(text, "{network}/{}", self.ipv4_prefix)
+                let network = u32::from(v4) & mask32(self.ipv4_prefix);
+                for (i, octet) in network.to_be_bytes().into_iter().enumerate() {
+                    if i > 0 {
+                        text.push(b".");
+                    }
+                    text.push_decimal(octet);
+                }
+                if self.ipv4_prefix < 32 {
+                    text.push(b"/");
+                    text.push_decimal(self.ipv4_prefix);
+                }
             }
-            IpAddr::V6(v6) if self.ipv6_prefix == 128 => write!(text, "{v6}"),
             IpAddr::V6(v6) => {
                 let network = Ipv6Addr::from(u128::from(v6) & mask128(self.ipv6_prefix));
-                write!(text, "{network}/{}", self.ipv6_prefix)
+                // Cannot fail: the longest IPv6 text is 45 bytes.
+                let _ = write!(text, "{network}");
+                if self.ipv6_prefix < 128 {
+                    text.push(b"/");
+                    text.push_decimal(self.ipv6_prefix);
+                }
             }
-        };
-        text.subject()
+        }
+        Subject::new(text.as_bytes())
     }
 
     fn is_trusted(&self, addr: IpAddr) -> bool {
@@ -288,6 +300,62 @@ fn canonical_net(net: IpNet) -> IpNet {
     net.trunc()
 }
 
+/// An address subject's text, on the stack: `ip=`, at most 45 bytes of IPv6, `/128`.
+struct IpText {
+    buf: [u8; 64],
+    len: usize,
+}
+
+impl Default for IpText {
+    fn default() -> Self {
+        Self {
+            buf: [0; 64],
+            len: 0,
+        }
+    }
+}
+
+impl IpText {
+    /// Appends `bytes`, or nothing if they do not fit (they always do).
+    fn push(&mut self, bytes: &[u8]) -> bool {
+        match self.buf.get_mut(self.len..self.len + bytes.len()) {
+            Some(room) => {
+                room.copy_from_slice(bytes);
+                self.len += bytes.len();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Appends a number in decimal, without the formatting machinery.
+    fn push_decimal(&mut self, n: u8) {
+        let digits = [b'0' + n / 100, b'0' + n / 10 % 10, b'0' + n % 10];
+        let skip = if n >= 100 {
+            0
+        } else if n >= 10 {
+            1
+        } else {
+            2
+        };
+        self.push(&digits[skip..]);
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl std::fmt::Write for IpText {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        if self.push(s.as_bytes()) {
+            Ok(())
+        } else {
+            Err(std::fmt::Error)
+        }
+    }
+}
+
 fn mask32(prefix: u8) -> u32 {
     u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0)
 }
@@ -301,6 +369,7 @@ mod tests {
     use super::*;
     use http::{HeaderValue, Request};
     use proptest::prelude::*;
+    use std::net::Ipv4Addr;
 
     const PROXY_A: [u8; 4] = [10, 0, 0, 1];
     const PROXY_B: [u8; 4] = [10, 0, 0, 2];
@@ -644,6 +713,29 @@ mod tests {
                 // A trusted peer gives some address, never a panic or a rejection.
                 let parts = request(peer(PROXY_A), &headers);
                 prop_assert!(key.extract(&parts).is_ok());
+            }
+        }
+
+        #[test]
+        fn subjects_read_like_the_standard_address_text(
+            v4 in any::<[u8; 4]>(),
+            v6 in any::<u128>(),
+            p4 in 0u8..=32,
+            p6 in 0u8..=128,
+        ) {
+            let key = ClientIp::new().ipv4_prefix(p4).ipv6_prefix(p6);
+            let v4 = Ipv4Addr::from(v4);
+            let net4 = Ipv4Net::new(v4, p4).unwrap().trunc();
+            let expected = if p4 == 32 { format!("ip={v4}") } else { format!("ip={net4}") };
+            prop_assert_eq!(key.subject_of(IpAddr::V4(v4)), Subject::new(expected));
+            let v6 = Ipv6Addr::from(v6);
+            let subject = key.subject_of(IpAddr::V6(v6));
+            if let Some(mapped) = v6.to_ipv4_mapped() {
+                prop_assert_eq!(subject, key.subject_of(IpAddr::V4(mapped)));
+            } else {
+                let net6 = ipnet::Ipv6Net::new(v6, p6).unwrap().trunc();
+                let expected = if p6 == 128 { format!("ip={v6}") } else { format!("ip={net6}") };
+                prop_assert_eq!(subject, Subject::new(expected));
             }
         }
 

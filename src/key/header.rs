@@ -47,7 +47,7 @@ const DEFAULT_SECRET: &[u8] = b"redlimit default header secret; configure your o
 ///   values longer than 128 bytes are hashed.
 ///
 /// The first line of the header is read. A missing or empty header is rejected with
-/// **401 "missing <name> header"**. The value is what the client sent, not checked: a
+/// **401 `missing <name> header`**. The value is what the client sent, not checked: a
 /// client can rotate it freely, so key on it for clients that are authenticated by it,
 /// or use [`Extension`](super::Extension) for an identity an auth layer has checked.
 #[derive(Clone)]

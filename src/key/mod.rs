@@ -100,19 +100,29 @@ impl<K: KeyExtractor + ?Sized> KeyExtractor for Box<K> {
 }
 
 /// No subject could be found: answered with this status and message.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Cheap to clone (the message is static or shared), since extractors hand out a
+/// stored rejection for every request that lacks a key.
+#[derive(Clone)]
 pub struct KeyRejection {
     status: StatusCode,
-    message: Cow<'static, str>,
+    message: Message,
+}
+
+#[derive(Clone)]
+enum Message {
+    Static(&'static str),
+    Shared(Arc<str>),
 }
 
 impl KeyRejection {
     /// A rejection answered with `status` and a short plain-text `message`.
     pub fn new(status: StatusCode, message: impl Into<Cow<'static, str>>) -> Self {
-        Self {
-            status,
-            message: message.into(),
-        }
+        let message = match message.into() {
+            Cow::Borrowed(text) => Message::Static(text),
+            Cow::Owned(text) => Message::Shared(text.into()),
+        };
+        Self { status, message }
     }
 
     /// The status to answer with.
@@ -122,13 +132,33 @@ impl KeyRejection {
 
     /// The message to answer with.
     pub fn message(&self) -> &str {
-        &self.message
+        match &self.message {
+            Message::Static(text) => text,
+            Message::Shared(text) => text,
+        }
+    }
+}
+
+impl PartialEq for KeyRejection {
+    fn eq(&self, other: &Self) -> bool {
+        self.status == other.status && self.message() == other.message()
+    }
+}
+
+impl Eq for KeyRejection {}
+
+impl fmt::Debug for KeyRejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyRejection")
+            .field("status", &self.status)
+            .field("message", &self.message())
+            .finish()
     }
 }
 
 impl fmt::Display for KeyRejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.status, self.message)
+        write!(f, "{}: {}", self.status, self.message())
     }
 }
 
@@ -183,5 +213,12 @@ mod tests {
         let r = KeyRejection::new(StatusCode::FORBIDDEN, "client address unavailable");
         assert_eq!(r.to_string(), "403 Forbidden: client address unavailable");
         assert_eq!(r.message(), "client address unavailable");
+        let shared = KeyRejection::new(
+            StatusCode::FORBIDDEN,
+            String::from("client address unavailable"),
+        );
+        assert_eq!(shared, r);
+        assert_eq!(format!("{:?}", shared.clone()), format!("{r:?}"));
+        assert!(format!("{r:?}").contains("\"client address unavailable\""));
     }
 }
