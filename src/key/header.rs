@@ -1,0 +1,269 @@
+//! A request header's value as the subject: hashed (API keys) or plain (tenant ids).
+
+use std::fmt;
+
+use http::header::HeaderName;
+use http::request::Parts;
+use http::StatusCode;
+
+use super::{KeyExtractor, KeyRejection, SubjectBuf};
+use crate::subject::{derive_secret_key, Subject};
+
+/// The secret used when none is configured. It is public (it is in this source), so
+/// it hides raw values from anyone reading Redis or logs, but not from someone who
+/// can guess a value and compute its hash: configure your own.
+const DEFAULT_SECRET: &[u8] = b"redlimit default header secret; configure your own";
+
+/// Keys requests by a header's value: an API key, a tenant id.
+///
+/// ```
+/// use http::{Request, StatusCode};
+/// use redlimit::key::{Header, KeyExtractor};
+///
+/// let key = Header::new("x-api-key").secret(b"shared by every instance on this Redis");
+/// let (parts, ()) = Request::get("/")
+///     .header("x-api-key", "sk_live_abc")
+///     .body(())
+///     .unwrap()
+///     .into_parts();
+/// let subject = key.extract(&parts).unwrap();
+/// assert!(!format!("{subject:?} {key:?}").contains("sk_live"));
+///
+/// let (parts, ()) = Request::get("/").body(()).unwrap().into_parts();
+/// let rejection = key.extract(&parts).unwrap_err();
+/// assert_eq!(rejection.status(), StatusCode::UNAUTHORIZED);
+/// assert_eq!(rejection.message(), "missing x-api-key header");
+/// ```
+///
+/// - [`Header::new`] treats the value as a secret: the subject is a keyed BLAKE3 hash
+///   of it (under a key derived from the configured secret and the header name), so the
+///   raw value is never stored, logged, or shown by `Debug`. Every instance that shares
+///   a Redis must use the same [`Header::secret`], or each keeps its own counts. Without
+///   one, a fixed key built into this crate is used: raw values still never reach Redis,
+///   but anyone who reads Redis can test guessed values against it, so configure a
+///   secret of your own.
+/// - [`Header::plain`] is for values that are not secret (a tenant id): the subject
+///   reads `header:x-tenant=acme`, escaped before it becomes part of a Redis key, and
+///   values longer than 128 bytes are hashed.
+///
+/// The first line of the header is read. A missing or empty header is rejected with
+/// **401 `missing <name> header`**. The value is what the client sent, not checked: a
+/// client can rotate it freely, so key on it for clients that are authenticated by it,
+/// or use [`Extension`](super::Extension) for an identity an auth layer has checked.
+#[derive(Clone)]
+pub struct Header {
+    name: HeaderName,
+    mode: Mode,
+    missing: KeyRejection,
+}
+
+#[derive(Clone)]
+enum Mode {
+    /// The BLAKE3 key for this header, derived from the secret and the header name.
+    Secret([u8; 32]),
+    Plain,
+}
+
+impl Header {
+    /// A secret header (an API key): only a keyed hash of its value is kept.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a valid header name. Names read at run time can be checked
+    /// first with `HeaderName::try_from` and passed as a `HeaderName`, which never panics.
+    pub fn new<N>(name: N) -> Self
+    where
+        HeaderName: TryFrom<N>,
+        <HeaderName as TryFrom<N>>::Error: fmt::Debug,
+    {
+        let name = header_name(name);
+        Self {
+            mode: Mode::Secret(header_key(DEFAULT_SECRET, &name)),
+            missing: missing(&name),
+            name,
+        }
+    }
+
+    /// A header whose value is not secret (a tenant id): kept readable, escaped.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a valid header name, as [`Header::new`].
+    pub fn plain<N>(name: N) -> Self
+    where
+        HeaderName: TryFrom<N>,
+        <HeaderName as TryFrom<N>>::Error: fmt::Debug,
+    {
+        let name = header_name(name);
+        Self {
+            mode: Mode::Plain,
+            missing: missing(&name),
+            name,
+        }
+    }
+
+    /// The server-side secret the value is hashed with; must be the same on every
+    /// instance sharing a Redis. Turns a [`Header::plain`] into a secret header.
+    pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.mode = Mode::Secret(header_key(secret.as_ref(), &self.name));
+        self
+    }
+
+    /// The header read.
+    pub fn name(&self) -> &HeaderName {
+        &self.name
+    }
+}
+
+impl KeyExtractor for Header {
+    fn extract(&self, parts: &Parts) -> Result<Subject, KeyRejection> {
+        let value = match parts.headers.get(&self.name) {
+            Some(value) if !value.is_empty() => value.as_bytes(),
+            _ => return Err(self.missing.clone()),
+        };
+        Ok(match &self.mode {
+            Mode::Secret(key) => Subject::secret_with(key, value),
+            Mode::Plain => SubjectBuf::default()
+                .push(b"header:")
+                .push(self.name.as_str().as_bytes())
+                .push(b"=")
+                .push(value)
+                .subject(),
+        })
+    }
+}
+
+impl fmt::Debug for Header {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mode = match self.mode {
+            Mode::Secret(_) => "secret (keyed hash)",
+            Mode::Plain => "plain",
+        };
+        f.debug_struct("Header")
+            .field("name", &self.name)
+            .field("mode", &mode)
+            .finish_non_exhaustive()
+    }
+}
+
+fn header_name<N>(name: N) -> HeaderName
+where
+    HeaderName: TryFrom<N>,
+    <HeaderName as TryFrom<N>>::Error: fmt::Debug,
+{
+    match HeaderName::try_from(name) {
+        Ok(name) => name,
+        Err(err) => panic!("redlimit::key::Header: invalid header name: {err:?}"),
+    }
+}
+
+/// Separates headers: the same value in two headers gives two subjects.
+fn header_key(secret: &[u8], name: &HeaderName) -> [u8; 32] {
+    *blake3::keyed_hash(&derive_secret_key(secret), name.as_str().as_bytes()).as_bytes()
+}
+
+fn missing(name: &HeaderName) -> KeyRejection {
+    KeyRejection::new(
+        StatusCode::UNAUTHORIZED,
+        format!("missing {} header", name.as_str()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Request;
+
+    fn with(headers: &[(&str, &str)]) -> Parts {
+        let mut builder = Request::builder();
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn secret_values_are_hashed_and_never_shown() {
+        let key = Header::new("x-api-key").secret(b"hunter2-server-secret");
+        let parts = with(&[("x-api-key", "sk_live_0123456789")]);
+        let subject = key.extract(&parts).unwrap();
+        let shown = format!("{subject:?} {key:?} {:?}", key.clone());
+        assert!(!shown.contains("sk_live"), "{shown}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(!subject.as_bytes().windows(7).any(|w| w == b"sk_live"));
+        // Stable across instances with the same secret.
+        let again = Header::new("X-Api-Key").secret(b"hunter2-server-secret");
+        assert_eq!(again.extract(&parts), Ok(subject.clone()));
+        // Different values, secrets and headers give different subjects.
+        let other = with(&[("x-api-key", "sk_live_other")]);
+        assert_ne!(key.extract(&other), Ok(subject.clone()));
+        assert_ne!(
+            Header::new("x-api-key").extract(&parts),
+            Ok(subject.clone())
+        );
+        let both = with(&[("x-api-key", "same"), ("x-other-key", "same")]);
+        assert_ne!(
+            Header::new("x-api-key").extract(&both),
+            Header::new("x-other-key").extract(&both)
+        );
+    }
+
+    #[test]
+    fn plain_values_are_readable_and_escaped() {
+        let key = Header::plain("x-tenant");
+        let parts = with(&[("x-tenant", "acme")]);
+        assert_eq!(
+            key.extract(&parts),
+            Ok(Subject::new("header:x-tenant=acme"))
+        );
+        let mut out = String::new();
+        key.extract(&with(&[("x-tenant", "}{evil")]))
+            .unwrap()
+            .write_key_part(&mut out);
+        assert!(!out.contains('{') && !out.contains('}'), "{out}");
+        // A plain header can't pose as a client address.
+        let parts = with(&[("ip", "203.0.113.7")]);
+        assert_ne!(
+            Header::plain("ip").extract(&parts),
+            Ok(Subject::new("ip=203.0.113.7"))
+        );
+        // Turning a plain header secret hides it.
+        let secret = Header::plain("x-tenant").secret(b"s");
+        let hidden = secret.extract(&with(&[("x-tenant", "acme")])).unwrap();
+        assert!(!format!("{hidden:?}").contains("acme"));
+    }
+
+    #[test]
+    fn missing_or_empty_headers_are_401() {
+        for parts in [with(&[]), with(&[("x-api-key", "")])] {
+            let err = Header::new("x-api-key").extract(&parts).unwrap_err();
+            assert_eq!(err.status(), StatusCode::UNAUTHORIZED);
+            assert_eq!(err.message(), "missing x-api-key header");
+        }
+        let err = Header::plain("x-tenant").extract(&with(&[])).unwrap_err();
+        assert_eq!(err.message(), "missing x-tenant header");
+    }
+
+    #[test]
+    fn the_first_line_is_read() {
+        let key = Header::plain("x-tenant");
+        let parts = with(&[("x-tenant", "a"), ("x-tenant", "b")]);
+        assert_eq!(key.extract(&parts), Ok(Subject::new("header:x-tenant=a")));
+    }
+
+    #[test]
+    fn names_of_any_form() {
+        assert_eq!(Header::new("X-Api-Key").name(), "x-api-key");
+        assert_eq!(
+            Header::new(HeaderName::from_static("x-api-key")).name(),
+            "x-api-key"
+        );
+        assert_eq!(Header::plain(String::from("x-t")).name(), "x-t");
+    }
+
+    #[test]
+    #[should_panic(expected = "invalid header name")]
+    fn an_invalid_name_is_a_configuration_panic() {
+        let _ = Header::new("bad name");
+    }
+}
