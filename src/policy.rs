@@ -234,10 +234,6 @@ impl Policy {
         &self.name
     }
 
-    pub(crate) fn name_arc(&self) -> &Arc<str> {
-        &self.name
-    }
-
     /// Which algorithm decides.
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm

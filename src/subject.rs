@@ -17,7 +17,7 @@
 use std::fmt::{self, Write as _};
 
 /// Subjects longer than this are stored as a 128-bit hash of their bytes.
-pub const MAX_RAW_LEN: usize = 128;
+pub(crate) const MAX_RAW_LEN: usize = 128;
 
 const RAW: u8 = b'r';
 const HASHED: u8 = b'h';
@@ -38,7 +38,7 @@ pub struct Subject {
 impl Subject {
     /// A subject from a value that may be shown in logs and keys (an IP, a user id).
     ///
-    /// Values longer than [`MAX_RAW_LEN`] bytes are kept as a hash, so a hostile
+    /// Values longer than 128 bytes are kept as a hash, so a hostile
     /// megabyte costs 17 bytes.
     pub fn new(value: impl AsRef<[u8]>) -> Self {
         let value = value.as_ref();
