@@ -32,7 +32,8 @@ pub(crate) struct Step {
     pub(crate) outcome: PolicyOutcome,
     /// The new state when admitted; `None` when denied (nothing changes).
     pub(crate) next: Option<State>,
-    /// How long the state must be kept, in ms from now: after that it is "unused".
+    /// How long the state must be kept, in ms from the time asked (not the clamped
+    /// time, when the clock went back): after that it is "unused".
     pub(crate) ttl_ms: u64,
 }
 
@@ -52,6 +53,7 @@ fn fixed_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> 
     let (limit, w) = (policy.limit(), policy.window_ms());
     let mut idx = now / w;
     let mut count = 0;
+    let asked = now;
     let mut now = now;
     if let Some(State::FixedWindow { window, count: c }) = state {
         if *window >= idx {
@@ -77,13 +79,15 @@ fn fixed_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> 
             retry_after_ms: if allowed { 0 } else { reset },
         },
         next: allowed.then_some(State::FixedWindow { window: idx, count }),
-        ttl_ms: reset,
+        // A clock that went back must wait out the stored window too.
+        ttl_ms: reset + (now - asked),
     }
 }
 
 fn sliding_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> Step {
     let (limit, w) = (policy.limit(), policy.window_ms());
     let mut idx = now / w;
+    let asked = now;
     let mut now = now;
     let (mut prev, mut cur) = (0, 0);
     if let Some(State::SlidingWindow {
@@ -141,14 +145,15 @@ fn sliding_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -
             prev,
             cur,
         }),
-        ttl_ms: reset,
+        ttl_ms: reset + (now - asked),
     }
 }
 
 fn token_bucket(policy: &Policy, state: Option<&State>, now_ms: u64, cost: u64) -> Step {
     let t = policy.emission_interval_us();
     let tolerance = policy.limit() * t;
-    let mut now = now_ms * 1_000;
+    let asked = now_ms * 1_000;
+    let mut now = asked;
     let tat = match state {
         Some(State::TokenBucket { tat_us }) => {
             // A clock that went back is clamped to the last moment the stored state
@@ -175,7 +180,7 @@ fn token_bucket(policy: &Policy, state: Option<&State>, now_ms: u64, cost: u64) 
             },
         },
         next: allowed.then_some(State::TokenBucket { tat_us: kept }),
-        ttl_ms: reset,
+        ttl_ms: (kept - asked).div_ceil(1_000),
     }
 }
 
@@ -187,6 +192,7 @@ fn sliding_log(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> S
         _ => &empty,
     };
     // A clock that went back is clamped to the newest stamp: stamps stay sorted.
+    let asked = now;
     let now = stamps.back().map_or(now, |newest| now.max(*newest));
     // Admit iff at most limit - cost stamps are in the window, that is iff the
     // (limit - cost + 1)-th most recent stamp (if any) has left it.
@@ -222,7 +228,7 @@ fn sliding_log(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> S
             },
         },
         next,
-        ttl_ms: reset,
+        ttl_ms: reset + (now - asked),
     }
 }
 
@@ -325,7 +331,10 @@ pub(crate) mod tests {
     #[test]
     fn token_bucket_bursts_then_refills_at_the_rate() {
         let p = Policy::token_bucket("p", 10, 1, Duration::from_secs(1)).unwrap();
-        let steps: Vec<_> = (0..11).map(|_| (0, 1)).chain([(999, 1), (1_000, 1)]).collect();
+        let steps: Vec<_> = (0..11)
+            .map(|_| (0, 1))
+            .chain([(999, 1), (1_000, 1)])
+            .collect();
         let out = run(&p, &steps);
         assert_eq!(admitted(&out[..10]), 10);
         assert!(!out[10].allowed);
@@ -352,9 +361,84 @@ pub(crate) mod tests {
         let p = Policy::fixed_window("p", 5, Duration::from_secs(1)).unwrap();
         let out = run(&p, &[(0, 3), (1, 3), (2, 2)]);
         assert_eq!(
-            out.iter().map(|o| (o.allowed, o.remaining)).collect::<Vec<_>>(),
+            out.iter()
+                .map(|o| (o.allowed, o.remaining))
+                .collect::<Vec<_>>(),
             [(true, 2), (false, 2), (true, 0)]
         );
+    }
+
+    /// The conformance table the stores are held to (tests/conformance.rs), checked
+    /// here against the model itself.
+    #[allow(unreachable_pub)]
+    mod traces {
+        use crate::policy::Policy;
+        use std::time::Duration;
+
+        include!("../tests/support/traces.rs");
+    }
+
+    #[test]
+    fn the_model_admits_exactly_the_hand_written_traces() {
+        for trace in traces::TRACES {
+            let policies = trace.built_policies();
+            let mut states: Vec<Option<State>> = vec![None; policies.len()];
+            let mut expires = 0;
+            for (i, (&(_, cost, expected), now)) in
+                trace.steps.iter().zip(trace.times()).enumerate()
+            {
+                // Kept like the memory store keeps it: dropped once every policy's
+                // state has decayed.
+                if now >= expires {
+                    states.iter_mut().for_each(|s| *s = None);
+                }
+                let steps: Vec<Step> = policies
+                    .iter()
+                    .zip(&states)
+                    .map(|(p, s)| decide(p, s.as_ref(), now, u64::from(cost)))
+                    .collect();
+                let allowed = steps.iter().all(|s| s.outcome.allowed);
+                let outcomes: Vec<_> = steps.iter().map(|s| s.outcome).collect();
+                assert_eq!(
+                    allowed, expected,
+                    "{}: step {i} at {now} ms: {outcomes:?}",
+                    trace.name
+                );
+                if allowed {
+                    let mut ttl = 0;
+                    for (state, step) in states.iter_mut().zip(steps) {
+                        ttl = ttl.max(step.ttl_ms);
+                        *state = step.next;
+                    }
+                    expires = now + ttl.max(1);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn state_written_while_the_clock_is_behind_lives_until_it_decays() {
+        let s = Duration::from_secs(1);
+        for p in seed_policies() {
+            // State up to 5 000, then the clock jumps back 1.5 s and one more passes.
+            let mut state = None;
+            for t in [4_500, 4_999, 5_000] {
+                state = decide(&p, state.as_ref(), t, 1).next.or(state);
+            }
+            let step = decide(&p, state.as_ref(), 3_500, 1);
+            if p.algorithm() == Algorithm::TokenBucket {
+                // Clamped to the moment the bucket was empty: nothing to write.
+                assert!(!step.outcome.allowed, "{p:?}");
+                continue;
+            }
+            assert!(step.outcome.allowed, "{p:?}");
+            let decays_at = match p.algorithm() {
+                Algorithm::FixedWindow => 6_000,
+                Algorithm::SlidingWindow => 7_000,
+                _ => 5_000 + s.as_millis() as u64,
+            };
+            assert_eq!(3_500 + step.ttl_ms, decays_at, "{p:?}");
+        }
     }
 
     #[test]

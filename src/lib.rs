@@ -1,6 +1,11 @@
 //! redlimit: rate limiting for tower services, decided atomically in Redis or in memory.
 #![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub, rust_2018_idioms, missing_debug_implementations)]
+#![warn(
+    missing_docs,
+    unreachable_pub,
+    rust_2018_idioms,
+    missing_debug_implementations
+)]
 
 pub(crate) mod algorithm;
 pub mod clock;
@@ -16,5 +21,5 @@ pub use decision::{Decision, PolicyOutcome};
 pub use error::Error;
 pub use limiter::{CheckFuture, Limiter};
 pub use policy::{Algorithm, Policy, PolicyError};
-pub use store::{MemoryStore, Store, StoreError};
+pub use store::{MemoryStore, RedisStore, Store, StoreError};
 pub use subject::Subject;
