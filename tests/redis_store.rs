@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::{self, AsyncCommands};
-use redlimit::clock::FakeClock;
+use redlimit::clock::{Clock, FakeClock};
 use redlimit::store::StoreErrorKind;
 use redlimit::{Error, Limiter, Policy, RedisStore, Subject};
 use support::{hash_tag, RedisServer};
@@ -583,5 +583,89 @@ async fn server_clock_mode_shares_one_time_between_stores() {
         .unwrap();
     let index: u64 = stored.split(':').next().unwrap().parse().unwrap();
     assert!((before / w..=server_ms(&mut conn).await / w).contains(&index));
+    server.assert_every_key_expires().await;
+}
+
+#[tokio::test]
+async fn states_are_compact_strings() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let clock = FakeClock::new(1_767_225_600_000);
+    let store = store(&server).client_clock(clock.clone());
+    let second = Duration::from_secs(1);
+
+    // The sliding log: a 4-byte head, then 6-byte big-endian stamps, built with
+    // Redis Lua's `struct` library (checked on the server the tests run).
+    let log = Policy::sliding_log("sl", 4, second).unwrap();
+    let limiter = Limiter::new(store.clone(), log.clone());
+    let key = store.key(&Subject::new("s"), &log);
+    let mut admitted = Vec::new();
+    for step in 0..7u64 {
+        clock.advance(Duration::from_millis(300));
+        let cost = if step == 5 { 2 } else { 1 };
+        if limiter.check("s", cost).await.unwrap().is_allowed() {
+            admitted.extend(std::iter::repeat_n(clock.now_ms(), cost as usize));
+        }
+    }
+    let raw: Vec<u8> = conn.get(&key).await.unwrap();
+    assert_eq!(raw.len(), 4 + 6 * 4, "a full ring of 4 stamps");
+    let head = u32::from_be_bytes(raw[..4].try_into().unwrap()) as usize;
+    let stamps: Vec<u64> = (0..4)
+        .map(|i| {
+            let at = 4 + 6 * ((head + i) % 4);
+            raw[at..at + 6]
+                .iter()
+                .fold(0u64, |n, b| n << 8 | u64::from(*b))
+        })
+        .collect();
+    let version: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let version = version
+        .lines()
+        .find(|l| l.starts_with("redis_version"))
+        .unwrap_or("?");
+    assert_eq!(stamps, admitted[admitted.len() - 4..], "on {version}");
+
+    // The token bucket: one integer, which Redis keeps without a string buffer.
+    let bucket = Policy::token_bucket("tb", 5, 1, second).unwrap();
+    Limiter::new(store.clone(), bucket.clone())
+        .check("s", 1)
+        .await
+        .unwrap();
+    let key = store.key(&Subject::new("s"), &bucket);
+    let encoding: String = redis::cmd("OBJECT")
+        .arg("ENCODING")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(encoding, "int");
+    let tat: u64 = conn.get(&key).await.unwrap();
+    assert_eq!(tat, clock.now_ms() * 1_000 + 1_000_000);
+
+    // The windows: "index:count" and "index:previous:current".
+    for (policy, expected) in [
+        (
+            Policy::fixed_window("fw", 5, second).unwrap(),
+            format!("{}:1", clock.now_ms() / 1_000),
+        ),
+        (
+            Policy::sliding_window("sw", 5, second).unwrap(),
+            format!("{}:0:1", clock.now_ms() / 1_000),
+        ),
+    ] {
+        Limiter::new(store.clone(), policy.clone())
+            .check("s", 1)
+            .await
+            .unwrap();
+        let state: String = conn
+            .get(store.key(&Subject::new("s"), &policy))
+            .await
+            .unwrap();
+        assert_eq!(state, expected);
+    }
     server.assert_every_key_expires().await;
 }
