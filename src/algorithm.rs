@@ -32,7 +32,8 @@ pub(crate) struct Step {
     pub(crate) outcome: PolicyOutcome,
     /// The change to the state when admitted; `None` when denied (nothing changes).
     pub(crate) commit: Option<Commit>,
-    /// How long the state must be kept, in ms from now: after that it is "unused".
+    /// How long the state must be kept, in ms from the time asked (not the clamped
+    /// time, when the clock went back): after that it is "unused".
     pub(crate) ttl_ms: u64,
 }
 
@@ -90,6 +91,7 @@ fn fixed_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> 
     let (limit, w) = (policy.limit(), policy.window_ms());
     let mut idx = now / w;
     let mut count = 0;
+    let asked = now;
     let mut now = now;
     if let Some(State::FixedWindow { window, count: c }) = state {
         if *window >= idx {
@@ -115,13 +117,15 @@ fn fixed_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> 
             retry_after_ms: if allowed { 0 } else { reset },
         },
         commit: allowed.then_some(Commit::Set(State::FixedWindow { window: idx, count })),
-        ttl_ms: reset,
+        // A clock that went back must wait out the stored window too.
+        ttl_ms: reset + (now - asked),
     }
 }
 
 fn sliding_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> Step {
     let (limit, w) = (policy.limit(), policy.window_ms());
     let mut idx = now / w;
+    let asked = now;
     let mut now = now;
     let (mut prev, mut cur) = (0, 0);
     if let Some(State::SlidingWindow {
@@ -179,14 +183,15 @@ fn sliding_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -
             prev,
             cur,
         })),
-        ttl_ms: reset,
+        ttl_ms: reset + (now - asked),
     }
 }
 
 fn token_bucket(policy: &Policy, state: Option<&State>, now_ms: u64, cost: u64) -> Step {
     let t = policy.emission_interval_us();
     let tolerance = policy.limit() * t;
-    let mut now = now_ms * 1_000;
+    let asked = now_ms * 1_000;
+    let mut now = asked;
     let tat = match state {
         Some(State::TokenBucket { tat_us }) => {
             // A clock that went back is clamped to the last moment the stored state
@@ -213,7 +218,7 @@ fn token_bucket(policy: &Policy, state: Option<&State>, now_ms: u64, cost: u64) 
             },
         },
         commit: allowed.then_some(Commit::Set(State::TokenBucket { tat_us: kept })),
-        ttl_ms: reset,
+        ttl_ms: (kept - asked).div_ceil(1_000),
     }
 }
 
@@ -225,6 +230,7 @@ fn sliding_log(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> S
         _ => &empty,
     };
     // A clock that went back is clamped to the newest stamp: stamps stay sorted.
+    let asked = now;
     let now = stamps.back().map_or(now, |newest| now.max(*newest));
     // Admit iff at most limit - cost stamps are in the window, that is iff the
     // (limit - cost + 1)-th most recent stamp (if any) has left it.
@@ -256,7 +262,7 @@ fn sliding_log(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> S
             count: cost,
             limit,
         }),
-        ttl_ms: reset,
+        ttl_ms: reset + (now - asked),
     }
 }
 
@@ -396,6 +402,83 @@ pub(crate) mod tests {
                 .collect::<Vec<_>>(),
             [(true, 2), (false, 2), (true, 0)]
         );
+    }
+
+    /// The conformance table the stores are held to (tests/conformance.rs), checked
+    /// here against the model itself.
+    #[allow(unreachable_pub)]
+    mod traces {
+        use crate::policy::Policy;
+        use std::time::Duration;
+
+        include!("../tests/support/traces.rs");
+    }
+
+    #[test]
+    fn the_model_admits_exactly_the_hand_written_traces() {
+        for trace in traces::TRACES {
+            let policies = trace.built_policies();
+            let mut states: Vec<Option<State>> = vec![None; policies.len()];
+            let mut expires = 0;
+            for (i, (&(_, cost, expected), now)) in
+                trace.steps.iter().zip(trace.times()).enumerate()
+            {
+                // Kept like the memory store keeps it: dropped once every policy's
+                // state has decayed.
+                if now >= expires {
+                    states.iter_mut().for_each(|s| *s = None);
+                }
+                let steps: Vec<Step> = policies
+                    .iter()
+                    .zip(&states)
+                    .map(|(p, s)| decide(p, s.as_ref(), now, u64::from(cost)))
+                    .collect();
+                let allowed = steps.iter().all(|s| s.outcome.allowed);
+                let outcomes: Vec<_> = steps.iter().map(|s| s.outcome).collect();
+                assert_eq!(
+                    allowed, expected,
+                    "{}: step {i} at {now} ms: {outcomes:?}",
+                    trace.name
+                );
+                if allowed {
+                    let mut ttl = 0;
+                    for (state, step) in states.iter_mut().zip(steps) {
+                        ttl = ttl.max(step.ttl_ms);
+                        if let Some(commit) = step.commit {
+                            commit.apply(state);
+                        }
+                    }
+                    expires = now + ttl.max(1);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn state_written_while_the_clock_is_behind_lives_until_it_decays() {
+        let s = Duration::from_secs(1);
+        for p in seed_policies() {
+            // State up to 5 000, then the clock jumps back 1.5 s and one more passes.
+            let mut state = None;
+            for t in [4_500, 4_999, 5_000] {
+                if let Some(commit) = decide(&p, state.as_ref(), t, 1).commit {
+                    commit.apply(&mut state);
+                }
+            }
+            let step = decide(&p, state.as_ref(), 3_500, 1);
+            if p.algorithm() == Algorithm::TokenBucket {
+                // Clamped to the moment the bucket was empty: nothing to write.
+                assert!(!step.outcome.allowed, "{p:?}");
+                continue;
+            }
+            assert!(step.outcome.allowed, "{p:?}");
+            let decays_at = match p.algorithm() {
+                Algorithm::FixedWindow => 6_000,
+                Algorithm::SlidingWindow => 7_000,
+                _ => 5_000 + s.as_millis() as u64,
+            };
+            assert_eq!(3_500 + step.ttl_ms, decays_at, "{p:?}");
+        }
     }
 
     #[test]

@@ -21,5 +21,5 @@ pub use decision::{Decision, PolicyOutcome};
 pub use error::Error;
 pub use limiter::{CheckFuture, Limiter};
 pub use policy::{Algorithm, Policy, PolicyError};
-pub use store::{MemoryStore, Store, StoreError};
+pub use store::{MemoryStore, RedisStore, Store, StoreError};
 pub use subject::Subject;

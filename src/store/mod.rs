@@ -15,7 +15,9 @@ use crate::policy::Policy;
 use crate::subject::Subject;
 
 mod memory;
+mod redis;
 
+pub use self::redis::{InvalidPrefix, RedisStore};
 pub use memory::MemoryStore;
 
 /// The policies one [`Limiter`](crate::Limiter) checks together, with a fingerprint

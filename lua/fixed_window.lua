@@ -1,0 +1,41 @@
+-- Fixed window: one counter per window aligned to the epoch.
+-- Translation of fixed_window in src/algorithm.rs.
+-- State: "<window index>:<count>".
+local function fixed_window(limit, w, _emission, now, cost, raw)
+  local idx = idiv(now, w)
+  local count = 0
+  local asked = now
+  local window, c
+  if raw then
+    local a, b = string.match(raw, "^(%d+):(%d+)$")
+    window, c = field(a), field(b)
+  end
+  if window and c then
+    if window >= idx then
+      -- Same window, or a clock that went back: stay in the stored window.
+      if window > idx then
+        idx = window
+        now = idx * w
+      end
+      count = c
+    end
+  end
+  local reset = (idx + 1) * w - now
+  local allowed = count + cost <= limit
+  if allowed then
+    count = count + cost
+  end
+  local remaining = limit - count
+  if remaining < 0 then
+    remaining = 0
+  end
+  local retry = 0
+  local nxt = nil
+  if allowed then
+    nxt = int(idx) .. ":" .. int(count)
+  else
+    retry = reset
+  end
+  -- A clock that went back must wait out the stored window too.
+  return allowed, remaining, reset, retry, reset + (now - asked), nxt
+end

@@ -1,0 +1,136 @@
+-- redlimit: decide every policy of one subject in one call, all or nothing.
+--
+-- KEYS[i]            the state key of policy i (all in the subject's hash tag)
+-- ARGV[1]            the clock: "s" to read Redis TIME, or milliseconds
+-- ARGV[2]            the cost of the request
+-- ARGV[3 + 4(i-1)]   algorithm of policy i: fw, sw, tb or sl
+-- ARGV[4 + 4(i-1)]   limit (capacity of a token bucket) of policy i
+-- ARGV[5 + 4(i-1)]   window in ms of policy i
+-- ARGV[6 + 4(i-1)]   emission interval in us of policy i (token bucket; else 0)
+--
+-- Reply: per policy, allowed (0/1), remaining, reset after (ms), retry after (ms).
+-- Every policy is decided before any state is written, and state is written
+-- only if all admit; every write sets a TTL of the time its state needs.
+
+local EXACT = 9007199254740992 -- 2^53
+local MAX_CLOCK = 9000000000000 -- ms; now * 1000 (us) must stay exact
+local MAX_LOG = 100000 -- sliding log stamps, as MAX_SLIDING_LOG_LIMIT in Rust
+local ALGORITHMS = {
+  fw = fixed_window,
+  sw = sliding_window,
+  tb = token_bucket,
+  sl = sliding_log,
+}
+
+local nkeys = #KEYS
+if nkeys == 0 then
+  return redis.error_reply("ERR redlimit: KEYS must hold one state key per policy, got none")
+end
+if #ARGV ~= 2 + 4 * nkeys then
+  return redis.error_reply(string.format(
+    "ERR redlimit: ARGV must hold 2 + 4 x %d = %d arguments (clock, cost, then 4 per policy), got %d",
+    nkeys, 2 + 4 * nkeys, #ARGV))
+end
+
+local problem = nil
+-- ARGV[i] as an integer >= min, or 0 after noting what is wrong with it.
+local function argument(i, what, min)
+  local s = ARGV[i]
+  local n = nil
+  if #s <= 16 and string.match(s, "^%d+$") then
+    n = tonumber(s)
+  end
+  if n == nil or n >= EXACT or n < min then
+    local kind = "a non-negative integer"
+    if min > 0 then
+      kind = "a positive integer"
+    end
+    problem = problem or string.format(
+      "ERR redlimit: ARGV[%d] (%s) must be %s below 2^53, got %q", i, what, kind, string.sub(s, 1, 32))
+    return 0
+  end
+  return n
+end
+local function fail(i, what, rule)
+  problem = problem or string.format("ERR redlimit: ARGV[%d] (%s) %s", i, what, rule)
+end
+
+local now
+if ARGV[1] == "s" then
+  local t = redis.call("TIME")
+  now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
+else
+  now = argument(1, "clock", 0)
+  if now > MAX_CLOCK then
+    fail(1, "clock", "must be \"s\" or milliseconds up to " .. int(MAX_CLOCK))
+  end
+end
+local cost = argument(2, "cost", 1)
+
+local policies = {}
+for i = 1, nkeys do
+  local at = 3 + 4 * (i - 1)
+  local code = ARGV[at]
+  local decide = ALGORITHMS[code]
+  if decide == nil then
+    fail(at, "algorithm of policy " .. i, "must be fw, sw, tb or sl, got " .. string.format("%q", string.sub(code, 1, 32)))
+  end
+  local limit = argument(at + 1, "limit of policy " .. i, 1)
+  local window = argument(at + 2, "window_ms of policy " .. i, 1)
+  local emission = 0
+  if code == "tb" then
+    emission = argument(at + 3, "emission_us of policy " .. i, 1)
+    if limit * emission >= EXACT then
+      fail(at + 3, "emission_us of policy " .. i, "times the capacity must stay below 2^53")
+    end
+  else
+    argument(at + 3, "emission_us of policy " .. i, 0)
+    if limit * window >= EXACT then
+      fail(at + 2, "window_ms of policy " .. i, "times the limit must stay below 2^53")
+    end
+  end
+  if code == "sl" and limit > MAX_LOG then
+    fail(at + 1, "limit of policy " .. i, "of a sliding log must be at most " .. MAX_LOG)
+  end
+  if cost > limit then
+    fail(2, "cost", "must not exceed the limit of policy " .. i .. " (" .. int(limit) .. ")")
+  end
+  policies[i] = { decide, limit, window, emission }
+end
+if problem then
+  return redis.error_reply(problem)
+end
+
+-- Decide every policy before writing anything.
+local reply, writes, all = {}, {}, true
+for i = 1, nkeys do
+  local p = policies[i]
+  local allowed, remaining, reset, retry, ttl, nxt =
+    p[1](p[2], p[3], p[4], now, cost, redis.call("GET", KEYS[i]))
+  local at = 4 * (i - 1)
+  if allowed then
+    reply[at + 1] = 1
+  else
+    reply[at + 1] = 0
+    all = false
+  end
+  reply[at + 2] = remaining
+  reply[at + 3] = reset
+  reply[at + 4] = retry
+  writes[i] = { nxt, math.max(ttl, 1) }
+end
+
+if all then
+  for i = 1, nkeys do
+    local nxt, ttl = writes[i][1], writes[i][2]
+    if type(nxt) == "table" then
+      for j = 1, #nxt, 2 do
+        redis.call("SETRANGE", KEYS[i], int(nxt[j]), nxt[j + 1])
+      end
+      redis.call("PEXPIRE", KEYS[i], int(ttl))
+    else
+      redis.call("SET", KEYS[i], nxt, "PX", int(ttl))
+    end
+  end
+end
+return reply

@@ -1,0 +1,38 @@
+-- Token bucket as GCRA: one theoretical arrival time (TAT) in microseconds.
+-- Translation of token_bucket in src/algorithm.rs.
+-- State: the TAT as a decimal integer (Redis keeps it as a bare integer).
+local function token_bucket(limit, _w, t, now_ms, cost, raw)
+  local tolerance = limit * t
+  local asked = now_ms * 1000
+  local now = asked
+  local tat = now
+  local stored = nil
+  if raw and string.match(raw, "^%d+$") then
+    stored = field(raw)
+  end
+  if stored then
+    -- A clock that went back is clamped to the last moment the stored state
+    -- can describe (an empty bucket), so the bucket never looks fuller.
+    local empty_at = stored - tolerance
+    if empty_at > now then
+      now = empty_at
+    end
+    tat = math.max(stored, now)
+  end
+  local new_tat = tat + cost * t
+  local allowed = new_tat - now <= tolerance
+  local kept = tat
+  if allowed then
+    kept = new_tat
+  end
+  local reset = cdiv(kept - now, 1000)
+  local remaining = idiv(tolerance - (kept - now), t)
+  local retry = 0
+  local nxt = nil
+  if allowed then
+    nxt = int(kept)
+  else
+    retry = cdiv(new_tat - tolerance - now, 1000)
+  end
+  return allowed, remaining, reset, retry, cdiv(kept - asked, 1000), nxt
+end

@@ -1,0 +1,381 @@
+//! The Redis store: every decision made atomically by one Lua script, in one round
+//! trip, whatever the number of policies.
+//!
+//! ```
+//! use redlimit::{Limiter, Policy, RedisStore};
+//! use std::time::Duration;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let url = std::env::var("REDIS_URL");
+//! // The application's own pool: the store takes one connection from it, lazily.
+//! let pool = deadpool_redis::Config::from_url(url.as_deref().unwrap_or("redis://127.0.0.1/"))
+//!     .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+//! let store = RedisStore::new(pool).prefix("rl")?.timeout(Duration::from_millis(50));
+//! let limiter = Limiter::new(store, Policy::sliding_window("api", 100, Duration::from_secs(60))?)
+//!     .policy(Policy::token_bucket("burst", 10, 10, Duration::from_secs(1))?);
+//! # if url.is_ok() {
+//! // Both policies are checked by one EVALSHA; a denial by either consumes from neither.
+//! let decision = limiter.check("user:42", 1).await?;
+//! assert!(decision.is_allowed());
+//! # }
+//! # Ok(()) }
+//! ```
+//!
+//! # One connection, one round trip
+//!
+//! A call costs exactly one round trip: an `EVALSHA` of the script, which reads
+//! Redis `TIME` (by default), decides every policy, and writes state only if all
+//! admit. The script is sent in full (`EVAL`, which also caches it) only when the
+//! server answers `NOSCRIPT`, after a restart or a `SCRIPT FLUSH`; no call fails
+//! for it.
+//!
+//! The store does not check a connection out of the pool per call: deadpool-redis
+//! recycles each checked-out connection with an `UNWATCH` + `PING` round trip of its
+//! own, which would double the cost of every decision, and its small default pool
+//! would cap concurrency. Instead the store takes ONE connection out of the pool
+//! (`Connection::take`, so the pool opens another for the application) and sends
+//! every call on it: it is a `redis::aio::MultiplexedConnection`, whose clones share
+//! one socket and pipeline the calls of all tasks, which is faster than a pool of
+//! connections used one call at a time. Being the store's alone, the socket is never
+//! stalled by a blocking command or redirected by a `SELECT` the application sends on
+//! pooled connections.
+//!
+//! When a call fails with a connection error (or the connection has answered nothing
+//! for a second while calls time out), the store drops it and gets a fresh one from
+//! the pool in a background task. Only one such attempt runs at a time, failed
+//! attempts back off (25 ms doubling to 250 ms), and calls made meanwhile fail at once
+//! with [`StoreErrorKind::Unavailable`](crate::store::StoreErrorKind): no reconnect
+//! storm, no queue of waiting calls during an outage. Only the calls made before the
+//! very first connection exists wait for it, within their timeout.
+//!
+//! # Keys
+//!
+//! `<prefix>:{<subject>}:<policy name>:<algorithm code>` (`fw`, `sw`, `tb`, `sl`),
+//! one string per subject and policy. The subject is escaped by
+//! [`Subject::write_key_part`], which never emits `{` or `}`, so the hash tag is
+//! exactly the subject: all of a subject's policies share one cluster slot, and no
+//! input can choose another slot or reach another subject's key. Every write sets a
+//! TTL equal to the time the state needs to decay back to unused (at most two
+//! windows); no key lives without one.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_redis::redis::Value;
+use deadpool_redis::Pool;
+use smallvec::SmallVec;
+
+use super::{PolicySet, Store, StoreError, StoreErrorKind};
+use crate::clock::Clock;
+use crate::decision::{Decision, PolicyOutcome};
+use crate::policy::Policy;
+use crate::subject::Subject;
+
+mod link;
+mod script;
+
+use link::Link;
+use script::Call;
+
+/// Longest key prefix: it is repeated in every key.
+const MAX_PREFIX_LEN: usize = 32;
+
+/// The default prefix of every key.
+const DEFAULT_PREFIX: &str = "rl";
+
+/// The default time a call may take before it fails with a timeout.
+const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// Limit state in Redis, shared by every instance of a service.
+///
+/// Built from the application's own `deadpool_redis::Pool`; see the
+/// [module docs](self) for the connection it keeps and the keys it writes. Cloning is
+/// cheap and shares the connection.
+#[derive(Clone)]
+pub struct RedisStore {
+    link: Arc<Link>,
+    settings: Arc<Settings>,
+}
+
+#[derive(Clone)]
+struct Settings {
+    prefix: Box<str>,
+    clock: Option<Arc<dyn Clock>>,
+    timeout: Duration,
+}
+
+/// A key prefix that is empty, too long, or has characters that could break the
+/// key's layout (`{`, `}`, spaces, control bytes).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Redis key prefix {0:?} must be 1 to 32 characters of A-Z, a-z, 0-9, '_', '-', '.' or ':'")]
+pub struct InvalidPrefix(pub String);
+
+impl RedisStore {
+    /// A store on `pool`, deciding on Redis `TIME`, with the prefix `rl` and a 50 ms
+    /// timeout.
+    ///
+    /// Connects lazily: the first call takes a connection from the pool.
+    pub fn new(pool: Pool) -> Self {
+        Self {
+            link: Arc::new(Link::new(pool)),
+            settings: Arc::new(Settings {
+                prefix: DEFAULT_PREFIX.into(),
+                clock: None,
+                timeout: DEFAULT_TIMEOUT,
+            }),
+        }
+    }
+
+    /// Sets the prefix of every key, so several limiters (or apps) can share a Redis.
+    ///
+    /// Short, since it is repeated in every key: 1 to 32 characters of `A-Z a-z 0-9 _ - . :`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Result<Self, InvalidPrefix> {
+        let prefix = prefix.into();
+        let valid = !prefix.is_empty()
+            && prefix.len() <= MAX_PREFIX_LEN
+            && prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'));
+        if !valid {
+            return Err(InvalidPrefix(prefix));
+        }
+        Arc::make_mut(&mut self.settings).prefix = prefix.into();
+        Ok(self)
+    }
+
+    /// Decides on `clock` instead of Redis `TIME`.
+    ///
+    /// For tests on a [`FakeClock`](crate::clock::FakeClock), and for deployments
+    /// that keep their clocks in sync and want Redis to do less. Instances with skewed
+    /// clocks disagree on windows, so prefer the default. Key TTLs still run on the
+    /// Redis server's clock.
+    pub fn client_clock(mut self, clock: impl Clock) -> Self {
+        Arc::make_mut(&mut self.settings).clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Sets how long a call may take (default 50 ms) before it fails with
+    /// [`StoreErrorKind::Timeout`]: a rate limiter must not become the slow part of a
+    /// request.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        Arc::make_mut(&mut self.settings).timeout = timeout;
+        self
+    }
+
+    /// The Lua source of the script every call runs, for operators who pre-load it
+    /// and benchmarks that run it bare.
+    pub fn script_source() -> &'static str {
+        script::SOURCE
+    }
+
+    /// The SHA-1 of [`RedisStore::script_source`], as `EVALSHA` takes it.
+    pub fn script_sha1() -> &'static str {
+        script::SCRIPT.get_hash()
+    }
+
+    /// The Redis key that holds `subject`'s state for `policy`.
+    pub fn key(&self, subject: &Subject, policy: &Policy) -> String {
+        let mut key = self.key_base(subject);
+        script::push_policy_suffix(&mut key, policy);
+        key
+    }
+
+    /// `prefix:{subject}:`, the start of every key of one subject.
+    fn key_base(&self, subject: &Subject) -> String {
+        let prefix = &self.settings.prefix;
+        let mut key = String::with_capacity(prefix.len() + 48);
+        key.push_str(prefix);
+        key.push_str(":{");
+        let start = key.len();
+        subject.write_key_part(&mut key);
+        if key.len() == start {
+            // An empty hash tag would make Redis hash the whole key, spreading a
+            // subject's policies over several slots. No escaped subject is a lone "%"
+            // (escapes are "%XX"), so this stays unambiguous.
+            key.push('%');
+        }
+        key.push_str("}:");
+        key
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.settings.prefix)
+            .field(
+                "clock",
+                &if self.settings.clock.is_some() {
+                    "client"
+                } else {
+                    "redis TIME"
+                },
+            )
+            .field("timeout", &self.settings.timeout)
+            .field("link", &self.link)
+            .finish()
+    }
+}
+
+impl Store for RedisStore {
+    /// One box per call: nothing beside a network round trip.
+    type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
+
+    fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        let call = Call {
+            key_base: self.key_base(&subject),
+            now_ms: self.settings.clock.as_ref().map(|c| c.now_ms()),
+            cost,
+            policies: Arc::clone(set.policies()),
+        };
+        let link = Arc::clone(&self.link);
+        let timeout = self.settings.timeout;
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut lent = tokio::time::timeout_at(deadline, link.lend())
+                .await
+                .map_err(|_| StoreError::timeout())??;
+            let reply = match tokio::time::timeout_at(deadline, link.eval(&mut lent, &call)).await {
+                Ok(reply) => reply?,
+                Err(_) => {
+                    link.timed_out(lent.generation());
+                    return Err(StoreError::timeout());
+                }
+            };
+            decision(&call.policies, reply)
+        })
+    }
+}
+
+/// Reads the script's reply: four integers per policy.
+fn decision(policies: &Arc<[Policy]>, reply: Value) -> Result<Decision, StoreError> {
+    let protocol = |what: String| StoreError::new(StoreErrorKind::Protocol, what);
+    let Value::Array(items) = reply else {
+        return Err(protocol(format!("expected an array, got {reply:?}")));
+    };
+    if items.len() != 4 * policies.len() {
+        return Err(protocol(format!(
+            "expected {} integers, got {}",
+            4 * policies.len(),
+            items.len()
+        )));
+    }
+    let number = |v: &Value| match v {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        _ => None,
+    };
+    let mut outcomes = SmallVec::<[PolicyOutcome; 4]>::new();
+    for (policy, item) in policies.iter().zip(items.chunks_exact(4)) {
+        let (Some(allowed), Some(remaining), Some(reset), Some(retry)) = (
+            number(&item[0]),
+            number(&item[1]),
+            number(&item[2]),
+            number(&item[3]),
+        ) else {
+            return Err(protocol(format!("expected 4 integers, got {item:?}")));
+        };
+        if allowed > 1 {
+            return Err(protocol(format!("allowed must be 0 or 1, got {allowed}")));
+        }
+        outcomes.push(PolicyOutcome {
+            allowed: allowed == 1,
+            limit: policy.limit(),
+            remaining,
+            reset_after_ms: reset,
+            retry_after_ms: retry,
+        });
+    }
+    Ok(Decision::from_outcomes(policies, outcomes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn store() -> RedisStore {
+        let pool = deadpool_redis::Config::from_url("redis://127.0.0.1:1/")
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            .unwrap();
+        RedisStore::new(pool)
+    }
+
+    fn policies() -> Arc<[Policy]> {
+        vec![
+            Policy::fixed_window("a", 3, Duration::from_secs(1)).unwrap(),
+            Policy::sliding_log("b", 5, Duration::from_secs(1)).unwrap(),
+        ]
+        .into()
+    }
+
+    #[tokio::test]
+    async fn keys_keep_the_subject_in_one_hash_tag() {
+        let store = store().prefix("app:rl").unwrap();
+        let p = Policy::token_bucket("burst", 10, 1, Duration::from_secs(1)).unwrap();
+        assert_eq!(
+            store.key(&Subject::new("user:42"), &p),
+            "app:rl:{user:42}:burst:tb"
+        );
+        assert_eq!(
+            store.key(&Subject::new("}{"), &p),
+            "app:rl:{%7D%7B}:burst:tb"
+        );
+        assert_eq!(store.key(&Subject::new(""), &p), "app:rl:{%}:burst:tb");
+    }
+
+    #[tokio::test]
+    async fn prefixes_that_could_break_keys_are_refused() {
+        for bad in ["", "a{", "}", "a b", "x\n", &"p".repeat(33)] {
+            assert!(store().prefix(bad).is_err(), "{bad:?}");
+        }
+        assert!(store().prefix("svc-1.rl:v2").is_ok());
+    }
+
+    #[test]
+    fn replies_map_to_outcomes_with_the_policy_limits() {
+        let policies = policies();
+        let reply = Value::Array([1, 2, 500, 0, 0, 0, 400, 30].map(Value::Int).to_vec());
+        let d = decision(&policies, reply).unwrap();
+        assert!(!d.is_allowed());
+        assert_eq!(d.denied_by(), Some("b"));
+        assert_eq!(d.limit(), 5);
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(30)));
+    }
+
+    #[test]
+    fn malformed_replies_are_protocol_errors() {
+        let policies = policies();
+        let bad = [
+            Value::Nil,
+            Value::Array(vec![Value::Int(1); 3]),
+            Value::Array([2, 0, 0, 0, 1, 0, 0, 0].map(Value::Int).to_vec()),
+            Value::Array([1, -1, 0, 0, 1, 0, 0, 0].map(Value::Int).to_vec()),
+            Value::Array(vec![Value::Okay; 8]),
+        ];
+        for reply in bad {
+            let err = decision(&policies, reply).unwrap_err();
+            assert_eq!(err.kind(), StoreErrorKind::Protocol);
+        }
+    }
+
+    #[test]
+    fn the_script_is_one_piece_with_every_algorithm() {
+        let source = RedisStore::script_source();
+        for name in [
+            "fixed_window",
+            "sliding_window",
+            "token_bucket",
+            "sliding_log",
+        ] {
+            assert!(
+                source.contains(&format!("local function {name}(")),
+                "{name}"
+            );
+        }
+        assert_eq!(RedisStore::script_sha1().len(), 40);
+    }
+}

@@ -1,0 +1,287 @@
+//! The store's one multiplexed connection, taken from the application's pool, and its
+//! replacement when it breaks.
+
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis::aio::MultiplexedConnection;
+use deadpool_redis::redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use deadpool_redis::{Connection, Pool};
+use tokio::sync::Notify;
+
+use super::script::Call;
+use crate::store::{StoreError, StoreErrorKind};
+
+/// How long one attempt to get a connection from the pool may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The first wait after a failed attempt; it doubles up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_millis(25);
+/// The longest wait between two attempts while Redis is unreachable.
+const MAX_BACKOFF: Duration = Duration::from_millis(250);
+/// A connection that answered nothing for this long while calls time out is replaced
+/// (a half-open socket never reports an error).
+const STALL_MS: u64 = 1_000;
+
+/// The connection shared by every clone of one store.
+#[derive(Debug)]
+pub(super) struct Link {
+    pool: Pool,
+    state: RwLock<State>,
+    /// Woken when an attempt to connect ends, for calls made before the first
+    /// connection exists.
+    settled: Notify,
+    /// Time origin of `last_answer_ms`.
+    epoch: Instant,
+    /// When the current connection last answered, in ms since `epoch`.
+    last_answer_ms: AtomicU64,
+}
+
+struct State {
+    conn: Option<MultiplexedConnection>,
+    /// Counts installed connections, so a failure reported by a call that used an
+    /// older one does not throw away its replacement.
+    generation: u64,
+    attempt: Attempt,
+    backoff: Duration,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("connected", &self.conn.is_some())
+            .field("generation", &self.generation)
+            .field("attempt", &self.attempt)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attempt {
+    Idle,
+    InFlight,
+    /// The last attempt failed; the next may start at this instant.
+    Backoff(Instant),
+}
+
+/// A connection lent to one call, with the generation to report failures against.
+pub(super) struct Lent {
+    conn: MultiplexedConnection,
+    generation: u64,
+}
+
+impl Link {
+    pub(super) fn new(pool: Pool) -> Self {
+        Self {
+            pool,
+            state: RwLock::new(State {
+                conn: None,
+                generation: 0,
+                attempt: Attempt::Idle,
+                backoff: MIN_BACKOFF,
+            }),
+            settled: Notify::new(),
+            epoch: Instant::now(),
+            last_answer_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// The current connection (a cheap clone sharing its socket).
+    ///
+    /// Before the first connection exists, waits for the attempt in flight (the
+    /// caller's timeout bounds the wait). Once one has existed, a call that finds it
+    /// being replaced fails at once: during an outage calls must not queue.
+    pub(super) async fn lend(self: &Arc<Self>) -> Result<Lent, StoreError> {
+        loop {
+            let mut settled = pin!(self.settled.notified());
+            settled.as_mut().enable();
+            {
+                let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
+                if let Some(conn) = &state.conn {
+                    return Ok(Lent {
+                        conn: conn.clone(),
+                        generation: state.generation,
+                    });
+                }
+            }
+            let (started, wait) = {
+                let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+                if state.conn.is_some() {
+                    continue;
+                }
+                let started = claim_attempt(&mut state);
+                (
+                    started,
+                    state.generation == 0 && state.attempt == Attempt::InFlight,
+                )
+            };
+            if started {
+                self.spawn_attempt();
+            }
+            if !wait {
+                return Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "no connection to Redis (reconnecting)",
+                ));
+            }
+            settled.await;
+        }
+    }
+
+    /// Sends one call on a lent connection: `EVALSHA`, and `EVAL` only if the server
+    /// answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`). `EVAL` both runs and
+    /// caches the script, so no call fails and no `SCRIPT LOAD` can race a flush.
+    pub(super) async fn eval(
+        self: &Arc<Self>,
+        lent: &mut Lent,
+        call: &Call,
+    ) -> Result<Value, StoreError> {
+        let reply = match call.command(false).query_async(&mut lent.conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                call.command(true).query_async(&mut lent.conn).await
+            }
+            other => other,
+        };
+        match reply {
+            Ok(value) => {
+                self.answered();
+                Ok(value)
+            }
+            Err(error) => Err(self.failed(lent.generation, error)),
+        }
+    }
+
+    /// Called when a call on `lent` timed out: a connection silent for a while is
+    /// presumed dead and replaced.
+    pub(super) fn timed_out(self: &Arc<Self>, generation: u64) {
+        let silent = self
+            .now_ms()
+            .saturating_sub(self.last_answer_ms.load(Ordering::Relaxed));
+        if silent >= STALL_MS {
+            tracing::warn!(silent_ms = silent, "Redis connection stalled; replacing it");
+            self.replace(generation);
+        }
+    }
+
+    fn answered(&self) {
+        let now = self.now_ms();
+        // Write only when it changes: every call passes here.
+        if self.last_answer_ms.load(Ordering::Relaxed) != now {
+            self.last_answer_ms.store(now, Ordering::Relaxed);
+        }
+    }
+
+    fn failed(self: &Arc<Self>, generation: u64, error: RedisError) -> StoreError {
+        let kind = match error.kind() {
+            ErrorKind::Parse | ErrorKind::UnexpectedReturnType => StoreErrorKind::Protocol,
+            _ => StoreErrorKind::Unavailable,
+        };
+        if error.is_io_error() || error.is_connection_dropped() || error.is_unrecoverable_error() {
+            tracing::warn!(%error, "Redis connection lost; replacing it");
+            self.replace(generation);
+        }
+        StoreError::new(kind, error)
+    }
+
+    /// Drops connection `generation` (if still current) and starts its replacement.
+    fn replace(self: &Arc<Self>, generation: u64) {
+        let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        let started = state.generation == generation
+            && state.conn.take().is_some()
+            && claim_attempt(&mut state);
+        drop(state);
+        if started {
+            self.spawn_attempt();
+        }
+    }
+
+    /// Runs one attempt to get a connection in the background (claimed beforehand
+    /// with [`claim_attempt`]). Spawned, not awaited: a call's timeout must not
+    /// cancel it.
+    fn spawn_attempt(self: &Arc<Self>) {
+        let guard = AttemptGuard {
+            link: Arc::clone(self),
+            outcome: None,
+        };
+        tokio::spawn(async move {
+            let got = tokio::time::timeout(CONNECT_TIMEOUT, guard.link.pool.get()).await;
+            guard.finish(match got {
+                Ok(Ok(conn)) => Ok(conn),
+                Ok(Err(error)) => Err(error.to_string()),
+                Err(_) => Err("timed out".to_owned()),
+            });
+        });
+    }
+
+    fn settle(&self, outcome: Result<Connection, String>) {
+        let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        match outcome {
+            Ok(conn) => {
+                // Taken out of the pool for good: this socket is the store's alone, so
+                // nothing the application sends on pooled connections (a blocking
+                // BLPOP, a SELECT) can stall or redirect rate-limit calls; the pool
+                // opens another connection for the application in its place.
+                state.conn = Some(Connection::take(conn));
+                state.generation += 1;
+                state.attempt = Attempt::Idle;
+                state.backoff = MIN_BACKOFF;
+                self.last_answer_ms.store(self.now_ms(), Ordering::Relaxed);
+                tracing::debug!(generation = state.generation, "Redis connection ready");
+            }
+            Err(error) => {
+                tracing::warn!(%error, retry_in = ?state.backoff, "cannot get a Redis connection");
+                state.attempt = Attempt::Backoff(Instant::now() + state.backoff);
+                state.backoff = (state.backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+        drop(state);
+        self.settled.notify_waiters();
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+impl Lent {
+    pub(super) fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
+/// Claims the right to start an attempt: none is in flight and the last failure is
+/// old enough. The caller spawns it after releasing the lock.
+fn claim_attempt(state: &mut State) -> bool {
+    match state.attempt {
+        Attempt::InFlight => false,
+        Attempt::Backoff(until) if Instant::now() < until => false,
+        _ => {
+            state.attempt = Attempt::InFlight;
+            true
+        }
+    }
+}
+
+/// Settles an attempt when its task ends, or is dropped unfinished (its runtime shut
+/// down), so that a later call can always start another.
+struct AttemptGuard {
+    link: Arc<Link>,
+    outcome: Option<Result<Connection, String>>,
+}
+
+impl AttemptGuard {
+    fn finish(mut self, outcome: Result<Connection, String>) {
+        self.outcome = Some(outcome);
+    }
+}
+
+impl Drop for AttemptGuard {
+    fn drop(&mut self) {
+        let outcome = self
+            .outcome
+            .take()
+            .unwrap_or_else(|| Err("the connecting task was dropped".to_owned()));
+        self.link.settle(outcome);
+    }
+}

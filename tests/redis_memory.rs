@@ -1,0 +1,128 @@
+//! Redis memory per subject, measured as the seed documents did: the `used_memory`
+//! delta over many subjects, one policy each. Asserts the budgets (token bucket and
+//! sliding window no larger than fixed window; a full sliding log at limit 1000 under
+//! 8.5 KB) and prints the figures.
+//!
+//! `REDLIMIT_MEMORY_SUBJECTS=100000 cargo test --test redis_memory -- --nocapture`
+//! measures over more subjects (default 2 000, to keep CI fast).
+
+mod support;
+
+use std::time::Duration;
+
+use deadpool_redis::redis;
+use redlimit::clock::FakeClock;
+use redlimit::{Limiter, Policy, RedisStore};
+use support::RedisServer;
+use tokio::task::JoinSet;
+
+/// 2026-01-01T00:00:00Z: realistic numbers in the states, aligned to every window.
+const START_MS: u64 = 1_767_225_600_000;
+
+async fn used_memory(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("INFO memory has used_memory")
+}
+
+/// Bytes per subject after `subjects` subjects each spent `cost` under `policy`.
+async fn bytes_per_subject(policy: Policy, cost: u32, subjects: usize) -> f64 {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    // A client clock at the start of a window: every key lives a whole window (or
+    // more) in real time, so none expires while the figures are taken.
+    let limiter = Limiter::new(
+        RedisStore::new(server.pool())
+            .timeout(Duration::from_secs(10))
+            .client_clock(FakeClock::new(START_MS)),
+        policy,
+    );
+    // Load the script and open the connection before the baseline.
+    limiter.check("warm-up", 1).await.unwrap();
+    redis::cmd("DEL")
+        .arg(
+            limiter
+                .store()
+                .key(&"warm-up".into(), &limiter.policies()[0]),
+        )
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let before = used_memory(&mut conn).await;
+    let mut tasks = JoinSet::new();
+    let workers = 32;
+    for w in 0..workers {
+        let limiter = limiter.clone();
+        tasks.spawn(async move {
+            for i in (w..subjects).step_by(workers) {
+                let decision = limiter.check(format!("user:{i}"), cost).await.unwrap();
+                assert!(decision.is_allowed());
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    let after = used_memory(&mut conn).await;
+    let keys: usize = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+    assert_eq!(keys, subjects);
+    server.assert_every_key_expires().await;
+    (after - before) as f64 / subjects as f64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_per_subject_stays_within_budget() {
+    let subjects: usize = std::env::var("REDLIMIT_MEMORY_SUBJECTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000);
+    let minute = Duration::from_secs(60);
+    let fixed = bytes_per_subject(
+        Policy::fixed_window("api", 1_000, minute).unwrap(),
+        1,
+        subjects,
+    )
+    .await;
+    let sliding = bytes_per_subject(
+        Policy::sliding_window("api", 1_000, minute).unwrap(),
+        1,
+        subjects,
+    )
+    .await;
+    // An emptied bucket: its state lives the minute it takes to refill.
+    let bucket = bytes_per_subject(
+        Policy::token_bucket("api", 1_000, 1_000, minute).unwrap(),
+        1_000,
+        subjects,
+    )
+    .await;
+    // A full log: 1 000 admitted stamps in the window.
+    let log = bytes_per_subject(
+        Policy::sliding_log("api", 1_000, minute).unwrap(),
+        1_000,
+        subjects,
+    )
+    .await;
+    println!("Redis memory per subject over {subjects} subjects, one policy, limit 1000/min:");
+    println!("  fixed window    {fixed:>8.0} B");
+    println!("  sliding window  {sliding:>8.0} B");
+    println!("  token bucket    {bucket:>8.0} B");
+    println!("  sliding log     {log:>8.0} B (full: 1000 stamps)");
+    // Allocator rounding makes small figures jitter by a few bytes.
+    assert!(
+        sliding <= fixed + 16.0,
+        "sliding window {sliding} vs fixed {fixed}"
+    );
+    assert!(
+        bucket <= fixed + 16.0,
+        "token bucket {bucket} vs fixed {fixed}"
+    );
+    assert!(fixed < 200.0, "fixed window {fixed}");
+    assert!(log < 8_500.0, "sliding log {log}");
+}

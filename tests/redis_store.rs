@@ -1,0 +1,671 @@
+//! The Redis store against real `redis-server` processes: atomicity under many
+//! clients, one round trip per call, recovery from NOSCRIPT and restarts, hostile
+//! subjects, argument errors, TTLs, timeouts, and server-clock decisions.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis::{self, AsyncCommands};
+use redlimit::clock::{Clock, FakeClock};
+use redlimit::store::StoreErrorKind;
+use redlimit::{Error, Limiter, Policy, RedisStore, Subject};
+use support::{hash_tag, RedisServer};
+use tokio::task::JoinSet;
+
+/// A store that tolerates a loaded CI machine: 5 s before a call times out.
+fn store(server: &RedisServer) -> RedisStore {
+    RedisStore::new(server.pool()).timeout(Duration::from_secs(5))
+}
+
+fn store_kind(result: &Result<redlimit::Decision, Error>) -> Option<StoreErrorKind> {
+    match result {
+        Err(Error::Store(e)) => Some(e.kind()),
+        _ => None,
+    }
+}
+
+/// Milliseconds of the server's clock.
+async fn server_ms(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(conn).await.unwrap();
+    s * 1_000 + us / 1_000
+}
+
+/// 8 stores (8 clients, 8 pools) x 50 tasks x 3 calls on one subject, on Redis TIME.
+/// Returns how many were admitted.
+async fn hammer(server: &RedisServer, policy: Policy, subject: &str) -> usize {
+    let mut tasks = JoinSet::new();
+    for _ in 0..8 {
+        let limiter = Limiter::new(store(server), policy.clone());
+        for _ in 0..50 {
+            let limiter = limiter.clone();
+            let subject = subject.to_owned();
+            tasks.spawn(async move {
+                let mut admitted = 0;
+                for _ in 0..3 {
+                    match limiter.check(subject.as_str(), 1).await {
+                        Ok(d) if d.is_allowed() => admitted += 1,
+                        Ok(_) => {}
+                        Err(e) => panic!("a store call failed under load: {e}"),
+                    }
+                }
+                admitted
+            });
+        }
+    }
+    let mut admitted = 0;
+    while let Some(n) = tasks.join_next().await {
+        admitted += n.unwrap();
+    }
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_clients_never_admit_more_than_the_limit() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    // Windows of about 11.5 days: a run cannot straddle one unnoticed.
+    let w = Duration::from_millis(1_000_000_000);
+    let limit = 300;
+
+    let before = server_ms(&mut conn).await / 1_000_000_000;
+    let fixed = hammer(&server, Policy::fixed_window("fw", limit, w).unwrap(), "fw").await;
+    let after = server_ms(&mut conn).await / 1_000_000_000;
+    if before == after {
+        assert_eq!(fixed, limit as usize, "fixed window");
+    } else {
+        // The run straddled a boundary: at most one limit per window.
+        assert!(
+            fixed <= 2 * limit as usize,
+            "fixed window across a boundary: {fixed}"
+        );
+    }
+
+    let log = hammer(&server, Policy::sliding_log("sl", limit, w).unwrap(), "sl").await;
+    assert_eq!(log, limit as usize, "sliding log");
+
+    let sliding = hammer(
+        &server,
+        Policy::sliding_window("sw", limit, w).unwrap(),
+        "sw",
+    )
+    .await;
+    assert!(sliding <= limit as usize, "sliding window: {sliding}");
+    if before == server_ms(&mut conn).await / 1_000_000_000 {
+        assert_eq!(sliding, limit as usize, "sliding window");
+    }
+
+    // One token an hour: the run sees the capacity and nothing more.
+    let hour = Duration::from_secs(3_600);
+    let bucket = Policy::token_bucket("tb", limit, 1, hour).unwrap();
+    assert_eq!(
+        hammer(&server, bucket, "tb").await,
+        limit as usize,
+        "token bucket"
+    );
+
+    server.assert_every_key_expires().await;
+}
+
+#[tokio::test]
+async fn a_call_is_one_evalsha_on_one_shared_connection() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let limiter = Limiter::new(
+        store(&server),
+        Policy::sliding_window("a", 1_000, Duration::from_secs(60)).unwrap(),
+    )
+    .policy(Policy::sliding_log("b", 1_000, Duration::from_secs(60)).unwrap())
+    .policy(Policy::token_bucket("c", 1_000, 10, Duration::from_secs(1)).unwrap());
+    // The first call connects and loads the script.
+    assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
+    redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+
+    let mut tasks = JoinSet::new();
+    for i in 0..100 {
+        let limiter = limiter.clone();
+        tasks.spawn(async move { limiter.check(format!("s{}", i % 7), 1).await });
+    }
+    while let Some(result) = tasks.join_next().await {
+        assert!(result.unwrap().unwrap().is_allowed());
+    }
+
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let calls: HashMap<&str, u64> = stats
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| {
+            let (name, rest) = l.split_once(':')?;
+            let n = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name, n))
+        })
+        .collect();
+    assert_eq!(calls.get("evalsha"), Some(&100), "{stats}");
+    // Commands the script runs inside count too (GET, SET, TIME); none of them may
+    // come from the client, and nothing else may run.
+    let extra: Vec<_> = calls
+        .iter()
+        .filter(|(name, _)| {
+            !matches!(
+                **name,
+                "evalsha"
+                    | "config|resetstat"
+                    | "info"
+                    | "get"
+                    | "set"
+                    | "time"
+                    | "setrange"
+                    | "pexpire"
+            )
+        })
+        .collect();
+    assert!(extra.is_empty(), "no PING, SCRIPT LOAD or EVAL: {extra:?}");
+    assert_eq!(
+        calls.get("get"),
+        Some(&300),
+        "one GET per policy, inside the script"
+    );
+
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        clients.lines().count(),
+        2,
+        "the store keeps one connection (plus the test's own): {clients}"
+    );
+    server.assert_every_key_expires().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_mid_run_fails_no_call() {
+    let server = RedisServer::start();
+    let limiter = Limiter::new(
+        store(&server),
+        Policy::fixed_window("p", 1_000_000, Duration::from_secs(3_600)).unwrap(),
+    );
+    // Flush between two calls, again and again: each next call finds no script.
+    for i in 0..20 {
+        redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async::<()>(&mut server.conn().await)
+            .await
+            .unwrap();
+        let decision = limiter.check("s", 1).await;
+        assert!(
+            decision.is_ok(),
+            "call {i} after SCRIPT FLUSH: {decision:?}"
+        );
+    }
+    // And flush continuously while 4 tasks call.
+    let mut tasks = JoinSet::new();
+    for t in 0..4 {
+        let limiter = limiter.clone();
+        tasks.spawn(async move {
+            for i in 0..200 {
+                let result = limiter.check(format!("t{t}"), 1).await;
+                assert!(result.is_ok(), "task {t} call {i}: {result:?}");
+            }
+        });
+    }
+    let mut conn = server.conn().await;
+    let mut flushes = 0;
+    while !tasks.is_empty() {
+        redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap();
+        flushes += 1;
+        while let Some(done) = tasks.try_join_next() {
+            done.unwrap();
+        }
+    }
+    assert!(flushes > 1);
+    server.assert_every_key_expires().await;
+}
+
+#[tokio::test]
+async fn a_restart_is_an_error_then_calls_succeed_again() {
+    let mut server = RedisServer::start();
+    let limiter = Limiter::new(
+        store(&server),
+        Policy::sliding_window("p", 1_000, Duration::from_secs(60)).unwrap(),
+    );
+    assert!(limiter.check("s", 1).await.unwrap().is_allowed());
+
+    server.stop();
+    for _ in 0..3 {
+        let result = limiter.check("s", 1).await;
+        assert_eq!(
+            store_kind(&result),
+            Some(StoreErrorKind::Unavailable),
+            "during the outage: {result:?}"
+        );
+    }
+
+    server.restart();
+    let restarted = Instant::now();
+    let result = loop {
+        let result = limiter.check("s", 1).await;
+        if result.is_ok() || restarted.elapsed() > Duration::from_secs(5) {
+            break result;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(result.unwrap().is_allowed(), "{}", server.log_tail());
+    assert!(
+        restarted.elapsed() < Duration::from_secs(1),
+        "calls succeeded only {:?} after the restart",
+        restarted.elapsed()
+    );
+    server.assert_every_key_expires().await;
+}
+
+#[tokio::test]
+async fn a_slow_server_is_a_timeout_not_a_denial() {
+    let server = RedisServer::start();
+    let limiter = Limiter::new(
+        RedisStore::new(server.pool()).timeout(Duration::from_millis(50)),
+        Policy::fixed_window("p", 10, Duration::from_secs(60)).unwrap(),
+    );
+    assert!(limiter.check("s", 1).await.unwrap().is_allowed());
+    // Every other client's commands wait 300 ms.
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(300)
+        .arg("ALL")
+        .query_async::<()>(&mut server.conn().await)
+        .await
+        .unwrap();
+    let result = limiter.check("s", 1).await;
+    assert_eq!(
+        store_kind(&result),
+        Some(StoreErrorKind::Timeout),
+        "{result:?}"
+    );
+    let started = Instant::now();
+    let result = loop {
+        let result = limiter.check("s", 1).await;
+        if result.is_ok() || started.elapsed() > Duration::from_secs(5) {
+            break result;
+        }
+    };
+    assert!(result.unwrap().is_allowed());
+    server.assert_every_key_expires().await;
+}
+
+#[tokio::test]
+async fn hostile_subjects_reach_only_their_own_state() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let policies = [
+        Policy::fixed_window("a", 1, Duration::from_secs(3_600)).unwrap(),
+        Policy::sliding_log("b", 1, Duration::from_secs(3_600)).unwrap(),
+    ];
+    let limiter = Limiter::new(store.clone(), policies[0].clone()).policy(policies[1].clone());
+    let subjects: Vec<Subject> = [
+        b"{".to_vec(),
+        b"}".to_vec(),
+        b":".to_vec(),
+        b"%7B".to_vec(), // the escaped form of "{"
+        b"%7D".to_vec(),
+        b"a}:b:{c".to_vec(),
+        b"user:1}:a:fw".to_vec(),
+        b"user:1".to_vec(),
+        b"".to_vec(),
+        vec![0xff, 0xfe, b'{', 0x00],
+        vec![b'x'; 1 << 20],
+        vec![b'y'; 1 << 20],
+    ]
+    .into_iter()
+    .map(Subject::new)
+    .collect();
+    for subject in &subjects {
+        let first = limiter.check(subject.clone(), 1).await.unwrap();
+        assert!(
+            first.is_allowed(),
+            "{subject:?} saw another subject's state"
+        );
+        let second = limiter.check(subject.clone(), 1).await.unwrap();
+        assert!(!second.is_allowed(), "{subject:?} lost its own state");
+    }
+
+    let keys: HashSet<Vec<u8>> = server.keys().await.into_iter().collect();
+    assert_eq!(
+        keys.len(),
+        2 * subjects.len(),
+        "one key per subject and policy"
+    );
+    let mut tags = HashSet::new();
+    for subject in &subjects {
+        let mut escaped = String::new();
+        subject.write_key_part(&mut escaped);
+        let own: Vec<String> = policies.iter().map(|p| store.key(subject, p)).collect();
+        for key in &own {
+            assert!(keys.contains(key.as_bytes()), "{key} missing");
+            assert!(
+                key.len() < 200,
+                "a long subject makes a short key: {}",
+                key.len()
+            );
+            assert_eq!(key.matches('{').count(), 1, "{key}");
+            assert_eq!(key.matches('}').count(), 1, "{key}");
+            let tag = std::str::from_utf8(hash_tag(key.as_bytes())).unwrap();
+            // The slot is chosen by the escaped subject and nothing else.
+            if escaped.is_empty() {
+                assert_eq!(tag, "%");
+            } else {
+                assert_eq!(tag, escaped);
+            }
+        }
+        assert_eq!(hash_tag(own[0].as_bytes()), hash_tag(own[1].as_bytes()));
+        assert!(
+            tags.insert(hash_tag(own[0].as_bytes()).to_vec()),
+            "{subject:?}"
+        );
+    }
+    server.assert_every_key_expires().await;
+}
+
+/// Sends the script by hand with `args` after KEYS, and returns the error message.
+async fn script_error(
+    conn: &mut redis::aio::MultiplexedConnection,
+    keys: &[&str],
+    args: &[&str],
+) -> String {
+    let result: redis::RedisResult<redis::Value> = redis::cmd("EVALSHA")
+        .arg(RedisStore::script_sha1())
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args)
+        .query_async(conn)
+        .await;
+    match result {
+        Err(e) => e.to_string(),
+        Ok(v) => panic!("{args:?} was accepted: {v:?}"),
+    }
+}
+
+#[tokio::test]
+async fn bad_arguments_fail_with_an_error_that_names_them() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(RedisStore::script_source())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(sha, RedisStore::script_sha1());
+
+    let one = ["rl:{s}:p:fw"];
+    let two = ["rl:{s}:p:fw", "rl:{s}:q:sl"];
+    let cases: &[(&[&str], &[&str], &str)] = &[
+        (&[], &["s", "1"], "KEYS must hold one state key per policy"),
+        (
+            &one,
+            &["s", "1", "fw", "10"],
+            "ARGV must hold 2 + 4 x 1 = 6 arguments",
+        ),
+        (
+            &one,
+            &["yesterday", "1", "fw", "10", "1000", "0"],
+            "ARGV[1] (clock)",
+        ),
+        (
+            &one,
+            &["99999999999999", "1", "fw", "10", "1000", "0"],
+            "ARGV[1] (clock)",
+        ),
+        (
+            &one,
+            &["s", "0", "fw", "10", "1000", "0"],
+            "ARGV[2] (cost) must be a positive integer",
+        ),
+        (
+            &one,
+            &["s", "11", "fw", "10", "1000", "0"],
+            "ARGV[2] (cost) must not exceed the limit of policy 1",
+        ),
+        (
+            &one,
+            &["s", "1", "xx", "10", "1000", "0"],
+            "ARGV[3] (algorithm of policy 1)",
+        ),
+        (
+            &one,
+            &["s", "1", "fw", "-5", "1000", "0"],
+            "ARGV[4] (limit of policy 1) must be a positive integer",
+        ),
+        (
+            &one,
+            &["s", "1", "fw", "10", "1.5", "0"],
+            "ARGV[5] (window_ms of policy 1)",
+        ),
+        (
+            &one,
+            &["s", "1", "fw", "10", "1e3", "0"],
+            "ARGV[5] (window_ms of policy 1)",
+        ),
+        (
+            &one,
+            &["s", "1", "tb", "10", "1000", "0"],
+            "ARGV[6] (emission_us of policy 1)",
+        ),
+        (
+            &one,
+            &["s", "1", "fw", "10", "9007199254740991", "0"],
+            "ARGV[5] (window_ms of policy 1) times the limit",
+        ),
+        (
+            &one,
+            &["s", "1", "sl", "100001", "1000", "0"],
+            "ARGV[4] (limit of policy 1) of a sliding log",
+        ),
+        (
+            &two,
+            &["s", "1", "fw", "10", "1000", "0", "sl", "", "1000", "0"],
+            "ARGV[8] (limit of policy 2)",
+        ),
+    ];
+    for (keys, args, expected) in cases {
+        let message = script_error(&mut conn, keys, args).await;
+        assert!(
+            message.contains(&format!("redlimit: {expected}")),
+            "{args:?}: {message:?} does not contain {expected:?}"
+        );
+    }
+    let size: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+    assert_eq!(size, 0, "a refused call writes nothing");
+}
+
+#[tokio::test]
+async fn every_write_sets_the_ttl_its_state_needs() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let clock = FakeClock::new(10_250);
+    let store = store(&server).client_clock(clock.clone());
+    let cases = [
+        (
+            Policy::fixed_window("fw", 5, Duration::from_secs(1)).unwrap(),
+            750,
+        ),
+        (
+            Policy::sliding_window("sw", 5, Duration::from_secs(1)).unwrap(),
+            1_750,
+        ),
+        (
+            Policy::token_bucket("tb", 5, 1, Duration::from_secs(1)).unwrap(),
+            1_000,
+        ),
+        (
+            Policy::sliding_log("sl", 5, Duration::from_secs(1)).unwrap(),
+            1_000,
+        ),
+    ];
+    for (policy, ttl) in cases {
+        clock.set_ms(10_250);
+        let limiter = Limiter::new(store.clone(), policy.clone());
+        let decision = limiter.check("s", 1).await.unwrap();
+        assert_eq!(
+            decision.reset_after(),
+            Duration::from_millis(ttl),
+            "{policy:?}"
+        );
+        let key = store.key(&Subject::new("s"), &policy);
+        let pttl: i64 = conn.pttl(&key).await.unwrap();
+        assert!(
+            (ttl as i64 - 200..=ttl as i64).contains(&pttl),
+            "{policy:?}: PTTL {pttl}, expected about {ttl}"
+        );
+        // The clock goes back 1.5 s: the state must live until it decays on the clock
+        // that is now behind.
+        if policy.algorithm() != redlimit::Algorithm::TokenBucket {
+            clock.set_ms(8_750);
+            assert!(limiter.check("s", 1).await.unwrap().is_allowed());
+            let pttl: i64 = conn.pttl(&key).await.unwrap();
+            let needed = ttl as i64 + 1_500;
+            assert!(
+                (needed - 200..=needed).contains(&pttl),
+                "{policy:?} after going back: PTTL {pttl}, expected about {needed}"
+            );
+        }
+    }
+    server.assert_every_key_expires().await;
+}
+
+#[tokio::test]
+async fn server_clock_mode_shares_one_time_between_stores() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let w = 1_000_000_000u64;
+    let policy = Policy::fixed_window("fw", 5, Duration::from_millis(w)).unwrap();
+    let a = Limiter::new(store(&server), policy.clone());
+    let b = Limiter::new(store(&server), policy.clone());
+    let before = server_ms(&mut conn).await;
+    let mut admitted = 0;
+    for i in 0..8 {
+        let limiter = if i % 2 == 0 { &a } else { &b };
+        let decision = limiter.check("shared", 1).await.unwrap();
+        if decision.is_allowed() {
+            admitted += 1;
+        } else {
+            // Reset at the end of the server's current window.
+            let after = server_ms(&mut conn).await;
+            let reset = decision.retry_after().unwrap().as_millis() as u64;
+            assert!(
+                (w - after % w..=w - before % w).contains(&reset),
+                "retry after {reset} ms does not end the server's window"
+            );
+        }
+    }
+    assert_eq!(admitted, 5, "both stores count on one budget");
+    let stored: String = conn
+        .get(a.store().key(&Subject::new("shared"), &policy))
+        .await
+        .unwrap();
+    let index: u64 = stored.split(':').next().unwrap().parse().unwrap();
+    assert!((before / w..=server_ms(&mut conn).await / w).contains(&index));
+    server.assert_every_key_expires().await;
+}
+
+#[tokio::test]
+async fn states_are_compact_strings() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let clock = FakeClock::new(1_767_225_600_000);
+    let store = store(&server).client_clock(clock.clone());
+    let second = Duration::from_secs(1);
+
+    // The sliding log: a 4-byte head, then 6-byte big-endian stamps, built with
+    // Redis Lua's `struct` library (checked on the server the tests run).
+    let log = Policy::sliding_log("sl", 4, second).unwrap();
+    let limiter = Limiter::new(store.clone(), log.clone());
+    let key = store.key(&Subject::new("s"), &log);
+    let mut admitted = Vec::new();
+    for step in 0..7u64 {
+        clock.advance(Duration::from_millis(300));
+        let cost = if step == 5 { 2 } else { 1 };
+        if limiter.check("s", cost).await.unwrap().is_allowed() {
+            admitted.extend(std::iter::repeat_n(clock.now_ms(), cost as usize));
+        }
+    }
+    let raw: Vec<u8> = conn.get(&key).await.unwrap();
+    assert_eq!(raw.len(), 4 + 6 * 4, "a full ring of 4 stamps");
+    let head = u32::from_be_bytes(raw[..4].try_into().unwrap()) as usize;
+    let stamps: Vec<u64> = (0..4)
+        .map(|i| {
+            let at = 4 + 6 * ((head + i) % 4);
+            raw[at..at + 6]
+                .iter()
+                .fold(0u64, |n, b| n << 8 | u64::from(*b))
+        })
+        .collect();
+    let version: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let version = version
+        .lines()
+        .find(|l| l.starts_with("redis_version"))
+        .unwrap_or("?");
+    assert_eq!(stamps, admitted[admitted.len() - 4..], "on {version}");
+
+    // The token bucket: one integer, which Redis keeps without a string buffer.
+    let bucket = Policy::token_bucket("tb", 5, 1, second).unwrap();
+    Limiter::new(store.clone(), bucket.clone())
+        .check("s", 1)
+        .await
+        .unwrap();
+    let key = store.key(&Subject::new("s"), &bucket);
+    let encoding: String = redis::cmd("OBJECT")
+        .arg("ENCODING")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(encoding, "int");
+    let tat: u64 = conn.get(&key).await.unwrap();
+    assert_eq!(tat, clock.now_ms() * 1_000 + 1_000_000);
+
+    // The windows: "index:count" and "index:previous:current".
+    for (policy, expected) in [
+        (
+            Policy::fixed_window("fw", 5, second).unwrap(),
+            format!("{}:1", clock.now_ms() / 1_000),
+        ),
+        (
+            Policy::sliding_window("sw", 5, second).unwrap(),
+            format!("{}:0:1", clock.now_ms() / 1_000),
+        ),
+    ] {
+        Limiter::new(store.clone(), policy.clone())
+            .check("s", 1)
+            .await
+            .unwrap();
+        let state: String = conn
+            .get(store.key(&Subject::new("s"), &policy))
+            .await
+            .unwrap();
+        assert_eq!(state, expected);
+    }
+    server.assert_every_key_expires().await;
+}

@@ -1,0 +1,261 @@
+//! Test support: real `redis-server` processes on free loopback ports (Redis is never
+//! mocked), pools for them, and the check that every key expires.
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis::{self, AsyncCommands};
+use deadpool_redis::{Config, Pool, Runtime};
+use tempfile::TempDir;
+
+/// The shared table of conformance traces (also checked against the model in
+/// `src/algorithm.rs`).
+pub mod traces {
+    use redlimit::Policy;
+    use std::time::Duration;
+
+    include!("traces.rs");
+}
+
+/// How long a server may take to accept connections.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A `redis-server` on a loopback port, in its own temporary directory, killed on drop.
+#[derive(Debug)]
+pub struct RedisServer {
+    port: u16,
+    dir: TempDir,
+    child: Option<Child>,
+    extra_args: Vec<String>,
+}
+
+impl RedisServer {
+    /// Starts a server on a free port, with no persistence.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra command-line arguments (`["--maxmemory", "10mb"]`).
+    pub fn start_with(extra_args: &[&str]) -> Self {
+        let mut last_failure = String::new();
+        // A free port can be taken by someone else between probing and binding: retry.
+        for _ in 0..5 {
+            let mut server = Self {
+                port: free_port(),
+                dir: tempfile::Builder::new()
+                    .prefix("redlimit-redis-")
+                    .tempdir()
+                    .expect("cannot create a temporary directory for redis-server"),
+                child: None,
+                extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            };
+            match server.spawn() {
+                Ok(()) => return server,
+                Err(failure) => last_failure = failure,
+            }
+        }
+        panic!("redis-server did not start: {last_failure}");
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// A deadpool-redis pool on this server, as an application would build it.
+    pub fn pool(&self) -> Pool {
+        Config::from_url(self.url())
+            .create_pool(Some(Runtime::Tokio1))
+            .expect("cannot build a deadpool-redis pool")
+    }
+
+    /// A fresh multiplexed connection, for the test's own commands.
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .expect("bad url")
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap_or_else(|e| {
+                panic!("cannot connect to {}: {e}\n{}", self.url(), self.log_tail())
+            })
+    }
+
+    /// Kills the server (SIGKILL: no goodbye to clients).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (its data is gone: no persistence).
+    pub fn restart(&mut self) {
+        self.stop();
+        if let Err(failure) = self.spawn() {
+            panic!("redis-server did not restart: {failure}");
+        }
+    }
+
+    /// The last lines of the server's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(30)..].join("\n");
+        format!(
+            "--- redis-server log ({}) ---\n{tail}",
+            self.log_path().display()
+        )
+    }
+
+    /// Every key on the server.
+    pub async fn keys(&self) -> Vec<Vec<u8>> {
+        let mut conn = self.conn().await;
+        let mut keys = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .expect("SCAN failed");
+            keys.extend(batch);
+            if next == 0 {
+                return keys;
+            }
+            cursor = next;
+        }
+    }
+
+    /// Fails the test if any key on the server has no TTL: no state may live forever.
+    pub async fn assert_every_key_expires(&self) {
+        let mut conn = self.conn().await;
+        let mut eternal = Vec::new();
+        for key in self.keys().await {
+            let ttl: i64 = conn.pttl(&key).await.expect("PTTL failed");
+            if ttl == -1 {
+                eternal.push(String::from_utf8_lossy(&key).into_owned());
+            }
+        }
+        assert!(
+            eternal.is_empty(),
+            "keys without a TTL: {eternal:?}\n{}",
+            self.log_tail()
+        );
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let port = self.port.to_string();
+        let mut command = Command::new(redis_server_binary());
+        command
+            .args([
+                "--port",
+                &port,
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.log_path())
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                "redis-server was not found on PATH: the Redis tests start real servers. \
+                 Install it (Debian/Ubuntu: `sudo apt-get install redis-server`, macOS: \
+                 `brew install redis`) or set REDLIMIT_REDIS_SERVER to its path."
+            ),
+            Err(e) => return Err(format!("cannot run redis-server: {e}")),
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                let mut stderr = String::new();
+                if let Some(mut pipe) = child.stderr.take() {
+                    let _ = pipe.read_to_string(&mut stderr);
+                }
+                return Err(format!(
+                    "redis-server exited with {status} on port {port}\n{stderr}\n{}",
+                    self.log_tail()
+                ));
+            }
+            if ping(self.port) {
+                self.child = Some(child);
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "redis-server did not answer PING on port {port} within {START_TIMEOUT:?}\n{}",
+                    self.log_tail()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn redis_server_binary() -> String {
+    std::env::var("REDLIMIT_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned())
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
+}
+
+/// Whether a server answers `PING` on `port` now.
+fn ping(port: u16) -> bool {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(100)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut reply = [0u8; 7];
+    stream.write_all(b"PING\r\n").is_ok()
+        && stream.read_exact(&mut reply).is_ok()
+        && &reply == b"+PONG\r\n"
+}
+
+/// The Redis Cluster hash tag of `key`: what Redis hashes to choose its slot.
+pub fn hash_tag(key: &[u8]) -> &[u8] {
+    if let Some(open) = key.iter().position(|&b| b == b'{') {
+        if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
+            if len > 0 {
+                return &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    key
+}
