@@ -8,6 +8,7 @@
 )]
 
 pub(crate) mod algorithm;
+pub mod block_cache;
 pub mod clock;
 mod decision;
 mod error;
@@ -16,8 +17,9 @@ mod limiter;
 pub mod policy;
 pub mod store;
 mod subject;
+mod telemetry;
 
-pub use decision::{Decision, PolicyOutcome};
+pub use decision::{Decision, Origin, PolicyOutcome};
 pub use error::Error;
 pub use limiter::{CheckFuture, Limiter};
 pub use policy::{Algorithm, Policy, PolicyError};
