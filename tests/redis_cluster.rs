@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -187,6 +187,23 @@ async fn limits_hold_in_every_slot_and_keys_spread_over_every_master_with_ttls()
     assert_eq!(tag_owner.len(), SUBJECTS, "subjects with keys");
 }
 
+/// A decision for `subject` while the store connects: the first calls wait for the
+/// connection to the cluster within their timeout, which a loaded machine may not
+/// meet, so this asks again, within a bound.
+async fn first_decision(limiter: &Limiter<RedisStore>, subject: &str) -> Decision {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match limiter.check(subject, 1).await {
+            Ok(d) => return d,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("{subject}: {e}; asking again");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("{subject}: no decision within 5 s: {e}"),
+        }
+    }
+}
+
 /// Subjects (`<prefix>:<i>`) whose state `policy` keeps on `master`.
 async fn subjects_on(
     cluster: &RedisCluster,
@@ -280,6 +297,11 @@ async fn failover(mut cluster: RedisCluster, full_coverage: bool) {
     }
     let load_subjects: Arc<[String]> = load_subjects.into();
 
+    // Every master is connected and has the script before the test starts.
+    for subject in load_subjects.iter() {
+        assert!(first_decision(&load, subject).await.is_allowed());
+    }
+
     // Subjects on the victim, exhausted before it dies.
     for subject in exhausted {
         let admitted = burst(&limiter, subject.clone(), LIMIT as usize + 2).await;
@@ -297,10 +319,6 @@ async fn failover(mut cluster: RedisCluster, full_coverage: bool) {
         acked, 1,
         "the victim's replica did not acknowledge its writes"
     );
-    // Every master is connected and has the script before the load starts.
-    for subject in load_subjects.iter() {
-        assert!(load.check(subject.as_str(), 1).await.unwrap().is_allowed());
-    }
 
     // Load: 8 tasks calling over subjects on every master, each call timed; what the
     // victim's subjects saw and what the others saw, apart.
@@ -411,13 +429,22 @@ async fn failover(mut cluster: RedisCluster, full_coverage: bool) {
         );
     }
 
-    // Nothing acknowledged was lost: the exhausted subjects are still denied.
+    // Nothing acknowledged was lost: the exhausted subjects are still denied. (A call
+    // that meets a late slot refresh may fail: ask again, within a bound.)
     for subject in exhausted {
-        let d = limiter.check(subject.as_str(), 1).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let d = loop {
+            match limiter.check(subject.as_str(), 1).await {
+                Ok(d) => break d,
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("{subject}: {e}; asking again");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("{subject}: {e}"),
+            }
+        };
         assert!(!d.is_allowed(), "{subject} was forgotten by the failover");
     }
-    let live: HashSet<u16> = cluster.live_nodes().map(|n| n.port()).collect();
-    assert!(!live.contains(&victim.port));
     cluster.node(replica).assert_every_key_expires().await;
 }
 
@@ -429,7 +456,7 @@ async fn the_same_store_works_again_after_the_whole_cluster_restarts() {
         RedisStore::cluster(cluster.pool()).timeout(TIMEOUT),
         Policy::sliding_log("sl", LIMIT, Duration::from_secs(3_600)).unwrap(),
     );
-    assert!(limiter.check("before", 1).await.unwrap().is_allowed());
+    assert!(first_decision(&limiter, "before").await.is_allowed());
 
     let ports: Vec<u16> = cluster.live_nodes().map(|n| n.port()).collect();
     cluster.stop_all();

@@ -2,7 +2,6 @@
 //! free loopback ports (three masters, three replicas), joined by
 //! `redis-cli --cluster create`, killed on drop; and the failover of one master.
 
-use std::collections::HashMap;
 use std::io::Read;
 use std::ops::RangeInclusive;
 use std::process::{Command, Stdio};
@@ -439,19 +438,4 @@ fn parse_nodes(text: &str) -> Vec<NodeInfo> {
         });
     }
     nodes
-}
-
-/// Counts, per master port, how many of `keys` the cluster places on it.
-pub async fn owners(cluster: &RedisCluster, keys: &[String]) -> HashMap<u16, usize> {
-    let masters = cluster.masters().await;
-    let mut counts = HashMap::new();
-    for key in keys {
-        let slot = cluster.slot(key).await;
-        let owner = masters
-            .iter()
-            .find(|m| m.serves(slot))
-            .unwrap_or_else(|| panic!("no master serves slot {slot}: {masters:?}"));
-        *counts.entry(owner.port).or_insert(0) += 1;
-    }
-    counts
 }
