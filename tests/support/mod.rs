@@ -21,6 +21,11 @@ pub mod traces {
     include!("traces.rs");
 }
 
+/// A real local Redis Cluster (six nodes), for the cluster tests.
+pub mod cluster;
+/// Counting reconnection attempts while a server is down.
+pub mod outage;
+
 /// How long a server may take to accept connections.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
