@@ -106,6 +106,7 @@ impl BlockCache {
         );
     }
 
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.blocked.len()
     }
