@@ -1,19 +1,31 @@
 //! redlimit: rate limiting for tower services, decided atomically in Redis or in memory.
 #![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub, rust_2018_idioms, missing_debug_implementations)]
+#![warn(
+    missing_docs,
+    unreachable_pub,
+    rust_2018_idioms,
+    missing_debug_implementations
+)]
 
 pub(crate) mod algorithm;
 pub mod clock;
 mod decision;
 mod error;
+mod future;
+pub mod headers;
 pub mod key;
+pub mod layer;
 mod limiter;
 pub mod policy;
+mod response;
+mod service;
 pub mod store;
 mod subject;
 
 pub use decision::{Decision, PolicyOutcome};
 pub use error::Error;
+pub use headers::HeaderStyle;
+pub use layer::{BodyStyle, FailureMode, RateLimit, RateLimitLayer};
 pub use limiter::{CheckFuture, Limiter};
 pub use policy::{Algorithm, Policy, PolicyError};
 pub use store::{MemoryStore, Store, StoreError};
