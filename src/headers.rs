@@ -23,7 +23,6 @@
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use sfv::{KeyRef, ListSerializer, StringRef};
-use smallvec::SmallVec;
 
 use crate::decision::Decision;
 use crate::policy::Policy;
@@ -206,27 +205,55 @@ fn sf_integer(n: u64) -> sfv::Integer {
 /// `"name";r=<remaining>;t=<seconds>`, written on the stack and copied once into the
 /// header value: the one allocation of the allowed path's headers.
 fn ratelimit_value(item: &str, snapshot: &Snapshot) -> Option<HeaderValue> {
-    let mut buf: SmallVec<[u8; 128]> = SmallVec::new();
-    buf.extend_from_slice(item.as_bytes());
-    buf.extend_from_slice(b";r=");
-    push_decimal(&mut buf, snapshot.remaining.min(MAX_SF_INTEGER));
-    buf.extend_from_slice(b";t=");
-    push_decimal(&mut buf, snapshot.wait_secs.min(MAX_SF_INTEGER));
-    HeaderValue::from_bytes(&buf).ok()
+    let mut buf = StackBuf::new();
+    buf.push(item.as_bytes())?;
+    buf.push(b";r=")?;
+    buf.push_decimal(snapshot.remaining.min(MAX_SF_INTEGER))?;
+    buf.push(b";t=")?;
+    buf.push_decimal(snapshot.wait_secs.min(MAX_SF_INTEGER))?;
+    HeaderValue::from_bytes(buf.as_bytes()).ok()
 }
 
-fn push_decimal(buf: &mut SmallVec<[u8; 128]>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
+/// A header value under construction. 128 bytes hold the longest `RateLimit` item: a
+/// 64-byte name in quotes and two 15-digit integers.
+struct StackBuf {
+    bytes: [u8; 128],
+    len: usize,
+}
+
+impl StackBuf {
+    fn new() -> Self {
+        Self {
+            bytes: [0; 128],
+            len: 0,
         }
     }
-    buf.extend_from_slice(&digits[start..]);
+
+    /// Appends `s`, or `None` if it does not fit.
+    fn push(&mut self, s: &[u8]) -> Option<()> {
+        let end = self.len.checked_add(s.len())?;
+        self.bytes.get_mut(self.len..end)?.copy_from_slice(s);
+        self.len = end;
+        Some(())
+    }
+
+    fn push_decimal(&mut self, mut n: u64) -> Option<()> {
+        let mut digits = [0u8; 20];
+        let mut start = digits.len();
+        loop {
+            start -= 1;
+            digits[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(&digits[start..])
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
 }
 
 #[cfg(test)]
@@ -285,10 +312,26 @@ mod tests {
     #[test]
     fn decimals() {
         for n in [0u64, 7, 10, 1234567890, u64::MAX] {
-            let mut buf = SmallVec::new();
-            push_decimal(&mut buf, n);
-            assert_eq!(std::str::from_utf8(&buf).unwrap(), n.to_string());
+            let mut buf = StackBuf::new();
+            buf.push_decimal(n).unwrap();
+            assert_eq!(std::str::from_utf8(buf.as_bytes()).unwrap(), n.to_string());
         }
+    }
+
+    #[test]
+    fn an_overlong_value_is_left_out_not_truncated() {
+        let mut buf = StackBuf::new();
+        assert!(buf.push(&[b'a'; 128]).is_some());
+        assert!(buf.push(b"b").is_none());
+        let long_item = format!("\"{}\"", "n".repeat(200));
+        let snapshot = Snapshot {
+            index: 0,
+            limit: 1,
+            remaining: 0,
+            reset_secs: 1,
+            wait_secs: 1,
+        };
+        assert!(ratelimit_value(&long_item, &snapshot).is_none());
     }
 
     #[test]

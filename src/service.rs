@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::future::ResponseFuture;
+use crate::future::{ready_now, ResponseFuture};
 use crate::key::KeyExtractor;
 use crate::layer::Shared;
 use crate::response::{self, ResponseBody};
@@ -80,20 +80,31 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let shared = Arc::clone(&self.shared);
+        let shared = &self.shared;
         let (parts, body) = request.into_parts();
         let subject = match shared.key.extract(&parts) {
             Ok(subject) => subject,
             Err(rejection) => {
-                let answer = response::rejected(&parts, &rejection, &shared.config);
-                return ResponseFuture::answered(answer, shared);
+                return ResponseFuture::answered(response::rejected(
+                    &parts,
+                    &rejection,
+                    &shared.config,
+                ));
             }
         };
-        let check = shared.limiter.check(subject, shared.config.cost.of(&parts));
-        // The service `poll_ready` readied is the one called; the clone stays for the
-        // next request and will be readied in its turn.
+        let cost = shared.config.cost.of(&parts);
+        let mut check = shared.limiter.check(subject, cost);
+        let request = Request::from_parts(parts, body);
+        if let Some(checked) = ready_now(&mut check) {
+            // Decided already (the memory store): the service `poll_ready` readied is
+            // called right away.
+            return ResponseFuture::decided(checked, request, &mut self.inner, shared);
+        }
+        // Otherwise the readied service is taken into the future and called when the
+        // check completes; the clone stays for the next request and will be readied in
+        // its turn.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::checking(check, Request::from_parts(parts, body), inner, shared)
+        ResponseFuture::checking(check, request, inner, Arc::clone(shared))
     }
 }
