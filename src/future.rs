@@ -26,6 +26,10 @@ pin_project! {
     /// A state machine, not a box. The memory store decides inside `call`, so its
     /// requests go straight to the inner call: no clone of the inner service, and no
     /// allocation of the layer's own beyond the response headers.
+    ///
+    /// # Panics
+    ///
+    /// When polled again after it has completed, as futures may.
     pub struct ResponseFuture<S, K, Inner, ReqBody>
     where
         S: Store,

@@ -130,7 +130,7 @@ pub(crate) struct PolicyHeaders {
 #[derive(Debug, Clone)]
 struct PolicyParts {
     /// The policy name as a structured-field string, quotes included.
-    item: Box<str>,
+    item: Option<Box<str>>,
     /// `X-RateLimit-Limit`.
     limit: HeaderValue,
 }
@@ -141,20 +141,23 @@ impl PolicyHeaders {
         let mut parts = Vec::with_capacity(policies.len());
         for policy in policies {
             // Policy names are checked to `[A-Za-z0-9_.-]`, always a valid sf-string; a
-            // name that somehow is not is left out rather than sent malformed.
-            let Ok(name) = StringRef::from_str(policy.name()) else {
-                continue;
-            };
-            list.bare_item(name)
-                .parameter(KeyRef::constant("q"), sf_integer(policy.limit()))
-                .parameter(
-                    KeyRef::constant("w"),
-                    sf_integer(ceil_secs(policy.window_ms())),
-                );
-            let mut item = String::with_capacity(policy.name().len() + 2);
-            sfv::ItemSerializer::with_buffer(&mut item).bare_item(name);
+            // name that somehow is not is left out of the headers rather than sent
+            // malformed (its entry stays, so indices still match the limiter's).
+            let name = StringRef::from_str(policy.name()).ok();
+            if let Some(name) = name {
+                list.bare_item(name)
+                    .parameter(KeyRef::constant("q"), sf_integer(policy.limit()))
+                    .parameter(
+                        KeyRef::constant("w"),
+                        sf_integer(ceil_secs(policy.window_ms())),
+                    );
+            }
             parts.push(PolicyParts {
-                item: item.into_boxed_str(),
+                item: name.map(|name| {
+                    let mut item = String::with_capacity(policy.name().len() + 2);
+                    sfv::ItemSerializer::with_buffer(&mut item).bare_item(name);
+                    item.into_boxed_str()
+                }),
                 limit: HeaderValue::from(policy.limit()),
             });
         }
@@ -176,7 +179,10 @@ impl PolicyHeaders {
             if let Some(list) = &self.policy_list {
                 headers.append(RATELIMIT_POLICY, list.clone());
             }
-            if let Some(value) = policy.and_then(|p| ratelimit_value(&p.item, snapshot)) {
+            if let Some(value) = policy
+                .and_then(|p| p.item.as_deref())
+                .and_then(|item| ratelimit_value(item, snapshot))
+            {
                 headers.append(RATELIMIT, value);
             }
         }

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
-use tower::{service_fn, ServiceBuilder, ServiceExt};
+use tower::{ServiceBuilder, ServiceExt};
 use tower_service::Service;
 
 use super::*;
@@ -489,8 +489,8 @@ async fn cost_per_request() {
     );
 }
 
-/// A memory store whose answers arrive one poll late, as a network store's would.
-struct SlowStore(MemoryStore);
+/// A store whose answers arrive one poll late, as a network store's would.
+struct SlowStore<S>(S);
 
 struct OnePollLate<F> {
     inner: F,
@@ -510,7 +510,10 @@ impl<F: Future + Unpin> Future for OnePollLate<F> {
     }
 }
 
-impl Store for SlowStore {
+impl<S> Store for SlowStore<S>
+where
+    S: Store<Future = Ready<Result<Decision, StoreError>>>,
+{
     type Future = OnePollLate<Ready<Result<Decision, StoreError>>>;
 
     fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
@@ -538,6 +541,30 @@ async fn a_store_that_answers_later_is_awaited() {
     );
     let denied = svc.oneshot(request("a")).await.unwrap();
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn a_store_that_fails_later_follows_the_failure_mode() {
+    let limiter = Arc::new(Limiter::new(
+        SlowStore(BrokenStore),
+        fixed("default", 1, 1_000),
+    ));
+    let open = ServiceBuilder::new()
+        .layer(RateLimitLayer::from_shared(
+            Arc::clone(&limiter),
+            UserHeader,
+        ))
+        .service_fn(hello);
+    let passed = open.oneshot(request("a")).await.unwrap();
+    assert_eq!(passed.status(), StatusCode::OK);
+    assert!(passed.headers().get(RATELIMIT).is_none());
+
+    let closed = ServiceBuilder::new()
+        .layer(RateLimitLayer::from_shared(limiter, UserHeader).failure_mode(FailureMode::Closed))
+        .service_fn(hello);
+    let unavailable = closed.oneshot(request("a")).await.unwrap();
+    assert_eq!(unavailable.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(unavailable.headers(), "retry-after"), Some("1"));
 }
 
 #[test]
@@ -677,7 +704,7 @@ async fn a_bare_hyper_connection_serves_the_layer() {
 #[cfg(feature = "tonic")]
 #[test]
 fn tonic_server_accepts_the_layer() {
-    let svc = service_fn(|_req: Request<tonic::body::Body>| async {
+    let svc = tower::service_fn(|_req: Request<tonic::body::Body>| async {
         Ok::<_, Infallible>(Response::new(tonic::body::Body::empty()))
     });
     let serving = tonic::transport::Server::builder()
