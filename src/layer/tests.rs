@@ -715,3 +715,18 @@ fn tonic_server_accepts_the_layer() {
         .serve_with_shutdown(([127, 0, 0, 1], 0).into(), svc, std::future::pending());
     drop(serving);
 }
+
+#[test]
+fn the_memory_store_is_decided_inside_call() {
+    // The fast path (no clone of the inner service) depends on the memory store's
+    // future type; a change there must show up here, not as a silent slowdown.
+    let clock = FakeClock::new(0);
+    let memory = Limiter::new(MemoryStore::with_clock(clock.clone()), fixed("d", 1, 1_000));
+    assert!(crate::future::ready_now(&mut memory.check("a", 1)).is_some());
+    assert!(crate::future::ready_now(&mut memory.check("a", 0)).is_some());
+    let slow = Limiter::new(
+        SlowStore(MemoryStore::with_clock(clock)),
+        fixed("d", 1, 1_000),
+    );
+    assert!(crate::future::ready_now(&mut slow.check("a", 1)).is_none());
+}
