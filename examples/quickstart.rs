@@ -4,13 +4,15 @@
 //! cargo run --example quickstart              # memory store, 127.0.0.1:3000
 //! PORT=8080 cargo run --example quickstart    # another port
 //! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example quickstart
+//! REDIS_CLUSTER=redis://127.0.0.1:7000,redis://127.0.0.1:7001 cargo run --example quickstart
 //! ```
 //!
 //! - `GET /`: per client IP, 5 requests per 10 seconds, sliding window;
 //! - `GET /api/hello`: per `x-api-key` header, token bucket with bursts of 10 refilled
 //!   at 1 per second; without the header, per client IP.
 //!
-//! With `REDIS_URL` set, state lives in Redis: several instances share one budget.
+//! With `REDIS_URL` (one server) or `REDIS_CLUSTER` (comma-separated node URLs) set,
+//! state lives in Redis: several instances share one budget.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
