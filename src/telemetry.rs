@@ -31,12 +31,15 @@ pub(crate) fn decided(decision: &Decision) {
     .increment(1);
 }
 
+/// A store call failed. Logged at warn only when the fallback hid it from the caller;
+/// otherwise the caller gets the error and reports it (the layer does, per its
+/// failure mode), so logging it here too would double every line of an outage.
 pub(crate) fn store_failed(error: &StoreError, handled_by_fallback: bool) {
-    tracing::warn!(
-        %error,
-        fallback = handled_by_fallback,
-        "rate-limit store failed"
-    );
+    if handled_by_fallback {
+        tracing::warn!(%error, "rate-limit store failed; decided by the local fallback");
+    } else {
+        tracing::debug!(%error, "rate-limit store failed");
+    }
     #[cfg(feature = "metrics")]
     metrics::counter!(
         "redlimit_store_errors_total",

@@ -31,15 +31,11 @@ async fn command_calls(cluster: &RedisCluster, nodes: &[NodeInfo], command: &str
     let mut total = 0;
     for node in nodes {
         let mut conn = cluster.node(node.port).conn().await;
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut conn)
+        total += support::command_calls(&mut conn)
             .await
-            .unwrap();
-        total += info_field(&info, &format!("cmdstat_{command}"))
-            .and_then(|stats| stats.split(',').next())
-            .and_then(|calls| calls.strip_prefix("calls="))
-            .map_or(0, |n| n.parse::<u64>().unwrap());
+            .get(command)
+            .copied()
+            .unwrap_or(0);
     }
     total
 }
