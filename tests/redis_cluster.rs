@@ -14,7 +14,7 @@ use deadpool_redis::redis;
 use redlimit::clock::FakeClock;
 use redlimit::store::StoreErrorKind;
 use redlimit::{Decision, Error, Limiter, Policy, RedisStore, Subject};
-use support::cluster::{info_field, NodeInfo, RedisCluster};
+use support::cluster::{NodeInfo, RedisCluster};
 use support::hash_tag;
 use support::outage::ConnectionCounter;
 use tokio::task::JoinSet;

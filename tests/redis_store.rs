@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::{self, AsyncCommands};
