@@ -3,6 +3,10 @@
 //! ```text
 //! cargo run --example tonic            # 127.0.0.1:50051; PORT=50052 to move it
 //! grpcurl -plaintext 127.0.0.1:50051 grpc.health.v1.Health/Check   # 6 times
+//! # without grpcurl: an empty HealthCheckRequest in gRPC framing, headers shown
+//! printf '\0\0\0\0\0' | curl -s --http2-prior-knowledge -H 'content-type: application/grpc' \
+//!     -H 'te: trailers' --data-binary @- -D - -o /dev/null \
+//!     http://127.0.0.1:50051/grpc.health.v1.Health/Check
 //! ```
 //!
 //! It serves the standard health service (`grpc.health.v1.Health`, from tonic-health)
