@@ -60,6 +60,7 @@ pub mod clock;
 mod decision;
 mod error;
 mod future;
+pub mod grpc;
 pub mod headers;
 pub mod key;
 pub mod layer;

@@ -3,7 +3,7 @@
 //!
 //! Every answer the layer makes is built here from the request head, so a new kind of
 //! answer (gRPC's `RESOURCE_EXHAUSTED` for `application/grpc` requests) is one branch in
-//! these functions and no change to the service.
+//! these functions and no change to the service: see [`crate::grpc`].
 
 use std::fmt::Write as _;
 use std::pin::Pin;
@@ -17,6 +17,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use crate::decision::Decision;
+use crate::grpc;
 use crate::headers::{retry_after_secs, Snapshot};
 use crate::key::KeyRejection;
 use crate::layer::Config;
@@ -110,10 +111,26 @@ pub(crate) type Answer = Response<Bytes>;
 /// The 429 for a denied request: `Retry-After`, the configured rate-limit headers and a
 /// short body.
 ///
-/// This is the seam for per-protocol denials: `head` is the request's, so a gRPC
-/// request (`content-type: application/grpc...`) can be answered with
-/// `RESOURCE_EXHAUSTED` here without touching the service.
-pub(crate) fn too_many_requests(_head: &Parts, decision: &Decision, config: &Config) -> Answer {
+/// A gRPC request (`content-type: application/grpc...`) gets a trailers-only
+/// `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms` instead, and the same rate-limit
+/// headers: see [`crate::grpc`].
+pub(crate) fn too_many_requests(head: &Parts, decision: &Decision, config: &Config) -> Answer {
+    if grpc::is_grpc(head) {
+        // The exact wait, at least 1 ms: 0 would tell a retrying client to come straight back.
+        let wait_ms = decision.outcome().retry_after_ms.max(1);
+        let message = format!(
+            "rate limit '{}' exceeded; retry after {wait_ms} ms",
+            decision.policy().name()
+        );
+        let mut response =
+            grpc::trailers_only(head, grpc::RESOURCE_EXHAUSTED, &message, Some(wait_ms));
+        config.policy_headers.write(
+            config.header_style,
+            &Snapshot::of(decision),
+            response.headers_mut(),
+        );
+        return response;
+    }
     let retry = retry_after_secs(decision);
     let body = match config.body_style {
         BodyStyle::PlainText => format!("Too Many Requests: retry after {retry} s"),
@@ -137,7 +154,18 @@ pub(crate) fn too_many_requests(_head: &Parts, decision: &Decision, config: &Con
 
 /// The 503 of [`FailureMode::Closed`](crate::layer::FailureMode::Closed) when the store
 /// cannot decide: never a 429, which would blame the client.
-pub(crate) fn unavailable(_head: &Parts, config: &Config) -> Answer {
+///
+/// A gRPC request gets `UNAVAILABLE`, the status gRPC clients retry, with a pushback of
+/// one second like the `Retry-After: 1` of the 503.
+pub(crate) fn unavailable(head: &Parts, config: &Config) -> Answer {
+    if grpc::is_grpc(head) {
+        return grpc::trailers_only(
+            head,
+            grpc::UNAVAILABLE,
+            "rate limiter unavailable; retry after 1000 ms",
+            Some(1_000),
+        );
+    }
     let body = match config.body_style {
         BodyStyle::PlainText => "Service Unavailable: rate limiter unavailable".to_owned(),
         BodyStyle::ProblemJson => problem_json(
@@ -154,8 +182,12 @@ pub(crate) fn unavailable(_head: &Parts, config: &Config) -> Answer {
 }
 
 /// The answer to a request the key extractor found no subject in: the rejection's own
-/// status and message.
-pub(crate) fn rejected(_head: &Parts, rejection: &KeyRejection, config: &Config) -> Answer {
+/// status and message (for a gRPC request, the nearest gRPC status: [`grpc::code_for`]).
+pub(crate) fn rejected(head: &Parts, rejection: &KeyRejection, config: &Config) -> Answer {
+    if grpc::is_grpc(head) {
+        let code = grpc::code_for(rejection.status());
+        return grpc::trailers_only(head, code, rejection.message(), None);
+    }
     let body = match config.body_style {
         BodyStyle::PlainText => rejection.message().to_owned(),
         BodyStyle::ProblemJson => problem_json(rejection.status(), rejection.message(), None),
