@@ -4,7 +4,6 @@
 local function fixed_window(limit, w, _emission, now, cost, raw)
   local idx = idiv(now, w)
   local count = 0
-  local asked = now
   local window, c
   if raw then
     local a, b = string.match(raw, "^(%d+):(%d+)$")
@@ -13,13 +12,12 @@ local function fixed_window(limit, w, _emission, now, cost, raw)
   if window and c then
     if window >= idx then
       -- Same window, or a clock that went back: stay in the stored window.
-      if window > idx then
-        idx = window
-        now = idx * w
-      end
+      idx = window
       count = c
     end
   end
+  -- Counted from the time asked: a clock that went back waits out the stored window
+  -- too (the store decides on its stored time, the caller waits on its own clock).
   local reset = (idx + 1) * w - now
   local allowed = count + cost <= limit
   if allowed then
@@ -36,6 +34,5 @@ local function fixed_window(limit, w, _emission, now, cost, raw)
   else
     retry = reset
   end
-  -- A clock that went back must wait out the stored window too.
-  return allowed, remaining, reset, retry, reset + (now - asked), nxt
+  return allowed, remaining, reset, retry, reset, nxt
 end

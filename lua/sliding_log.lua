@@ -97,13 +97,15 @@ local function sliding_log(limit, w, _emission, now, cost, raw)
       newest = stamp(len - 1)
     end
   end
+  -- Waits are counted from the time asked: a clamped clock waits for the newest
+  -- stamp too.
   local reset = 0
   if newest then
-    reset = math.max(newest + w - now, 0)
+    reset = math.max(newest + w - asked, 0)
   end
   local retry = 0
   if not allowed then
-    retry = deciding + w - now
+    retry = deciding + w - asked
   end
-  return allowed, math.max(limit - count, 0), reset, retry, reset + (now - asked), nxt
+  return allowed, math.max(limit - count, 0), reset, retry, reset, nxt
 end

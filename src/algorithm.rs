@@ -91,18 +91,15 @@ fn fixed_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> 
     let (limit, w) = (policy.limit(), policy.window_ms());
     let mut idx = now / w;
     let mut count = 0;
-    let asked = now;
-    let mut now = now;
     if let Some(State::FixedWindow { window, count: c }) = state {
         if *window >= idx {
             // Same window, or a clock that went back: stay in the stored window.
-            if *window > idx {
-                idx = *window;
-                now = idx * w;
-            }
+            idx = *window;
             count = *c;
         }
     }
+    // Counted from the time asked: a clock that went back waits out the stored window
+    // too (the store decides on its stored time, the caller waits on its own clock).
     let reset = (idx + 1) * w - now;
     let allowed = count + cost <= limit;
     if allowed {
@@ -117,8 +114,7 @@ fn fixed_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> 
             retry_after_ms: if allowed { 0 } else { reset },
         },
         commit: allowed.then_some(Commit::Set(State::FixedWindow { window: idx, count })),
-        // A clock that went back must wait out the stored window too.
-        ttl_ms: reset + (now - asked),
+        ttl_ms: reset,
     }
 }
 
@@ -153,10 +149,12 @@ fn sliding_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -
         cur += cost;
     }
     let remaining = ((limit * w - weighted) / w).saturating_sub(cur);
+    // Waits are counted from the time asked, as for the fixed window.
+    let behind = now - asked;
     let reset = if cur > 0 {
-        2 * w - elapsed
+        behind + 2 * w - elapsed
     } else if prev > 0 {
-        w - elapsed
+        behind + w - elapsed
     } else {
         0
     };
@@ -164,11 +162,11 @@ fn sliding_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -
         0
     } else if cur + cost <= limit {
         // This window has room once the previous one has decayed enough.
-        w - ((limit - cur - cost) * w) / prev - elapsed
+        behind + w - ((limit - cur - cost) * w) / prev - elapsed
     } else {
         // Only the next window has room: its `prev` will be today's `cur`.
         let into_next = w.saturating_sub(((limit - cost) * w) / cur);
-        (w - elapsed) + into_next
+        behind + (w - elapsed) + into_next
     };
     Step {
         outcome: PolicyOutcome {
@@ -183,7 +181,7 @@ fn sliding_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -
             prev,
             cur,
         })),
-        ttl_ms: reset + (now - asked),
+        ttl_ms: reset,
     }
 }
 
@@ -204,7 +202,9 @@ fn token_bucket(policy: &Policy, state: Option<&State>, now_ms: u64, cost: u64) 
     let new_tat = tat + cost * t;
     let allowed = new_tat - now <= tolerance;
     let kept = if allowed { new_tat } else { tat };
-    let reset = (kept - now).div_ceil(1_000);
+    // Waits are counted from the time asked: a clamped clock waits for the stored
+    // time too.
+    let reset = (kept - asked).div_ceil(1_000);
     Step {
         outcome: PolicyOutcome {
             allowed,
@@ -214,11 +214,11 @@ fn token_bucket(policy: &Policy, state: Option<&State>, now_ms: u64, cost: u64) 
             retry_after_ms: if allowed {
                 0
             } else {
-                (new_tat - tolerance - now).div_ceil(1_000)
+                (new_tat - tolerance - asked).div_ceil(1_000)
             },
         },
         commit: allowed.then_some(Commit::Set(State::TokenBucket { tat_us: kept })),
-        ttl_ms: (kept - asked).div_ceil(1_000),
+        ttl_ms: reset,
     }
 }
 
@@ -245,7 +245,9 @@ fn sliding_log(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> S
     } else {
         (in_window, stamps.back().copied())
     };
-    let reset = newest.map_or(0, |n| (n + w).saturating_sub(now));
+    // Waits are counted from the time asked: a clamped clock waits for the newest
+    // stamp too.
+    let reset = newest.map_or(0, |n| (n + w).saturating_sub(asked));
     Step {
         outcome: PolicyOutcome {
             allowed,
@@ -253,7 +255,7 @@ fn sliding_log(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> S
             remaining: limit.saturating_sub(count),
             reset_after_ms: reset,
             retry_after_ms: match deciding {
-                Some(s) if !allowed => s + w - now,
+                Some(s) if !allowed => s + w - asked,
                 _ => 0,
             },
         },
@@ -262,7 +264,7 @@ fn sliding_log(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> S
             count: cost,
             limit,
         }),
-        ttl_ms: reset + (now - asked),
+        ttl_ms: reset,
     }
 }
 
@@ -507,6 +509,37 @@ pub(crate) mod tests {
                 }
             }
             assert_eq!(admitted, before, "{p:?} admitted after a backwards step");
+        }
+    }
+
+    #[test]
+    fn waits_count_from_the_time_asked_when_the_clock_went_back() {
+        // When each seed policy admits again, and when its state is unused.
+        let expected = [
+            (6_000, 6_000),
+            (6_010, 7_000),
+            (5_010, 6_000),
+            (6_000, 6_000),
+        ];
+        for (p, (expected_at, unused_at)) in seed_policies().iter().zip(expected) {
+            let mut state = None;
+            for _ in 0..100 {
+                if let Some(commit) = decide(p, state.as_ref(), 5_000, 1).commit {
+                    commit.apply(&mut state);
+                }
+            }
+            // The clock jumps back 1.5 s: the decision is made on the stored time, and
+            // the wait it names counts from the time asked.
+            let denied = decide(p, state.as_ref(), 3_500, 1).outcome;
+            assert!(!denied.allowed, "{p:?}");
+            let at = 3_500 + denied.retry_after_ms;
+            assert_eq!(at, expected_at, "{p:?}");
+            assert_eq!(3_500 + denied.reset_after_ms, unused_at, "{p:?}");
+            assert!(
+                !decide(p, state.as_ref(), at - 1, 1).outcome.allowed,
+                "{p:?}"
+            );
+            assert!(decide(p, state.as_ref(), at, 1).outcome.allowed, "{p:?}");
         }
     }
 }

@@ -103,10 +103,11 @@ impl Decision {
         }
     }
 
-    /// A cached denial seen `elapsed_ms` later, `retry_ms` before its retry time.
-    pub(crate) fn rebase(&mut self, retry_ms: u64, elapsed_ms: u64, origin: Origin) {
+    /// A cached denial seen again, `retry_ms` before its retry time and `reset_ms`
+    /// before its reset time.
+    pub(crate) fn rebase(&mut self, retry_ms: u64, reset_ms: u64, origin: Origin) {
         self.outcome.retry_after_ms = retry_ms;
-        self.outcome.reset_after_ms = self.outcome.reset_after_ms.saturating_sub(elapsed_ms);
+        self.outcome.reset_after_ms = reset_ms;
         self.origin = origin;
     }
 

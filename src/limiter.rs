@@ -209,8 +209,12 @@ impl After {
         } = self;
         match result {
             Ok(decision) => {
-                if let (false, Some(blocks)) = (decision.is_allowed(), &guard.blocks) {
-                    blocks.insert(subject, cost, &decision, guard.clock.now_ms());
+                if let Some(blocks) = &guard.blocks {
+                    if decision.is_allowed() {
+                        blocks.forget(&subject);
+                    } else {
+                        blocks.insert(subject, cost, &decision, guard.clock.now_ms());
+                    }
                 }
                 Ok(decision)
             }
@@ -399,6 +403,56 @@ mod tests {
         let after = limiter.check("flooder", 1).await.unwrap();
         assert!(after.is_allowed());
         assert_eq!(after.origin(), Origin::Store);
+    }
+
+    #[tokio::test]
+    async fn the_block_cache_answers_only_the_denied_cost_until_the_subject_is_admitted() {
+        let clock = FakeClock::new(0);
+        let limiter = Limiter::new(
+            MemoryStore::with_clock(clock.clone()),
+            Policy::sliding_log("p", 3, Duration::from_secs(1)).unwrap(),
+        )
+        .block_cache(10)
+        .local_clock(clock.clone());
+        for t in [0, 100, 200] {
+            clock.set_ms(t);
+            assert!(limiter.check("s", 1).await.unwrap().is_allowed());
+        }
+        clock.set_ms(300);
+        let one = limiter.check("s", 1).await.unwrap();
+        assert_eq!(one.retry_after(), Some(Duration::from_millis(700)));
+        // Two units wait for the stamp at 100 to leave, not the one at 0.
+        let two = limiter.check("s", 2).await.unwrap();
+        assert_eq!(two.origin(), Origin::Store);
+        assert_eq!(two.retry_after(), Some(Duration::from_millis(800)));
+        let again = limiter.check("s", 2).await.unwrap();
+        assert_eq!(again.origin(), Origin::BlockCache);
+        // One unit fits at 1 000 and consumes: two units now wait for 1 200, not 1 100.
+        clock.set_ms(1_000);
+        assert!(limiter.check("s", 1).await.unwrap().is_allowed());
+        let two = limiter.check("s", 2).await.unwrap();
+        assert_eq!(two.origin(), Origin::Store);
+        assert_eq!(two.retry_after(), Some(Duration::from_millis(200)));
+    }
+
+    #[tokio::test]
+    async fn the_block_cache_survives_a_local_clock_that_goes_back() {
+        let clock = FakeClock::new(10_000);
+        let limiter = Limiter::new(
+            MemoryStore::with_clock(clock.clone()),
+            Policy::fixed_window("p", 1, Duration::from_secs(1)).unwrap(),
+        )
+        .block_cache(10)
+        .local_clock(clock.clone());
+        assert!(limiter.check("s", 1).await.unwrap().is_allowed());
+        assert!(!limiter.check("s", 1).await.unwrap().is_allowed());
+        clock.set_ms(9_500);
+        let cached = limiter.check("s", 1).await.unwrap();
+        assert_eq!(cached.origin(), Origin::BlockCache);
+        // Still blocked until 11 000, now 1.5 s away; the store says the same.
+        assert_eq!(cached.retry_after(), Some(Duration::from_millis(1_500)));
+        let store = limiter.store().decide(Subject::new("s"), &limiter.set, 1);
+        assert_eq!(store, cached.with_origin(Origin::Store));
     }
 
     #[tokio::test]
