@@ -106,6 +106,11 @@ impl BlockCache {
         );
     }
 
+    /// Drops the cached denial of `subject` (after a refund or a reset).
+    pub(crate) fn forget(&self, subject: &Subject) {
+        self.blocked.remove(subject);
+    }
+
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.blocked.len()

@@ -133,7 +133,7 @@ use deadpool_redis::redis::Value;
 use deadpool_redis::Pool;
 use smallvec::SmallVec;
 
-use super::{PolicySet, Store, StoreError, StoreErrorKind};
+use super::{AdminStore, Operation, PolicySet, Store, StoreError, StoreErrorKind};
 use crate::clock::Clock;
 use crate::decision::{Decision, PolicyOutcome};
 use crate::policy::Policy;
@@ -327,10 +327,19 @@ impl Store for RedisStore {
     type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
 
     fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        self.run(Operation::Check, subject, set, cost)
+    }
+}
+
+/// Every operation is one `EVALSHA` of the same script, the operation in its
+/// arguments: the admin operations share the check's per-algorithm Lua.
+impl AdminStore for RedisStore {
+    fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
         let call = Call {
             key_base: self.key_base(&subject),
             now_ms: self.settings.clock.as_ref().map(|c| c.now_ms()),
             cost,
+            op,
             policies: Arc::clone(set.policies()),
         };
         let link = Arc::clone(&self.link);
