@@ -12,9 +12,18 @@ use std::time::Duration;
 
 use deadpool_redis::redis;
 use redlimit::clock::FakeClock;
+use redlimit::store::AdminStore;
 use redlimit::{Decision, Limiter, MemoryStore, Policy, RedisStore, Store, Subject};
 use support::traces::{Spec, TRACES};
 use support::RedisServer;
+
+/// An admin operation run side by side between checks.
+#[derive(Debug, Clone, Copy)]
+enum Admin {
+    Peek(u32),
+    Refund(u32),
+    Reset,
+}
 
 fn limiter<S: Store>(store: S, policies: &[Policy]) -> Limiter<S> {
     let mut policies = policies.iter().cloned();
@@ -57,6 +66,36 @@ impl SideBySide {
         }
     }
 
+    /// An admin operation at `now` on both stores: the same answer, and (checked by
+    /// the steps that follow) the same state.
+    async fn admin(&mut self, now: u64, op: Admin, what: &str, server: &RedisServer) {
+        self.clock.set_ms(now);
+        let subject = self.subject.as_str();
+        let (memory, redis) = match op {
+            Admin::Peek(cost) => (
+                self.memory.peek(subject, cost).await.map(Some),
+                self.redis.peek(subject, cost).await.map(Some),
+            ),
+            Admin::Refund(cost) => (
+                self.memory.refund(subject, cost).await.map(Some),
+                self.redis.refund(subject, cost).await.map(Some),
+            ),
+            Admin::Reset => (
+                self.memory.reset(subject).await.map(|()| None),
+                self.redis.reset(subject).await.map(|()| None),
+            ),
+        };
+        let memory = memory.unwrap();
+        let redis = match redis {
+            Ok(d) => d,
+            Err(e) => panic!("{what}: Redis failed {op:?}: {e}\n{}", server.log_tail()),
+        };
+        assert_eq!(
+            redis, memory,
+            "{what}: {op:?}: Redis (left) and memory (right) differ"
+        );
+    }
+
     /// One step at `now`: both decisions, which must be identical.
     async fn step(&mut self, now: u64, cost: u32, what: &str, server: &RedisServer) -> Decision {
         self.clock.set_ms(now);
@@ -94,8 +133,16 @@ async fn memory_and_redis_match_every_hand_written_trace() {
             SideBySide::new(&server, &policies, trace.start_ms, format!("trace-{t}")).await;
         for (i, (&(_, cost, expected), now)) in trace.steps.iter().zip(trace.times()).enumerate() {
             let what = format!("{}: step {i} at {now} ms, cost {cost}", trace.name);
+            if let Some(back) = trace.refund_before(i) {
+                run.admin(now, Admin::Refund(back), &what, &server).await;
+            }
             let decision = run.step(now, cost, &what, &server).await;
             assert_eq!(decision.is_allowed(), expected, "{what}: {decision:?}");
+            assert_eq!(
+                decision.would_deny(),
+                trace.would_deny.contains(&i),
+                "{what}: {decision:?}"
+            );
         }
     }
     server.assert_every_key_expires().await;
@@ -136,10 +183,22 @@ async fn memory_and_redis_match_on_generated_traces() {
             Spec::Log("c", 6, 1_500),
             Spec::Fixed("d", 12, 5_000),
         ],
+        &[
+            Spec::Fixed("a", 4, 1_000),
+            Spec::Shadow(&Spec::Sliding("b", 3, 1_000)),
+        ],
+        &[
+            Spec::Shadow(&Spec::Log("a", 3, 800)),
+            Spec::Bucket("b", 5, 2, 1_000),
+            Spec::Shadow(&Spec::Bucket("c", 2, 1, 500)),
+        ],
+        &[Spec::Shadow(&Spec::Fixed("a", 3, 700))],
     ];
     let mut rng = Lcg(0x5eed_2026);
     let mut admitted = 0;
     let mut denied = 0;
+    let mut admin_ops = 0;
+    let mut shadow_denials = 0;
     for (s, specs) in sets.iter().enumerate() {
         let policies: Vec<Policy> = specs.iter().map(|p| p.policy()).collect();
         let max_cost = policies.iter().map(|p| p.max_cost()).min().unwrap_or(1);
@@ -165,7 +224,22 @@ async fn memory_and_redis_match_on_generated_traces() {
             };
             let what = format!("set {s} {specs:?}: step {i} at {now} ms, cost {cost}");
             let cost = u32::try_from(cost).unwrap();
-            if run.step(now, cost, &what, &server).await.is_allowed() {
+            // Now and then an admin operation first, at the same time.
+            let op = match rng.below(20) {
+                0 => Some(Admin::Peek(cost)),
+                1 | 2 => Some(Admin::Refund(cost)),
+                3 if rng.below(4) == 0 => Some(Admin::Reset),
+                _ => None,
+            };
+            if let Some(op) = op {
+                run.admin(now, op, &what, &server).await;
+                admin_ops += 1;
+            }
+            let decision = run.step(now, cost, &what, &server).await;
+            if decision.would_deny() {
+                shadow_denials += 1;
+            }
+            if decision.is_allowed() {
                 admitted += 1;
             } else {
                 denied += 1;
@@ -174,8 +248,9 @@ async fn memory_and_redis_match_on_generated_traces() {
     }
     // The traces must exercise both answers, or they prove little.
     assert!(
-        admitted > 500 && denied > 500,
-        "{admitted} admitted, {denied} denied"
+        admitted > 500 && denied > 500 && admin_ops > 300 && shadow_denials > 100,
+        "{admitted} admitted, {denied} denied, {admin_ops} admin operations, \
+         {shadow_denials} shadow denials"
     );
     server.assert_every_key_expires().await;
 }

@@ -336,12 +336,11 @@ pub const TRACES: &[Trace] = &[
         name: "refund, fixed window: gives back in the current window, never below 0",
         start_ms: 500_000,
         policies: &[Spec::Fixed("fw", 3, 1_000)],
-        refunds: &[(2, 1), (3, 5), (5, 3)],
+        refunds: &[(1, 3), (4, 3)],
         steps: &[
-            (0, 3, Y),
+            (0, 2, Y),
+            (0, 3, Y),     // after a refund of 3: the count is 0, not below
             (0, 1, N),
-            (0, 1, Y),     // after a refund of 1
-            (0, 3, Y),     // after a refund of 5: the count is 0, not below
             (1_000, 1, Y), // a new window
             (0, 3, Y),     // after a refund of 3: back to 0
             (0, 1, N),
