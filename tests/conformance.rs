@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use deadpool_redis::redis;
 use redlimit::clock::FakeClock;
-use redlimit::store::AdminStore;
 use redlimit::{Decision, Limiter, MemoryStore, Policy, RedisStore, Store, Subject};
 use support::traces::{Spec, TRACES};
 use support::RedisServer;
