@@ -121,6 +121,19 @@
 //! input can choose another slot or reach another subject's key. Every write sets a
 //! TTL equal to the time the state needs to decay back to unused (at most two
 //! windows); no key lives without one.
+//!
+//! A shadow policy ([`Policy::shadow`]) has the key and state it would have when
+//! enforced, so switching it on carries its state over; the script writes it when it
+//! admits and every enforced policy admits.
+//!
+//! # Admin operations
+//!
+//! [`Limiter::peek`](crate::Limiter::peek), [`refund`](crate::Limiter::refund) and
+//! [`reset`](crate::Limiter::reset) are the same script with another operation in its
+//! arguments, one `EVALSHA` each: a peek reads and writes nothing; a refund rewrites
+//! each state smaller with `SET .. KEEPTTL` (the state only shrinks, so its TTL still
+//! covers it; Redis 6.0 or later); a reset is a `DEL` of the subject's keys for the
+//! limiter's policies.
 
 use std::fmt;
 use std::future::Future;
