@@ -1,5 +1,7 @@
 //! One truth per algorithm: the memory store (the Rust model) and the Redis store (the
-//! Lua scripts) make identical decisions on the same traces, on a shared fake clock.
+//! Lua scripts) make identical decisions on the same traces, on a shared fake clock,
+//! with shadow policies among the checked ones and peeks, refunds and resets between
+//! the checks (each compared too).
 //!
 //! Redis counts key TTLs in real time, not on the fake clock, so after each step the
 //! runner stretches the trace's keys' TTLs: state then disappears only as the fake
