@@ -36,3 +36,15 @@ local function fixed_window(limit, w, _emission, now, cost, raw)
   end
   return allowed, remaining, reset, retry, reset, nxt
 end
+
+-- Refund: the current window's count goes down by cost, not below 0; a window
+-- that has changed since keeps nothing to refund. Translation of refund in
+-- src/algorithm.rs. Returns the new state, or nil when nothing changes.
+local function fixed_window_refund(_limit, w, _emission, now, cost, raw)
+  local a, b = string.match(raw, "^(%d+):(%d+)$")
+  local window, c = field(a), field(b)
+  if window and c and window >= idiv(now, w) and c > 0 then
+    return int(window) .. ":" .. int(math.max(c - cost, 0))
+  end
+  return nil
+end

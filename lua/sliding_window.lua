@@ -66,3 +66,15 @@ local function sliding_window(limit, w, _emission, now, cost, raw)
   end
   return allowed, remaining, reset, retry, reset, nxt
 end
+
+-- Refund: the current window's count goes down by cost, not below 0; once the
+-- window has changed, nothing is refunded. Translation of refund in
+-- src/algorithm.rs. Returns the new state, or nil when nothing changes.
+local function sliding_window_refund(_limit, w, _emission, now, cost, raw)
+  local a, b, d = string.match(raw, "^(%d+):(%d+):(%d+)$")
+  local window, p, c = field(a), field(b), field(d)
+  if window and p and c and window >= idiv(now, w) and c > 0 then
+    return int(window) .. ":" .. int(p) .. ":" .. int(math.max(c - cost, 0))
+  end
+  return nil
+end

@@ -38,3 +38,22 @@ local function token_bucket(limit, _w, t, now_ms, cost, raw)
   end
   return allowed, remaining, reset, retry, reset, nxt
 end
+
+-- Refund: the TAT moves back by cost emission intervals, not before now (now
+-- clamped as the check clamps it). Translation of refund in src/algorithm.rs.
+-- Returns the new state, or nil when nothing changes.
+local function token_bucket_refund(limit, _w, t, now_ms, cost, raw)
+  local tat = nil
+  if string.match(raw, "^%d+$") then
+    tat = field(raw)
+  end
+  if tat == nil then
+    return nil
+  end
+  local now = math.max(now_ms * 1000, tat - limit * t)
+  local back = math.max(tat - cost * t, now)
+  if back < tat then
+    return int(back)
+  end
+  return nil
+end

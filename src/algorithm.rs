@@ -7,6 +7,15 @@
 //!
 //! A decision never changes state when it denies, so a request that one of several
 //! policies denies can be rolled back simply by not committing the others.
+//!
+//! Several policies decide together by one rule ([`admits_all`]): each policy whose
+//! step admits commits it if every enforced policy admits. Enforced policies are thus
+//! all or nothing among themselves, and a shadow policy consumes exactly when enforcing
+//! it would have: when it admits and the enforced ones do.
+//!
+//! Beside the check, [`refund`] gives back what a check consumed (the admin operation
+//! of [`Limiter::refund`](crate::Limiter::refund)); a peek is a check whose commit is
+//! dropped, and a reset forgets the state.
 
 use std::collections::VecDeque;
 
@@ -84,6 +93,65 @@ pub(crate) fn decide(policy: &Policy, state: Option<&State>, now_ms: u64, cost: 
         Algorithm::SlidingWindow => sliding_window(policy, state, now_ms, cost),
         Algorithm::TokenBucket => token_bucket(policy, state, now_ms, cost),
         Algorithm::SlidingLog => sliding_log(policy, state, now_ms, cost),
+    }
+}
+
+/// Whether the steps may commit: every enforced (non-shadow) policy admits. Then each
+/// step that admits commits, shadow ones included; otherwise none does.
+pub(crate) fn admits_all<'a>(
+    policies: &[Policy],
+    outcomes: impl IntoIterator<Item = &'a PolicyOutcome>,
+) -> bool {
+    policies
+        .iter()
+        .zip(outcomes)
+        .all(|(p, o)| o.allowed || p.is_shadow())
+}
+
+/// The state after giving back `cost` units, or `None` when there is nothing to give
+/// back. The state only shrinks, so the expiry it had still covers it.
+///
+/// - fixed and sliding window: the current window's count goes down by `cost`, not
+///   below 0; if the window has changed since, nothing is refunded;
+/// - token bucket: the theoretical arrival time moves back by `cost` emission
+///   intervals, not before now;
+/// - sliding log: the `cost` most recent stamps are removed, only those still in the
+///   window.
+///
+/// "Now" is clamped as the check clamps it when the clock went back.
+pub(crate) fn refund(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> Option<State> {
+    let w = policy.window_ms();
+    match state? {
+        State::FixedWindow { window, count } => {
+            // A stored window ahead of the clock is the one a check would use.
+            (*window >= now / w && *count > 0).then(|| State::FixedWindow {
+                window: *window,
+                count: count.saturating_sub(cost),
+            })
+        }
+        State::SlidingWindow { window, prev, cur } => {
+            (*window >= now / w && *cur > 0).then(|| State::SlidingWindow {
+                window: *window,
+                prev: *prev,
+                cur: cur.saturating_sub(cost),
+            })
+        }
+        State::TokenBucket { tat_us } => {
+            let t = policy.emission_interval_us();
+            let now = (now * 1_000).max(tat_us.saturating_sub(policy.limit() * t));
+            let back = tat_us.saturating_sub(cost * t).max(now);
+            (back < *tat_us).then_some(State::TokenBucket { tat_us: back })
+        }
+        State::SlidingLog { stamps } => {
+            let now = stamps.back().map_or(now, |newest| now.max(*newest));
+            let in_window = stamps.len() - stamps.partition_point(|x| x + w <= now);
+            let drop = in_window.min(usize::try_from(cost).unwrap_or(usize::MAX));
+            (drop > 0).then(|| {
+                let mut stamps = stamps.clone();
+                stamps.truncate(stamps.len() - drop);
+                State::SlidingLog { stamps }
+            })
+        }
     }
 }
 
@@ -418,8 +486,10 @@ pub(crate) mod tests {
 
     #[test]
     fn the_model_admits_exactly_the_hand_written_traces() {
+        use crate::decision::Decision;
+        use std::sync::Arc;
         for trace in traces::TRACES {
-            let policies = trace.built_policies();
+            let policies: Arc<[Policy]> = trace.built_policies().into();
             let mut states: Vec<Option<State>> = vec![None; policies.len()];
             let mut expires = 0;
             for (i, (&(_, cost, expected), now)) in
@@ -430,30 +500,95 @@ pub(crate) mod tests {
                 if now >= expires {
                     states.iter_mut().for_each(|s| *s = None);
                 }
+                if let Some(back) = trace.refund_before(i) {
+                    for (p, s) in policies.iter().zip(states.iter_mut()) {
+                        if let Some(next) = refund(p, s.as_ref(), now, u64::from(back)) {
+                            *s = Some(next);
+                        }
+                    }
+                }
                 let steps: Vec<Step> = policies
                     .iter()
                     .zip(&states)
                     .map(|(p, s)| decide(p, s.as_ref(), now, u64::from(cost)))
                     .collect();
-                let allowed = steps.iter().all(|s| s.outcome.allowed);
                 let outcomes: Vec<_> = steps.iter().map(|s| s.outcome).collect();
+                let allowed = admits_all(&policies, &outcomes);
+                let decision = Decision::from_outcomes(&policies, outcomes.iter().copied());
                 assert_eq!(
-                    allowed, expected,
+                    (decision.is_allowed(), decision.would_deny()),
+                    (expected, trace.would_deny.contains(&i)),
                     "{}: step {i} at {now} ms: {outcomes:?}",
                     trace.name
                 );
                 if allowed {
-                    let mut ttl = 0;
                     for (state, step) in states.iter_mut().zip(steps) {
-                        ttl = ttl.max(step.ttl_ms);
                         if let Some(commit) = step.commit {
+                            expires = expires.max(now + step.ttl_ms.max(1));
                             commit.apply(state);
                         }
                     }
-                    expires = now + ttl.max(1);
                 }
             }
         }
+    }
+
+    #[test]
+    fn refunds_follow_each_algorithm_s_rule() {
+        let s = Duration::from_secs(1);
+        let after = |p: &Policy, steps: &[(u64, u64)], now: u64, cost: u64| {
+            let mut state = None;
+            for &(t, c) in steps {
+                if let Some(commit) = decide(p, state.as_ref(), t, c).commit {
+                    commit.apply(&mut state);
+                }
+            }
+            refund(p, state.as_ref(), now, cost)
+        };
+        let fw = Policy::fixed_window("fw", 5, s).unwrap();
+        assert_eq!(
+            after(&fw, &[(100, 3)], 200, 9),
+            Some(State::FixedWindow {
+                window: 0,
+                count: 0
+            })
+        );
+        assert_eq!(
+            after(&fw, &[(100, 3)], 1_000, 1),
+            None,
+            "the window changed"
+        );
+        let sw = Policy::sliding_window("sw", 5, s).unwrap();
+        assert_eq!(
+            after(&sw, &[(100, 3), (1_100, 2)], 1_200, 1),
+            Some(State::SlidingWindow {
+                window: 1,
+                prev: 3,
+                cur: 1
+            })
+        );
+        assert_eq!(after(&sw, &[(100, 3)], 1_100, 1), None);
+        let tb = Policy::token_bucket("tb", 4, 1, s).unwrap();
+        assert_eq!(
+            after(&tb, &[(0, 3)], 0, 1),
+            Some(State::TokenBucket { tat_us: 2_000_000 })
+        );
+        assert_eq!(
+            after(&tb, &[(0, 3)], 500, 4),
+            Some(State::TokenBucket { tat_us: 500_000 }),
+            "not before now"
+        );
+        assert_eq!(after(&tb, &[(0, 1)], 2_000, 1), None);
+        let sl = Policy::sliding_log("sl", 4, s).unwrap();
+        assert_eq!(
+            after(&sl, &[(0, 1), (600, 2)], 1_200, 4),
+            Some(State::SlidingLog {
+                stamps: VecDeque::from([0])
+            }),
+            "only stamps still in the window leave"
+        );
+        assert_eq!(after(&sl, &[(0, 1)], 1_000, 1), None);
+        assert_eq!(refund(&sl, None, 0, 1), None);
     }
 
     #[test]

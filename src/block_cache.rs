@@ -115,8 +115,8 @@ impl BlockCache {
         );
     }
 
-    /// Drops `subject`'s block once the store has admitted one of its requests: its
-    /// state changed, so the cached retry time may no longer hold.
+    /// Drops `subject`'s block once its state changed (the store admitted one of its
+    /// requests, or it was refunded or reset): the cached retry time may no longer hold.
     pub(crate) fn forget(&self, subject: &Subject) {
         // Most admitted subjects are not blocked: look before taking a write lock.
         if self.blocked.contains_key(subject) {

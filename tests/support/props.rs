@@ -42,6 +42,17 @@ pub struct Pair {
     pub lost_state: bool,
 }
 
+/// An admin operation run on both stores between checks.
+#[derive(Debug, Clone, Copy)]
+pub enum Admin {
+    /// `Limiter::peek` with this cost.
+    Peek(u32),
+    /// `Limiter::refund` of this cost.
+    Refund(u32),
+    /// `Limiter::reset`.
+    Reset,
+}
+
 /// The memory and Redis stores on one fake clock, deciding for one subject.
 pub struct SideBySide {
     clock: FakeClock,
@@ -134,5 +145,38 @@ impl SideBySide {
             "{what}: Redis (left) and memory (right) differ{note}"
         );
         pair.memory
+    }
+
+    /// An admin operation at `now` on both stores: the same answer, and (checked by
+    /// the steps that follow) the same state.
+    pub async fn admin(&mut self, now: u64, op: Admin, what: &str, server: &RedisServer) {
+        self.clock.set_ms(now);
+        let subject = &self.subject;
+        let (memory, redis) = match op {
+            Admin::Peek(cost) => (
+                self.memory.peek(subject.clone(), cost).await.map(Some),
+                self.redis.peek(subject.clone(), cost).await.map(Some),
+            ),
+            Admin::Refund(cost) => (
+                self.memory.refund(subject.clone(), cost).await.map(Some),
+                self.redis.refund(subject.clone(), cost).await.map(Some),
+            ),
+            Admin::Reset => (
+                self.memory.reset(subject.clone()).await.map(|()| None),
+                self.redis.reset(subject.clone()).await.map(|()| None),
+            ),
+        };
+        let memory = match memory {
+            Ok(d) => d,
+            Err(e) => panic!("{what}: the memory store failed {op:?}: {e}"),
+        };
+        let redis = match redis {
+            Ok(d) => d,
+            Err(e) => panic!("{what}: Redis failed {op:?}: {e}\n{}", server.log_tail()),
+        };
+        assert_eq!(
+            redis, memory,
+            "{what}: {op:?}: Redis (left) and memory (right) differ"
+        );
     }
 }
