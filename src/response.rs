@@ -17,7 +17,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use crate::decision::Decision;
-use crate::headers::{retry_after_secs, Snapshot};
+use crate::headers::{retry_after_secs, PolicyHeaders, Snapshot};
 use crate::key::KeyRejection;
 use crate::layer::Config;
 
@@ -113,7 +113,12 @@ pub(crate) type Answer = Response<Bytes>;
 /// This is the seam for per-protocol denials: `head` is the request's, so a gRPC
 /// request (`content-type: application/grpc...`) can be answered with
 /// `RESOURCE_EXHAUSTED` here without touching the service.
-pub(crate) fn too_many_requests(_head: &Parts, decision: &Decision, config: &Config) -> Answer {
+pub(crate) fn too_many_requests(
+    _head: &Parts,
+    decision: &Decision,
+    config: &Config,
+    policy_headers: &PolicyHeaders,
+) -> Answer {
     let retry = retry_after_secs(decision);
     let body = match config.body_style {
         BodyStyle::PlainText => format!("Too Many Requests: retry after {retry} s"),
@@ -129,9 +134,7 @@ pub(crate) fn too_many_requests(_head: &Parts, decision: &Decision, config: &Con
     let mut response = answer(StatusCode::TOO_MANY_REQUESTS, config, body);
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, HeaderValue::from(retry));
-    config
-        .policy_headers
-        .write(config.header_style, &Snapshot::of(decision), headers);
+    policy_headers.write(config.header_style, &Snapshot::of(decision), headers);
     response
 }
 
