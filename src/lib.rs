@@ -10,6 +10,8 @@
 pub(crate) mod algorithm;
 pub mod block_cache;
 pub mod clock;
+#[cfg(feature = "config")]
+pub mod config;
 mod decision;
 mod error;
 mod future;

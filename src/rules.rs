@@ -70,8 +70,8 @@ use crate::store::Store;
 /// [`RateLimitLayer::rules`](crate::RateLimitLayer::rules). Built with
 /// [`Rules::builder`]; see the [module docs](self).
 pub struct Rules<S> {
-    rules: Box<[Rule<S>]>,
-    default: Option<Target<S>>,
+    pub(crate) rules: Box<[Rule<S>]>,
+    pub(crate) default: Option<Target<S>>,
 }
 
 /// Collects rules in order; [`RulesBuilder::build`] checks their patterns.
@@ -108,23 +108,27 @@ impl RuleError {
     }
 }
 
-struct Rule<S> {
-    method: Option<Method>,
-    pattern: Pattern,
-    target: Target<S>,
+pub(crate) struct Rule<S> {
+    pub(crate) method: Option<Method>,
+    pub(crate) pattern: Pattern,
+    pub(crate) target: Target<S>,
 }
 
 /// A limiter and the extractor that names the subject it checks.
-struct Target<S> {
+pub(crate) struct Target<S> {
     limit: Limit<S>,
     key: Arc<dyn KeyExtractor>,
 }
 
 impl<S: Store> Target<S> {
     fn new(limiter: impl Into<Arc<Limiter<S>>>, key: impl KeyExtractor) -> Self {
+        Self::shared(limiter.into(), Arc::new(key))
+    }
+
+    pub(crate) fn shared(limiter: Arc<Limiter<S>>, key: Arc<dyn KeyExtractor>) -> Self {
         Self {
-            limit: Limit::new(limiter.into()),
-            key: Arc::new(key),
+            limit: Limit::new(limiter),
+            key,
         }
     }
 
@@ -138,7 +142,7 @@ impl<S: Store> Target<S> {
 
 /// A parsed path pattern: its segments after the leading `/`.
 #[derive(Clone, PartialEq, Eq)]
-struct Pattern {
+pub(crate) struct Pattern {
     segments: Box<[Segment]>,
 }
 
@@ -154,7 +158,7 @@ enum Segment {
 }
 
 impl Pattern {
-    fn parse(pattern: &str) -> Result<Self, &'static str> {
+    pub(crate) fn parse(pattern: &str) -> Result<Self, &'static str> {
         let Some(path) = pattern.strip_prefix('/') else {
             return Err("must start with '/'");
         };
@@ -195,7 +199,7 @@ impl Pattern {
     }
 
     /// A gRPC service (`package.Service`) and method, or any method of the service.
-    fn grpc(service: &str, method: Option<&str>) -> Result<Self, &'static str> {
+    pub(crate) fn grpc(service: &str, method: Option<&str>) -> Result<Self, &'static str> {
         let valid = |name: &str| !name.is_empty() && !name.contains(['/', '{', '}', '*']);
         if !valid(service) {
             return Err("is not a gRPC service name (`package.Service`)");
