@@ -48,6 +48,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! One layer can also choose the limiter per request: [`RateLimitLayer::rules`] by
+//! method and path (or gRPC method), [`RateLimitLayer::tiers`] by a tier such as the
+//! user's plan. Both are [`Plan`]s, served by the same [`RateLimit`] service.
+//!
 //! Under axum the same layer goes on a `Router` with `.layer(..)` or `.route_layer(..)`;
 //! handlers read the [`Decision`](crate::Decision) with `Option<Extension<Decision>>`
 //! (it is absent when the store failed and [`FailureMode::Open`] let the request pass).
