@@ -65,8 +65,10 @@
 //! path patterns, methods, keys, proxy networks. Each error names the line and the field
 //! (`line 7, rules[1].policy: unknown policy "logn"`), so a bad file fails at start-up
 //! and says where. [`Config::rules`] then builds the [`Rules`] on a store, one
-//! [`Limiter`] per rule. API keys named by `header:NAME` are kept only as keyed hashes
-//! (see [`Header`]).
+//! [`Limiter`] per rule. The store keeps state by policies and subject, so rules with the
+//! same policies whose keys give the same subject share one count; add `+route` to the
+//! key for a count per route. API keys named by `header:NAME` are kept only as keyed
+//! hashes (see [`Header`]).
 
 use std::fmt;
 use std::net::IpAddr;

@@ -767,7 +767,8 @@ fn every_plan_on_the_memory_store_takes_the_synchronous_path() {
     let tiers = crate::tiers::Tiers::new(UserHeader, |_| Some("one")).tier("one", limiter());
     let clones = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let inner = || CountsClones(Arc::clone(&clones));
-    let mut services: Vec<Box<dyn FnMut(Request<Empty<Bytes>>) -> StatusCode>> = vec![
+    type Call = Box<dyn FnMut(Request<Empty<Bytes>>) -> StatusCode>;
+    let mut services: Vec<Call> = vec![
         {
             let mut service = RateLimitLayer::new(limiter(), UserHeader).layer(inner());
             Box::new(move |req| poll_once(service.call(req)))
