@@ -365,7 +365,7 @@ impl AdminStore for RedisStore {
             let reply = match tokio::time::timeout_at(deadline, link.eval(&mut lent, &call)).await {
                 Ok(reply) => reply?,
                 Err(_) => {
-                    link.timed_out(lent.generation());
+                    link.timed_out(&lent);
                     return Err(StoreError::timeout());
                 }
             };
