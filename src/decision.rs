@@ -5,6 +5,30 @@ use std::time::Duration;
 
 use crate::policy::Policy;
 
+/// Where a decision came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Origin {
+    /// The limiter's store (Redis or memory).
+    Store,
+    /// The local block cache: the store denied this subject earlier and its retry time
+    /// has not come.
+    BlockCache,
+    /// The local fallback store, deciding while the main store fails.
+    Fallback,
+}
+
+impl Origin {
+    /// A short stable name, for logs and metrics.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Origin::Store => "store",
+            Origin::BlockCache => "block_cache",
+            Origin::Fallback => "fallback",
+        }
+    }
+}
+
 /// One policy's verdict, in the integers both stores produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PolicyOutcome {
@@ -27,6 +51,7 @@ pub struct PolicyOutcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     allowed: bool,
+    origin: Origin,
     /// Index of the binding policy in `policies` (never empty: a limiter has at least
     /// one policy by construction).
     index: usize,
@@ -71,10 +96,28 @@ impl Decision {
         ));
         Self {
             allowed,
+            origin: Origin::Store,
             index,
             outcome,
             policies: Arc::clone(policies),
         }
+    }
+
+    /// A cached denial seen `elapsed_ms` later, `retry_ms` before its retry time.
+    pub(crate) fn rebase(&mut self, retry_ms: u64, elapsed_ms: u64, origin: Origin) {
+        self.outcome.retry_after_ms = retry_ms;
+        self.outcome.reset_after_ms = self.outcome.reset_after_ms.saturating_sub(elapsed_ms);
+        self.origin = origin;
+    }
+
+    pub(crate) fn with_origin(mut self, origin: Origin) -> Self {
+        self.origin = origin;
+        self
+    }
+
+    /// Who decided: the store, the local block cache, or the local fallback store.
+    pub fn origin(&self) -> Origin {
+        self.origin
     }
 
     /// Whether the request may pass.

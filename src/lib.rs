@@ -1,4 +1,51 @@
-//! redlimit: rate limiting for tower services, decided atomically in Redis or in memory.
+//! Rate limiting for tower services, decided atomically in Redis or in memory.
+//!
+//! ```
+//! use std::{net::SocketAddr, time::Duration};
+//! use axum::{body::Body, http::{Request, StatusCode}, routing::get, Router};
+//! use redlimit::{key::ClientIp, Limiter, MemoryStore, Policy, RateLimitLayer};
+//! use tower::ServiceExt;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // Two requests per minute per client IP, on a sliding window.
+//! let limiter = Limiter::new(
+//!     MemoryStore::new(),
+//!     Policy::sliding_window("default", 2, Duration::from_secs(60))?,
+//! );
+//! let app = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::new(limiter, ClientIp::new()));
+//!
+//! // A server gives the peer address through `into_make_service_with_connect_info`;
+//! // here each request carries it as an extension.
+//! let request = || {
+//!     let mut request = Request::new(Body::empty());
+//!     request.extensions_mut().insert(SocketAddr::from(([203, 0, 113, 7], 4711)));
+//!     request
+//! };
+//! assert_eq!(app.clone().oneshot(request()).await?.status(), StatusCode::OK);
+//! assert_eq!(app.clone().oneshot(request()).await?.status(), StatusCode::OK);
+//! let denied = app.oneshot(request()).await?;
+//! assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert!(denied.headers().contains_key("retry-after"));
+//! assert_eq!(denied.headers()["ratelimit-policy"], r#""default";q=2;w=60"#);
+//! # Ok(()) }
+//! ```
+//!
+//! The pieces, one module each:
+//!
+//! - [`Policy`]: an algorithm (fixed window, sliding window, token bucket, sliding
+//!   log), its numbers and a name, valid by construction.
+//! - [`Limiter`]: a store and the policies checked together; `check(subject, cost)`
+//!   works without HTTP too. Optional [`block_cache`] and in-memory fallback.
+//! - [`store`]: [`MemoryStore`] for one process, [`RedisStore`] (one Lua script, one
+//!   round trip, single node or cluster) for many.
+//! - [`key`]: which subject a request is limited as (client IP with a trusted-proxy
+//!   walk, hashed API key header, authenticated user, route, combinations).
+//! - [`layer`]: [`RateLimitLayer`], answering 429 with `Retry-After` and the IETF
+//!   `RateLimit` headers.
+//! - [`clock`]: where time comes from; a fake clock makes every boundary test exact.
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,
@@ -8,17 +55,27 @@
 )]
 
 pub(crate) mod algorithm;
+pub mod block_cache;
 pub mod clock;
 mod decision;
 mod error;
+mod future;
+pub mod grpc;
+pub mod headers;
 pub mod key;
+pub mod layer;
 mod limiter;
 pub mod policy;
+mod response;
+mod service;
 pub mod store;
 mod subject;
+mod telemetry;
 
-pub use decision::{Decision, PolicyOutcome};
+pub use decision::{Decision, Origin, PolicyOutcome};
 pub use error::Error;
+pub use headers::HeaderStyle;
+pub use layer::{BodyStyle, FailureMode, RateLimit, RateLimitLayer};
 pub use limiter::{CheckFuture, Limiter};
 pub use policy::{Algorithm, Policy, PolicyError};
 pub use store::{MemoryStore, RedisStore, Store, StoreError};

@@ -21,14 +21,17 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
 
-use crate::decision::Decision;
+use crate::block_cache::BlockCache;
+use crate::clock::{Clock, MonotonicClock};
+use crate::decision::{Decision, Origin};
 use crate::error::Error;
 use crate::policy::Policy;
-use crate::store::{PolicySet, Store};
+use crate::store::{MemoryStore, PolicySet, Store, StoreError};
 use crate::subject::Subject;
 
 /// A store and the policies one kind of request is checked against.
@@ -39,6 +42,17 @@ use crate::subject::Subject;
 pub struct Limiter<S> {
     store: S,
     set: PolicySet,
+    /// What runs around the store: block cache and fallback (none by default, so the
+    /// plain path costs nothing extra).
+    guard: Option<Arc<Guard>>,
+}
+
+/// The limiter's local helpers, shared by every pending check.
+#[derive(Debug)]
+struct Guard {
+    clock: Arc<dyn Clock>,
+    blocks: Option<BlockCache>,
+    fallback: Option<MemoryStore>,
 }
 
 impl<S: Store> Limiter<S> {
@@ -47,21 +61,62 @@ impl<S: Store> Limiter<S> {
         Self {
             store,
             set: PolicySet::new(vec![policy]),
+            guard: None,
         }
+    }
+
+    fn guard_mut(&mut self) -> &mut Guard {
+        let guard = self.guard.get_or_insert_with(|| {
+            Arc::new(Guard {
+                clock: Arc::new(MonotonicClock::new()),
+                blocks: None,
+                fallback: None,
+            })
+        });
+        if Arc::get_mut(guard).is_none() {
+            // Configured after cloning: give this limiter its own copy (a fresh, empty
+            // block cache of the same size) and leave the other clones unchanged.
+            *guard = Arc::new(Guard {
+                clock: Arc::clone(&guard.clock),
+                blocks: guard.blocks.as_ref().map(BlockCache::empty_like),
+                fallback: guard.fallback.clone(),
+            });
+        }
+        Arc::get_mut(guard).unwrap_or_else(|| unreachable!("the guard was just made unique"))
+    }
+
+    /// Answers subjects the store denied locally until their retry time, holding at
+    /// most `max_entries` of them: a flood from one over-limit subject then sends
+    /// almost nothing to the store. See [`crate::block_cache`].
+    pub fn block_cache(mut self, max_entries: usize) -> Self {
+        self.guard_mut().blocks = Some(BlockCache::new(max_entries));
+        self
+    }
+
+    /// Decides in `fallback` (this process's memory) while the store fails, instead of
+    /// handing the failure to the caller. Limits then hold per process until the store
+    /// returns; each call tries the store first, so no restart is needed.
+    pub fn fallback(mut self, fallback: MemoryStore) -> Self {
+        self.guard_mut().fallback = Some(fallback);
+        self
+    }
+
+    /// The clock of the block cache (the monotonic clock by default; a fake one in tests).
+    pub fn local_clock(mut self, clock: impl Clock) -> Self {
+        self.guard_mut().clock = Arc::new(clock);
+        self
     }
 
     /// Adds a policy that must also admit every request. A policy with the same name
     /// as one already present replaces it (names key the state in Redis).
-    pub fn policy(self, policy: Policy) -> Self {
+    pub fn policy(mut self, policy: Policy) -> Self {
         let mut policies: Vec<Policy> = self.set.policies().to_vec();
         match policies.iter_mut().find(|p| p.name() == policy.name()) {
             Some(existing) => *existing = policy,
             None => policies.push(policy),
         }
-        Self {
-            store: self.store,
-            set: PolicySet::new(policies),
-        }
+        self.set = PolicySet::new(policies);
+        self
     }
 
     /// The policies checked, in order.
@@ -103,14 +158,70 @@ impl<S: Store> Limiter<S> {
         } else {
             None
         };
-        match invalid {
-            Some(error) => CheckFuture {
-                state: CheckState::Invalid { error: Some(error) },
-            },
-            None => CheckFuture {
+        if let Some(error) = invalid {
+            return CheckFuture::ready(Err(error));
+        }
+        let subject = subject.into();
+        let Some(guard) = &self.guard else {
+            return CheckFuture {
                 state: CheckState::Store {
-                    future: self.store.check(subject.into(), &self.set, cost),
+                    future: self.store.check(subject, &self.set, cost),
                 },
+                after: None,
+            };
+        };
+        if let Some(blocks) = &guard.blocks {
+            if let Some(decision) = blocks.lookup(&subject, cost, guard.clock.now_ms()) {
+                crate::telemetry::decided(&decision);
+                return CheckFuture::ready(Ok(decision));
+            }
+        }
+        CheckFuture {
+            state: CheckState::Store {
+                future: self.store.check(subject.clone(), &self.set, cost),
+            },
+            after: Some(After {
+                guard: Arc::clone(guard),
+                subject,
+                set: self.set.clone(),
+                cost,
+            }),
+        }
+    }
+}
+
+/// What a guarded check needs once the store has answered.
+#[derive(Debug)]
+struct After {
+    guard: Arc<Guard>,
+    subject: Subject,
+    set: PolicySet,
+    cost: u64,
+}
+
+impl After {
+    fn finish(self, result: Result<Decision, StoreError>) -> Result<Decision, Error> {
+        let Self {
+            guard,
+            subject,
+            set,
+            cost,
+        } = self;
+        match result {
+            Ok(decision) => {
+                if let (false, Some(blocks)) = (decision.is_allowed(), &guard.blocks) {
+                    blocks.insert(subject, cost, &decision, guard.clock.now_ms());
+                }
+                Ok(decision)
+            }
+            Err(error) => match &guard.fallback {
+                Some(fallback) => {
+                    crate::telemetry::store_failed(&error, true);
+                    Ok(fallback
+                        .decide(subject, &set, cost)
+                        .with_origin(Origin::Fallback))
+                }
+                None => Err(Error::Store(error)),
             },
         }
     }
@@ -122,6 +233,7 @@ pin_project! {
     pub struct CheckFuture<F> {
         #[pin]
         state: CheckState<F>,
+        after: Option<After>,
     }
 }
 
@@ -130,22 +242,45 @@ pin_project! {
     #[derive(Debug)]
     enum CheckState<F> {
         Store { #[pin] future: F },
-        Invalid { error: Option<Error> },
+        Ready { result: Option<Result<Decision, Error>> },
     }
 }
 
-impl<F, E> Future for CheckFuture<F>
+impl<F> CheckFuture<F> {
+    fn ready(result: Result<Decision, Error>) -> Self {
+        CheckFuture {
+            state: CheckState::Ready {
+                result: Some(result),
+            },
+            after: None,
+        }
+    }
+}
+
+impl<F> Future for CheckFuture<F>
 where
-    F: Future<Output = Result<Decision, E>>,
-    Error: From<E>,
+    F: Future<Output = Result<Decision, StoreError>>,
 {
     type Output = Result<Decision, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            CheckStateProj::Store { future } => future.poll(cx).map_err(Error::from),
-            CheckStateProj::Invalid { error } => match error.take() {
-                Some(error) => Poll::Ready(Err(error)),
+        let this = self.project();
+        match this.state.project() {
+            CheckStateProj::Store { future } => {
+                let result = std::task::ready!(future.poll(cx));
+                let outcome = match this.after.take() {
+                    Some(after) => after.finish(result),
+                    None => result.map_err(Error::from),
+                };
+                match &outcome {
+                    Ok(decision) => crate::telemetry::decided(decision),
+                    Err(Error::Store(error)) => crate::telemetry::store_failed(error, false),
+                    Err(_) => {}
+                }
+                Poll::Ready(outcome)
+            }
+            CheckStateProj::Ready { result } => match result.take() {
+                Some(result) => Poll::Ready(result),
                 None => Poll::Pending,
             },
         }
@@ -207,5 +342,113 @@ mod tests {
             .policy(Policy::sliding_log("second", 9, Duration::from_secs(1)).unwrap());
         assert_eq!(limiter.policies().len(), 2);
         assert_eq!(limiter.policies()[0].limit(), 9);
+    }
+
+    /// A store that always fails, to exercise the fallback.
+    #[derive(Debug)]
+    struct Broken;
+
+    impl Store for Broken {
+        type Future = std::future::Ready<Result<Decision, StoreError>>;
+        fn check(&self, _: Subject, _: &PolicySet, _: u64) -> Self::Future {
+            std::future::ready(Err(StoreError::timeout()))
+        }
+    }
+
+    /// Counts calls that reach the store.
+    #[derive(Debug)]
+    struct Counting(MemoryStore, std::sync::atomic::AtomicUsize);
+
+    impl Store for Counting {
+        type Future = <MemoryStore as Store>::Future;
+        fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.0.check(subject, set, cost)
+        }
+    }
+
+    #[tokio::test]
+    async fn the_block_cache_answers_a_flood_without_the_store() {
+        let clock = FakeClock::new(0);
+        let store = Arc::new(Counting(
+            MemoryStore::with_clock(clock.clone()),
+            Default::default(),
+        ));
+        let limiter = Limiter::new(
+            Arc::clone(&store),
+            Policy::sliding_window("p", 10, Duration::from_secs(1)).unwrap(),
+        )
+        .block_cache(100)
+        .local_clock(clock.clone());
+        let mut first_denial = None;
+        for i in 0..1_000 {
+            let d = limiter.check("flooder", 1).await.unwrap();
+            if !d.is_allowed() && first_denial.is_none() {
+                first_denial = Some((i, d.clone()));
+            }
+            assert_eq!(d.is_allowed(), i < 10, "request {i}");
+        }
+        let (_, denial) = first_denial.unwrap();
+        assert_eq!(store.1.load(std::sync::atomic::Ordering::SeqCst), 11);
+        let cached = limiter.check("flooder", 1).await.unwrap();
+        assert_eq!(cached.origin(), Origin::BlockCache);
+        assert_eq!(cached.retry_after(), denial.retry_after());
+        // Others still reach the store, and so does the flooder once its wait is over.
+        assert!(limiter.check("someone-else", 1).await.unwrap().is_allowed());
+        clock.advance(denial.retry_after().unwrap());
+        let after = limiter.check("flooder", 1).await.unwrap();
+        assert!(after.is_allowed());
+        assert_eq!(after.origin(), Origin::Store);
+    }
+
+    #[tokio::test]
+    async fn the_block_cache_shortens_its_wait_as_time_passes_and_stays_bounded() {
+        let clock = FakeClock::new(0);
+        let limiter = Limiter::new(
+            MemoryStore::with_clock(clock.clone()),
+            Policy::fixed_window("p", 2, Duration::from_secs(10)).unwrap(),
+        )
+        .block_cache(3)
+        .local_clock(clock.clone());
+        for subject in ["a", "b", "c", "d", "e"] {
+            for _ in 0..3 {
+                limiter.check(subject, 1).await.unwrap();
+            }
+        }
+        let blocks = limiter.guard.as_ref().unwrap().blocks.as_ref().unwrap();
+        assert_eq!(blocks.len(), 3, "bounded to its size");
+        clock.advance(Duration::from_secs(4));
+        let cached = limiter.check("a", 1).await.unwrap();
+        assert_eq!(cached.origin(), Origin::BlockCache);
+        assert_eq!(cached.retry_after(), Some(Duration::from_secs(6)));
+        // A cost smaller than the denied one may fit sooner: the cache lets it through
+        // to the store.
+        clock.advance(Duration::from_secs(6));
+        assert!(limiter.check("f", 1).await.unwrap().is_allowed());
+        assert!(!limiter.check("f", 2).await.unwrap().is_allowed());
+        let small = limiter.check("f", 1).await.unwrap();
+        assert!(small.is_allowed());
+        assert_eq!(small.origin(), Origin::Store);
+    }
+
+    #[tokio::test]
+    async fn the_fallback_decides_while_the_store_fails() {
+        let clock = FakeClock::new(0);
+        let limiter = Limiter::new(
+            Broken,
+            Policy::fixed_window("p", 2, Duration::from_secs(1)).unwrap(),
+        )
+        .fallback(MemoryStore::with_clock(clock.clone()));
+        let a = limiter.check("s", 1).await.unwrap();
+        assert!(a.is_allowed());
+        assert_eq!(a.origin(), Origin::Fallback);
+        assert!(limiter.check("s", 1).await.unwrap().is_allowed());
+        assert!(!limiter.check("s", 1).await.unwrap().is_allowed());
+        // Without a fallback the failure is an error, never a denial.
+        let bare = Limiter::new(
+            Broken,
+            Policy::fixed_window("p", 2, Duration::from_secs(1)).unwrap(),
+        );
+        assert!(matches!(bare.check("s", 1).await, Err(Error::Store(_))));
     }
 }

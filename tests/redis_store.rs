@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::{self, AsyncCommands};
@@ -135,33 +135,15 @@ async fn a_call_is_one_evalsha_on_one_shared_connection() {
         assert!(result.unwrap().unwrap().is_allowed());
     }
 
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let calls: HashMap<&str, u64> = stats
-        .lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_"))
-        .filter_map(|l| {
-            let (name, rest) = l.split_once(':')?;
-            let n = rest
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            Some((name, n))
-        })
-        .collect();
-    assert_eq!(calls.get("evalsha"), Some(&100), "{stats}");
+    let calls = support::command_calls(&mut conn).await;
+    assert_eq!(calls.get("evalsha"), Some(&100), "{calls:?}");
     // Commands the script runs inside count too (GET, SET, TIME); none of them may
     // come from the client, and nothing else may run.
     let extra: Vec<_> = calls
         .iter()
         .filter(|(name, _)| {
             !matches!(
-                **name,
+                name.as_str(),
                 "evalsha"
                     | "config|resetstat"
                     | "info"

@@ -106,7 +106,7 @@ impl MemoryStore {
         self.inner.sweep(now);
     }
 
-    fn decide(&self, subject: Subject, set: &PolicySet, cost: u64) -> Decision {
+    pub(crate) fn decide(&self, subject: Subject, set: &PolicySet, cost: u64) -> Decision {
         let inner = &*self.inner;
         let now = inner.clock.now_ms();
         inner.maybe_sweep(now);

@@ -35,7 +35,8 @@
 //! own, which would double the cost of every decision, and its small default pool
 //! would cap concurrency. Instead the store takes ONE connection out of the pool
 //! (`Connection::take`, so the pool opens another for the application) and sends
-//! every call on it: it is a `redis::aio::MultiplexedConnection`, whose clones share
+//! every call on it: on one server it is a `redis::aio::MultiplexedConnection`
+//! (on a cluster, [see below](#redis-cluster)), whose clones share
 //! one socket and pipeline the calls of all tasks, which is faster than a pool of
 //! connections used one call at a time. Being the store's alone, the socket is never
 //! stalled by a blocking command or redirected by a `SELECT` the application sends on
@@ -48,6 +49,68 @@
 //! with [`StoreErrorKind::Unavailable`](crate::store::StoreErrorKind): no reconnect
 //! storm, no queue of waiting calls during an outage. Only the calls made before the
 //! very first connection exists wait for it, within their timeout.
+//!
+//! # Redis Cluster
+//!
+//! Past one machine, the store runs on a Redis Cluster through redis's cluster
+//! client, built from the application's `deadpool_redis::cluster::Pool`
+//! ([`RedisStore::cluster`]) or from a list of node URLs
+//! ([`RedisStore::cluster_from_urls`]):
+//!
+//! ```
+//! use redlimit::{Limiter, Policy, RedisStore};
+//! use std::time::Duration;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let nodes = std::env::var("REDIS_CLUSTER");
+//! // REDIS_CLUSTER=redis://10.0.0.1:6379,redis://10.0.0.2:6379 (any of its nodes)
+//! let nodes = nodes.as_deref().unwrap_or("redis://127.0.0.1:7000");
+//! let store = RedisStore::cluster_from_urls(nodes.split(','))?;
+//! let limiter = Limiter::new(store, Policy::sliding_window("api", 100, Duration::from_secs(60))?)
+//!     .policy(Policy::token_bucket("burst", 10, 10, Duration::from_secs(1))?);
+//! # if std::env::var("REDIS_CLUSTER").is_ok() {
+//! // Still one EVALSHA, sent to the master of the slot of "user:42"'s hash tag.
+//! assert!(limiter.check("user:42", 1).await?.is_allowed());
+//! # }
+//! # Ok(()) }
+//! ```
+//!
+//! Everything above holds on a cluster, with one connection that is itself
+//! multiplexed: it keeps one socket per node and sends each call straight to the
+//! master of the slot of its first key. All keys of one call share the subject's hash
+//! tag (see [Keys](#keys)), so they lie in one slot: a call never fails with
+//! `CROSSSLOT`, however many policies it checks, and subjects spread over the
+//! masters by the hash of their tag. Each master keeps its own script cache: the
+//! first call a master (or a freshly promoted replica) sees answers `NOSCRIPT` and is
+//! resent as `EVAL`, as on one server.
+//!
+//! The cluster client repairs a failed node by itself, in the background and with
+//! backoff, and refreshes its slot map when a node answers `MOVED`; so, unlike the
+//! single-server connection, the store does not replace the cluster connection when
+//! a call fails with a connection error. It replaces it in two cases only, with the
+//! same single, paced attempt as above: when the client reports that it has lost
+//! every node (left alone, it would then retry every node at once, over and over, as
+//! long as calls keep coming: thousands of connections a second), and when the
+//! connection has answered nothing at all for a second while calls fail or time out
+//! (its background task gone, half-open sockets, or a whole cluster refusing
+//! commands for that long).
+//!
+//! During a failover, the calls of the subjects whose slots the lost master served
+//! fail (with a timeout, or [`StoreErrorKind::Unavailable`](crate::store::StoreErrorKind))
+//! until its replica is promoted, which takes the cluster's `cluster-node-timeout`
+//! plus an election: about 2.5 s with a 1 s timeout in the tests. With Redis's
+//! default `cluster-require-full-coverage yes`, every node also refuses every
+//! command from the moment the master is flagged failed until the promotion (about
+//! one second there), so all subjects fail for that moment; with
+//! `cluster-require-full-coverage no`, which suits a rate limiter, the other
+//! masters' subjects are not affected at all. Within about 0.1 s of the promotion
+//! the store decides correctly again, on the same connection.
+//!
+//! Replication is asynchronous: decisions the lost master made in its last moments
+//! may not have reached its replica, so their subjects may be admitted those few
+//! requests again. That is the price of Redis replication, not of the store; what
+//! the replica had acknowledged (`WAIT`) survives the failover.
 //!
 //! # Keys
 //!
@@ -65,6 +128,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use deadpool_redis::cluster::{CreatePoolError as ClusterCreatePoolError, Pool as ClusterPool};
 use deadpool_redis::redis::Value;
 use deadpool_redis::Pool;
 use smallvec::SmallVec;
@@ -75,9 +139,11 @@ use crate::decision::{Decision, PolicyOutcome};
 use crate::policy::Policy;
 use crate::subject::Subject;
 
+mod conn;
 mod link;
 mod script;
 
+use conn::Source;
 use link::Link;
 use script::Call;
 
@@ -92,9 +158,10 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// Limit state in Redis, shared by every instance of a service.
 ///
-/// Built from the application's own `deadpool_redis::Pool`; see the
-/// [module docs](self) for the connection it keeps and the keys it writes. Cloning is
-/// cheap and shares the connection.
+/// Built from the application's own `deadpool_redis::Pool` ([`RedisStore::new`]) or,
+/// for a Redis Cluster, its `deadpool_redis::cluster::Pool`
+/// ([`RedisStore::cluster`]); see the [module docs](self) for the connection it
+/// keeps and the keys it writes. Cloning is cheap and shares the connection.
 #[derive(Clone)]
 pub struct RedisStore {
     link: Arc<Link>,
@@ -120,8 +187,42 @@ impl RedisStore {
     ///
     /// Connects lazily: the first call takes a connection from the pool.
     pub fn new(pool: Pool) -> Self {
+        Self::on(Source::Node(pool))
+    }
+
+    /// A store on a Redis Cluster, through the application's cluster pool, with the
+    /// same defaults as [`RedisStore::new`].
+    ///
+    /// Each call goes to the master of its subject's slot in one round trip; the
+    /// connection follows failovers and resharding by itself. Connects lazily.
+    pub fn cluster(pool: ClusterPool) -> Self {
+        Self::on(Source::Cluster(pool))
+    }
+
+    /// A store on the Redis Cluster that `urls` lead to (`redis://host:port`, any
+    /// number of its nodes; the others are discovered), for a list such as
+    /// `REDIS_CLUSTER=redis://h1:p1,redis://h2:p2` split at its commas.
+    ///
+    /// Blank entries are skipped, so a trailing comma is harmless. Fails when no URL
+    /// is left or one cannot be parsed; connects lazily.
+    pub fn cluster_from_urls<I>(urls: I) -> Result<Self, ClusterCreatePoolError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let urls: Vec<String> = urls
+            .into_iter()
+            .map(|url| url.as_ref().trim().to_owned())
+            .filter(|url| !url.is_empty())
+            .collect();
+        let pool = deadpool_redis::cluster::Config::from_urls(urls)
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+        Ok(Self::cluster(pool))
+    }
+
+    fn on(source: Source) -> Self {
         Self {
-            link: Arc::new(Link::new(pool)),
+            link: Arc::new(Link::new(source)),
             settings: Arc::new(Settings {
                 prefix: DEFAULT_PREFIX.into(),
                 clock: None,
@@ -333,6 +434,35 @@ mod tests {
             assert!(store().prefix(bad).is_err(), "{bad:?}");
         }
         assert!(store().prefix("svc-1.rl:v2").is_ok());
+    }
+
+    #[tokio::test]
+    async fn cluster_urls_are_checked_when_the_store_is_built() {
+        let store =
+            RedisStore::cluster_from_urls("redis://127.0.0.1:1, redis://127.0.0.1:2,".split(','))
+                .unwrap();
+        assert!(format!("{store:?}").contains("cluster"), "{store:?}");
+        assert!(RedisStore::cluster_from_urls(["", " "]).is_err());
+        assert!(RedisStore::cluster_from_urls(Vec::<String>::new()).is_err());
+        assert!(RedisStore::cluster_from_urls(["not a url"]).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_cluster_that_cannot_be_reached_is_a_store_error_within_the_timeout() {
+        let store = RedisStore::cluster_from_urls(["redis://127.0.0.1:1"])
+            .unwrap()
+            .timeout(Duration::from_millis(200));
+        let set = PolicySet::new(policies().to_vec());
+        let started = std::time::Instant::now();
+        let err = store.check(Subject::new("s"), &set, 1).await.unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert!(
+            matches!(
+                err.kind(),
+                StoreErrorKind::Unavailable | StoreErrorKind::Timeout
+            ),
+            "{err}"
+        );
     }
 
     #[test]

@@ -21,6 +21,37 @@ pub mod traces {
     include!("traces.rs");
 }
 
+/// Calls per command since the last `CONFIG RESETSTAT`, from `INFO commandstats`
+/// (`evalsha`, `get`, `config|resetstat`, ...).
+pub async fn command_calls(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> std::collections::HashMap<String, u64> {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO commandstats");
+    stats
+        .lines()
+        .filter_map(|line| line.strip_prefix("cmdstat_"))
+        .filter_map(|line| {
+            let (name, rest) = line.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
+/// A real local Redis Cluster (six nodes), for the cluster tests.
+pub mod cluster;
+/// Counting reconnection attempts while a server is down.
+pub mod outage;
+
 /// How long a server may take to accept connections.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 

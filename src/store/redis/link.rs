@@ -1,16 +1,15 @@
-//! The store's one multiplexed connection, taken from the application's pool, and its
-//! replacement when it breaks.
+//! The store's one connection (multiplexed, to one server or to a cluster), taken
+//! from the application's pool, and its replacement when it breaks.
 
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::redis::{ErrorKind, RedisError, ServerErrorKind, Value};
-use deadpool_redis::{Connection, Pool};
 use tokio::sync::Notify;
 
+use super::conn::{Conn, Source};
 use super::script::Call;
 use crate::store::{StoreError, StoreErrorKind};
 
@@ -21,13 +20,14 @@ const MIN_BACKOFF: Duration = Duration::from_millis(25);
 /// The longest wait between two attempts while Redis is unreachable.
 const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// A connection that answered nothing for this long while calls time out is replaced
-/// (a half-open socket never reports an error).
+/// (a half-open socket never reports an error); so is a cluster connection that
+/// answered nothing for this long while calls fail.
 const STALL_MS: u64 = 1_000;
 
 /// The connection shared by every clone of one store.
 #[derive(Debug)]
 pub(super) struct Link {
-    pool: Pool,
+    source: Source,
     state: RwLock<State>,
     /// Woken when an attempt to connect ends, for calls made before the first
     /// connection exists.
@@ -39,7 +39,7 @@ pub(super) struct Link {
 }
 
 struct State {
-    conn: Option<MultiplexedConnection>,
+    conn: Option<Conn>,
     /// Counts installed connections, so a failure reported by a call that used an
     /// older one does not throw away its replacement.
     generation: u64,
@@ -67,14 +67,14 @@ enum Attempt {
 
 /// A connection lent to one call, with the generation to report failures against.
 pub(super) struct Lent {
-    conn: MultiplexedConnection,
+    conn: Conn,
     generation: u64,
 }
 
 impl Link {
-    pub(super) fn new(pool: Pool) -> Self {
+    pub(super) fn new(source: Source) -> Self {
         Self {
-            pool,
+            source,
             state: RwLock::new(State {
                 conn: None,
                 generation: 0,
@@ -137,9 +137,9 @@ impl Link {
         lent: &mut Lent,
         call: &Call,
     ) -> Result<Value, StoreError> {
-        let reply = match call.command(false).query_async(&mut lent.conn).await {
+        let reply = match lent.conn.query(&call.command(false)).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                call.command(true).query_async(&mut lent.conn).await
+                lent.conn.query(&call.command(true)).await
             }
             other => other,
         };
@@ -148,19 +148,16 @@ impl Link {
                 self.answered();
                 Ok(value)
             }
-            Err(error) => Err(self.failed(lent.generation, error)),
+            Err(error) => Err(self.failed(lent, error)),
         }
     }
 
     /// Called when a call on `lent` timed out: a connection silent for a while is
     /// presumed dead and replaced.
     pub(super) fn timed_out(self: &Arc<Self>, generation: u64) {
-        let silent = self
-            .now_ms()
-            .saturating_sub(self.last_answer_ms.load(Ordering::Relaxed));
-        if silent >= STALL_MS {
-            tracing::warn!(silent_ms = silent, "Redis connection stalled; replacing it");
-            self.replace(generation);
+        let silent = self.silent_ms();
+        if silent >= STALL_MS && self.replace(generation) {
+            tracing::warn!(silent_ms = silent, "Redis connection stalled; replaced it");
         }
     }
 
@@ -172,28 +169,54 @@ impl Link {
         }
     }
 
-    fn failed(self: &Arc<Self>, generation: u64, error: RedisError) -> StoreError {
+    /// Milliseconds since the current connection last answered a call.
+    fn silent_ms(&self) -> u64 {
+        self.now_ms()
+            .saturating_sub(self.last_answer_ms.load(Ordering::Relaxed))
+    }
+
+    fn failed(self: &Arc<Self>, lent: &Lent, error: RedisError) -> StoreError {
         let kind = match error.kind() {
             ErrorKind::Parse | ErrorKind::UnexpectedReturnType => StoreErrorKind::Protocol,
             _ => StoreErrorKind::Unavailable,
         };
-        if error.is_io_error() || error.is_connection_dropped() || error.is_unrecoverable_error() {
-            tracing::warn!(%error, "Redis connection lost; replacing it");
-            self.replace(generation);
+        let broken =
+            error.is_io_error() || error.is_connection_dropped() || error.is_unrecoverable_error();
+        let replace_because = if !lent.conn.repairs_itself() {
+            broken.then_some("Redis connection lost")
+        } else if error.kind() == ErrorKind::ClusterConnectionNotFound {
+            // The cluster client has no socket to any node left, and would retry every
+            // node at once, again and again, for as long as calls keep coming: drop it
+            // for one paced attempt at a time.
+            Some("Redis Cluster connection lost every node")
+        } else {
+            // A cluster connection repairs a failed node by itself, with backoff, while
+            // the other nodes keep answering; one that answers nothing at all for a
+            // while (its background task gone, half-open sockets) is started afresh.
+            (broken && self.silent_ms() >= STALL_MS)
+                .then_some("Redis Cluster connection answered nothing for a second")
+        };
+        if let Some(reason) = replace_because {
+            if self.replace(lent.generation) {
+                tracing::warn!(%error, "{reason}; replaced it");
+            }
         }
         StoreError::new(kind, error)
     }
 
-    /// Drops connection `generation` (if still current) and starts its replacement.
-    fn replace(self: &Arc<Self>, generation: u64) {
+    /// Drops connection `generation` (if still current) and starts its replacement;
+    /// whether it did (so only the first of many failing calls reports it).
+    fn replace(self: &Arc<Self>, generation: u64) -> bool {
         let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
-        let started = state.generation == generation
-            && state.conn.take().is_some()
-            && claim_attempt(&mut state);
+        if state.generation != generation || state.conn.take().is_none() {
+            return false;
+        }
+        let started = claim_attempt(&mut state);
         drop(state);
         if started {
             self.spawn_attempt();
         }
+        true
     }
 
     /// Runs one attempt to get a connection in the background (claimed beforehand
@@ -205,32 +228,29 @@ impl Link {
             outcome: None,
         };
         tokio::spawn(async move {
-            let got = tokio::time::timeout(CONNECT_TIMEOUT, guard.link.pool.get()).await;
-            guard.finish(match got {
-                Ok(Ok(conn)) => Ok(conn),
-                Ok(Err(error)) => Err(error.to_string()),
-                Err(_) => Err("timed out".to_owned()),
-            });
+            let got = tokio::time::timeout(CONNECT_TIMEOUT, guard.link.source.connect()).await;
+            guard.finish(got.unwrap_or_else(|_| Err("timed out".to_owned())));
         });
     }
 
-    fn settle(&self, outcome: Result<Connection, String>) {
+    fn settle(&self, outcome: Result<Conn, String>) {
         let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
         match outcome {
             Ok(conn) => {
-                // Taken out of the pool for good: this socket is the store's alone, so
-                // nothing the application sends on pooled connections (a blocking
-                // BLPOP, a SELECT) can stall or redirect rate-limit calls; the pool
-                // opens another connection for the application in its place.
-                state.conn = Some(Connection::take(conn));
+                state.conn = Some(conn);
                 state.generation += 1;
                 state.attempt = Attempt::Idle;
                 state.backoff = MIN_BACKOFF;
                 self.last_answer_ms.store(self.now_ms(), Ordering::Relaxed);
-                tracing::debug!(generation = state.generation, "Redis connection ready");
+                tracing::debug!(
+                    generation = state.generation,
+                    kind = self.source.kind(),
+                    "Redis connection ready"
+                );
             }
             Err(error) => {
-                tracing::warn!(%error, retry_in = ?state.backoff, "cannot get a Redis connection");
+                tracing::warn!(%error, kind = self.source.kind(), retry_in = ?state.backoff,
+                    "cannot get a Redis connection");
                 state.attempt = Attempt::Backoff(Instant::now() + state.backoff);
                 state.backoff = (state.backoff * 2).min(MAX_BACKOFF);
             }
@@ -267,11 +287,11 @@ fn claim_attempt(state: &mut State) -> bool {
 /// down), so that a later call can always start another.
 struct AttemptGuard {
     link: Arc<Link>,
-    outcome: Option<Result<Connection, String>>,
+    outcome: Option<Result<Conn, String>>,
 }
 
 impl AttemptGuard {
-    fn finish(mut self, outcome: Result<Connection, String>) {
+    fn finish(mut self, outcome: Result<Conn, String>) {
         self.outcome = Some(outcome);
     }
 }

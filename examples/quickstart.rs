@@ -1,0 +1,107 @@
+//! The quickstart: an axum server that limits two routes.
+//!
+//! ```text
+//! cargo run --example quickstart              # memory store, 127.0.0.1:3000
+//! PORT=8080 cargo run --example quickstart    # another port
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example quickstart
+//! REDIS_CLUSTER=redis://127.0.0.1:7000,redis://127.0.0.1:7001 cargo run --example quickstart
+//! ```
+//!
+//! - `GET /`: per client IP, 5 requests per 10 seconds, sliding window;
+//! - `GET /api/hello`: per `x-api-key` header, token bucket with bursts of 10 refilled
+//!   at 1 per second; without the header, per client IP.
+//!
+//! With `REDIS_URL` (one server) or `REDIS_CLUSTER` (comma-separated node URLs) set,
+//! state lives in Redis: several instances share one budget.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::{Extension, Router};
+use redlimit::key::{ClientIp, Header, KeyExtractorExt};
+use redlimit::{Decision, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore, Store};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("quickstart: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), BoxError> {
+    let port: u16 = match std::env::var("PORT") {
+        Ok(port) => port
+            .parse()
+            .map_err(|_| format!("PORT={port:?} is not a port number"))?,
+        Err(_) => 3000,
+    };
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let (app, store) = match std::env::var("REDIS_URL") {
+        Ok(url) => {
+            let pool = deadpool_redis::Config::from_url(url.as_str())
+                .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+            // Fail at start, not at the first request, when Redis is not there.
+            drop(
+                pool.get()
+                    .await
+                    .map_err(|e| format!("cannot reach {url}: {e}"))?,
+            );
+            (app(RedisStore::new(pool))?, format!("redis at {url}"))
+        }
+        Err(_) => (
+            app(MemoryStore::new())?,
+            "memory (this process only)".to_owned(),
+        ),
+    };
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    println!("redlimit quickstart on http://{addr} (store: {store})");
+    println!("  GET /           per client IP: 5 requests per 10 s, sliding window");
+    println!(
+        "  GET /api/hello  per x-api-key header (else client IP): token bucket, burst 10, 1/s"
+    );
+    println!("try: for i in $(seq 7); do curl -si http://{addr}/ | head -1; done");
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The two routes, each with its own limiter on the same store.
+fn app<S: Store + Clone>(store: S) -> Result<Router, BoxError> {
+    let index = Limiter::new(
+        store.clone(),
+        Policy::sliding_window("index", 5, Duration::from_secs(10))?,
+    );
+    let api = Limiter::new(
+        store,
+        Policy::token_bucket("api", 10, 1, Duration::from_secs(1))?,
+    );
+    let api_key = Header::new("x-api-key").or(ClientIp::new());
+    Ok(Router::new()
+        .route(
+            "/",
+            get(root).layer(RateLimitLayer::new(index, ClientIp::new())),
+        )
+        .route(
+            "/api/hello",
+            get(hello).layer(RateLimitLayer::new(api, api_key)),
+        ))
+}
+
+async fn root(Extension(decision): Extension<Decision>) -> String {
+    format!("hello from redlimit: {} of 5 left\n", decision.remaining())
+}
+
+async fn hello(Extension(decision): Extension<Decision>) -> String {
+    format!("hello, API client: {} of 10 left\n", decision.remaining())
+}

@@ -1,0 +1,263 @@
+//! The response future of [`RateLimit`](crate::RateLimit): first the limiter's check,
+//! then the inner service's call.
+
+use std::any::Any;
+use std::fmt;
+use std::future::{Future, Ready};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll, Waker};
+
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use crate::decision::Decision;
+use crate::error::Error;
+use crate::headers::Snapshot;
+use crate::layer::{FailureMode, Shared};
+use crate::limiter::CheckFuture;
+use crate::response::{self, Answer, ResponseBody};
+use crate::store::{Store, StoreError};
+
+pin_project! {
+    /// The pending response of [`RateLimit`](crate::RateLimit).
+    ///
+    /// A state machine, not a box. The memory store decides inside `call`, so its
+    /// requests go straight to the inner call: no clone of the inner service, and no
+    /// allocation of the layer's own beyond the response headers.
+    ///
+    /// # Panics
+    ///
+    /// When polled again after it has completed, as futures may.
+    pub struct ResponseFuture<S, K, Inner, ReqBody>
+    where
+        S: Store,
+        Inner: Service<Request<ReqBody>>,
+    {
+        #[pin]
+        state: State<S::Future, Inner, Inner::Future, ReqBody, Arc<Shared<S, K>>>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    #[project_replace = StateOwned]
+    enum State<C, Inner, F, ReqBody, Sh> {
+        /// Waiting for the limiter; the request and the readied inner service wait too.
+        Checking {
+            #[pin]
+            check: CheckFuture<C>,
+            request: Request<ReqBody>,
+            inner: Inner,
+            shared: Sh,
+        },
+        /// Allowed: the inner service runs; `headers` says what to add to its response
+        /// (absent when allowed responses carry no headers, or the store failed open).
+        Calling {
+            #[pin]
+            future: F,
+            headers: Option<(Snapshot, Sh)>,
+        },
+        /// The layer answers by itself: a key rejection, a denial, a 503.
+        Answered { answer: Option<Answer> },
+        Done,
+    }
+}
+
+impl<S, K, Inner, ReqBody> ResponseFuture<S, K, Inner, ReqBody>
+where
+    S: Store,
+    Inner: Service<Request<ReqBody>>,
+{
+    /// A check still pending: `inner` is the service `poll_ready` readied.
+    pub(crate) fn checking(
+        check: CheckFuture<S::Future>,
+        request: Request<ReqBody>,
+        inner: Inner,
+        shared: Arc<Shared<S, K>>,
+    ) -> Self {
+        Self {
+            state: State::Checking {
+                check,
+                request,
+                inner,
+                shared,
+            },
+        }
+    }
+
+    /// A check decided at once: `inner` (the service `poll_ready` readied) is called
+    /// now if the request may pass.
+    pub(crate) fn decided(
+        checked: Result<Decision, Error>,
+        request: Request<ReqBody>,
+        inner: &mut Inner,
+        shared: &Arc<Shared<S, K>>,
+    ) -> Self {
+        let state = match decided(checked, request, inner, shared) {
+            Next::Call { future, headers } => State::Calling { future, headers },
+            Next::Answer(answer) => State::Answered {
+                answer: Some(answer),
+            },
+        };
+        Self { state }
+    }
+
+    /// The layer's own answer, known in `call` (a key rejection).
+    pub(crate) fn answered(answer: Answer) -> Self {
+        Self {
+            state: State::Answered {
+                answer: Some(answer),
+            },
+        }
+    }
+}
+
+impl<S, K, Inner, ReqBody, ResBody> Future for ResponseFuture<S, K, Inner, ReqBody>
+where
+    S: Store,
+    Inner: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, Inner::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Checking { check, .. } => {
+                    let checked = ready!(check.poll(cx));
+                    let StateOwned::Checking {
+                        request,
+                        mut inner,
+                        shared,
+                        ..
+                    } = state.as_mut().project_replace(State::Done)
+                    else {
+                        unreachable!("the state was Checking a moment ago");
+                    };
+                    match decided(checked, request, &mut inner, &shared) {
+                        Next::Call { future, headers } => {
+                            state.set(State::Calling { future, headers });
+                        }
+                        Next::Answer(answer) => {
+                            return Poll::Ready(Ok(answer.map(ResponseBody::full)));
+                        }
+                    }
+                }
+                StateProj::Calling { future, headers } => {
+                    let result = ready!(future.poll(cx));
+                    let headers = headers.take();
+                    state.set(State::Done);
+                    let mut response = result?.map(ResponseBody::inner);
+                    if let Some((snapshot, shared)) = headers {
+                        let config = &shared.config;
+                        config.policy_headers.write(
+                            config.header_style,
+                            &snapshot,
+                            response.headers_mut(),
+                        );
+                    }
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Answered { answer } => {
+                    let answer = answer.take();
+                    state.set(State::Done);
+                    if let Some(answer) = answer {
+                        return Poll::Ready(Ok(answer.map(ResponseBody::full)));
+                    }
+                }
+                StateProj::Done => panic!("redlimit ResponseFuture polled after completion"),
+            }
+        }
+    }
+}
+
+/// What follows a check: the inner call, or an answer of the layer's own.
+enum Next<F, Sh> {
+    Call {
+        future: F,
+        headers: Option<(Snapshot, Sh)>,
+    },
+    Answer(Answer),
+}
+
+/// Acts on the limiter's answer: calls `inner` when allowed (with the [`Decision`] in the
+/// request's extensions) or when the failure mode is open; answers otherwise.
+fn decided<S, K, Inner, ReqBody>(
+    checked: Result<Decision, Error>,
+    mut request: Request<ReqBody>,
+    inner: &mut Inner,
+    shared: &Arc<Shared<S, K>>,
+) -> Next<Inner::Future, Arc<Shared<S, K>>>
+where
+    Inner: Service<Request<ReqBody>>,
+{
+    let config = &shared.config;
+    let headers = match checked {
+        Ok(decision) if decision.is_allowed() => {
+            let headers = (config.headers_on_allowed && !config.header_style.is_none())
+                .then(|| (Snapshot::of(&decision), Arc::clone(shared)));
+            request.extensions_mut().insert(decision);
+            headers
+        }
+        Ok(decision) => {
+            let (head, _body) = request.into_parts();
+            return Next::Answer(response::too_many_requests(&head, &decision, config));
+        }
+        Err(error) => {
+            log_failure(&error, config.failure_mode);
+            if config.failure_mode == FailureMode::Closed {
+                let (head, _body) = request.into_parts();
+                return Next::Answer(response::unavailable(&head, config));
+            }
+            None
+        }
+    };
+    Next::Call {
+        future: inner.call(request),
+        headers,
+    }
+}
+
+/// The check's result if it is already known: the memory store decides inside
+/// [`Limiter::check`](crate::Limiter::check) and hands back a [`std::future::Ready`].
+///
+/// A `CheckFuture` of any other store is not known to be `Unpin`, so it cannot be
+/// polled here and then moved into the response future; the downcast finds the one
+/// type that is both `Unpin` and ready at once.
+pub(crate) fn ready_now<F: 'static>(check: &mut CheckFuture<F>) -> Option<Result<Decision, Error>> {
+    let check = (check as &mut dyn Any)
+        .downcast_mut::<CheckFuture<Ready<Result<Decision, StoreError>>>>()?;
+    match Pin::new(check).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(result) => Some(result),
+        Poll::Pending => None,
+    }
+}
+
+/// Store failures are the operator's concern (warn); a cost no policy can take is a bug
+/// in the configuration (error). Neither is the client's fault.
+fn log_failure(error: &Error, mode: FailureMode) {
+    let action = match mode {
+        FailureMode::Open => "letting the request through",
+        FailureMode::Closed => "answering 503",
+    };
+    match error {
+        Error::Store(error) => {
+            tracing::warn!(%error, kind = ?error.kind(), "rate-limit store failed; {action}");
+        }
+        Error::ZeroCost | Error::CostTooHigh { .. } => {
+            tracing::error!(%error, "rate-limit cost misconfigured; {action}");
+        }
+    }
+}
+
+impl<S, K, Inner, ReqBody> fmt::Debug for ResponseFuture<S, K, Inner, ReqBody>
+where
+    S: Store,
+    Inner: Service<Request<ReqBody>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,262 @@
+//! The tower middleware: [`RateLimitLayer`] wraps a service in [`RateLimit`].
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use http::{request::Parts, Request, Response, StatusCode};
+//! use redlimit::key::{KeyExtractor, KeyRejection};
+//! use redlimit::{Limiter, MemoryStore, Policy, RateLimitLayer, Subject};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! /// Limits each API key on its own; only a keyed hash of the key is kept.
+//! struct ApiKey;
+//!
+//! impl KeyExtractor for ApiKey {
+//!     fn extract(&self, parts: &Parts) -> Result<Subject, KeyRejection> {
+//!         match parts.headers.get("x-api-key") {
+//!             Some(key) => Ok(Subject::secret(b"server-side secret", key.as_bytes())),
+//!             None => Err(KeyRejection::new(StatusCode::UNAUTHORIZED, "missing x-api-key")),
+//!         }
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = Limiter::new(
+//!     MemoryStore::new(),
+//!     Policy::sliding_log("default", 2, Duration::from_secs(60))?,
+//! );
+//! let service = ServiceBuilder::new()
+//!     .layer(RateLimitLayer::new(limiter, ApiKey))
+//!     .service_fn(|_req: Request<String>| async {
+//!         Ok::<_, std::convert::Infallible>(Response::new(String::from("hello")))
+//!     });
+//!
+//! let request = || Request::builder().header("x-api-key", "k1").body(String::new());
+//! let ok = service.clone().oneshot(request()?).await?;
+//! assert_eq!(ok.status(), StatusCode::OK);
+//! assert_eq!(ok.headers()["ratelimit-policy"], r#""default";q=2;w=60"#);
+//! assert_eq!(ok.headers()["ratelimit"], r#""default";r=1;t=60"#);
+//!
+//! service.clone().oneshot(request()?).await?;
+//! let denied = service.clone().oneshot(request()?).await?;
+//! assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert_eq!(denied.headers()["retry-after"], "60");
+//!
+//! let anonymous = service.oneshot(Request::new(String::new())).await?;
+//! assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+//! # Ok(()) }
+//! ```
+//!
+//! Under axum the same layer goes on a `Router` with `.layer(..)` or `.route_layer(..)`;
+//! handlers read the [`Decision`](crate::Decision) with `Option<Extension<Decision>>`
+//! (it is absent when the store failed and [`FailureMode::Open`] let the request pass).
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::request::Parts;
+use tower_layer::Layer;
+
+use crate::headers::PolicyHeaders;
+use crate::key::KeyExtractor;
+use crate::limiter::Limiter;
+use crate::store::Store;
+
+pub use crate::future::ResponseFuture;
+pub use crate::headers::HeaderStyle;
+pub use crate::response::{BodyStyle, ResponseBody};
+pub use crate::service::RateLimit;
+
+/// What the layer does when the store cannot decide (it failed, timed out, or the cost
+/// is misconfigured). Never a 429: that would blame the client for the server's fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FailureMode {
+    /// Let the request through unlimited and log a warning: availability over limits.
+    #[default]
+    Open,
+    /// Answer `503 Service Unavailable` with `Retry-After: 1`: for limits that protect
+    /// something that must not be overrun (a login form, a paid upstream).
+    Closed,
+}
+
+/// Middleware that limits requests by a key taken from each request.
+///
+/// Built from a [`Limiter`] and a [`KeyExtractor`]; the options are builder methods.
+/// Cloning and [`Layer::layer`] share the limiter and its state. See the [module
+/// docs](self) for an example.
+pub struct RateLimitLayer<S, K> {
+    shared: Arc<Shared<S, K>>,
+}
+
+/// Everything the service and its futures share: one `Arc` clone per service clone.
+pub(crate) struct Shared<S, K> {
+    pub(crate) limiter: Arc<Limiter<S>>,
+    pub(crate) key: Arc<K>,
+    pub(crate) config: Config,
+}
+
+/// The layer's options, with the headers that depend only on the policies precomputed.
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) header_style: HeaderStyle,
+    pub(crate) headers_on_allowed: bool,
+    pub(crate) body_style: BodyStyle,
+    pub(crate) failure_mode: FailureMode,
+    pub(crate) cost: Cost,
+    pub(crate) policy_headers: PolicyHeaders,
+}
+
+/// What one request costs.
+#[derive(Clone)]
+pub(crate) enum Cost {
+    Fixed(u32),
+    PerRequest(Arc<dyn Fn(&Parts) -> u32 + Send + Sync>),
+}
+
+impl Cost {
+    pub(crate) fn of(&self, parts: &Parts) -> u32 {
+        match self {
+            Cost::Fixed(cost) => *cost,
+            Cost::PerRequest(f) => f(parts),
+        }
+    }
+}
+
+impl fmt::Debug for Cost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Cost::Fixed(cost) => f.debug_tuple("Fixed").field(cost).finish(),
+            Cost::PerRequest(_) => f.write_str("PerRequest(..)"),
+        }
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("header_style", &self.header_style)
+            .field("headers_on_allowed", &self.headers_on_allowed)
+            .field("body_style", &self.body_style)
+            .field("failure_mode", &self.failure_mode)
+            .field("cost", &self.cost)
+            .finish_non_exhaustive()
+    }
+}
+
+// By hand: the fields are `Arc`s, so neither the store nor the extractor needs `Clone`.
+impl<S, K> Clone for Shared<S, K> {
+    fn clone(&self) -> Self {
+        Self {
+            limiter: Arc::clone(&self.limiter),
+            key: Arc::clone(&self.key),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<S, K> Clone for RateLimitLayer<S, K> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: Store, K> fmt::Debug for RateLimitLayer<S, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("policies", &self.shared.limiter.policies())
+            .field("key", &std::any::type_name::<K>())
+            .field("config", &self.shared.config)
+            .finish()
+    }
+}
+
+impl<S: Store, K: KeyExtractor> RateLimitLayer<S, K> {
+    /// Limits requests with `limiter`, keyed by `key`, with the defaults: IETF headers
+    /// on every response, plain-text denials, fail open, cost 1.
+    pub fn new(limiter: Limiter<S>, key: K) -> Self {
+        Self::from_shared(Arc::new(limiter), key)
+    }
+
+    /// Like [`RateLimitLayer::new`], for a limiter the application also uses elsewhere
+    /// (the same limits checked outside HTTP).
+    pub fn from_shared(limiter: Arc<Limiter<S>>, key: K) -> Self {
+        let policy_headers = PolicyHeaders::new(limiter.policies());
+        Self {
+            shared: Arc::new(Shared {
+                limiter,
+                key: Arc::new(key),
+                config: Config {
+                    header_style: HeaderStyle::default(),
+                    headers_on_allowed: true,
+                    body_style: BodyStyle::default(),
+                    failure_mode: FailureMode::default(),
+                    cost: Cost::Fixed(1),
+                    policy_headers,
+                },
+            }),
+        }
+    }
+
+    /// Which rate-limit headers to send ([`HeaderStyle::Ietf`] by default).
+    pub fn header_style(mut self, style: HeaderStyle) -> Self {
+        self.config_mut().header_style = style;
+        self
+    }
+
+    /// Whether allowed responses carry the rate-limit headers too (yes by default), so
+    /// well-behaved clients can slow down before they are denied.
+    pub fn headers_on_allowed(mut self, on: bool) -> Self {
+        self.config_mut().headers_on_allowed = on;
+        self
+    }
+
+    /// How the bodies of 429, 503 and key rejections are written (plain text by default).
+    pub fn body_style(mut self, style: BodyStyle) -> Self {
+        self.config_mut().body_style = style;
+        self
+    }
+
+    /// What to answer when the store cannot decide ([`FailureMode::Open`] by default).
+    pub fn failure_mode(mut self, mode: FailureMode) -> Self {
+        self.config_mut().failure_mode = mode;
+        self
+    }
+
+    /// What every request costs (1 by default). A cost of 0, or above what a policy can
+    /// admit, is a configuration error: logged, and answered as the failure mode says.
+    pub fn cost(mut self, cost: u32) -> Self {
+        self.config_mut().cost = Cost::Fixed(cost);
+        self
+    }
+
+    /// Computes each request's cost from its head (a bulk endpoint charging per item,
+    /// say). Same errors as [`RateLimitLayer::cost`].
+    pub fn cost_fn(mut self, cost: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
+        self.config_mut().cost = Cost::PerRequest(Arc::new(cost));
+        self
+    }
+
+    /// The limiter the layer checks.
+    pub fn limiter(&self) -> &Arc<Limiter<S>> {
+        &self.shared.limiter
+    }
+
+    fn config_mut(&mut self) -> &mut Config {
+        &mut Arc::make_mut(&mut self.shared).config
+    }
+}
+
+impl<S, K, Inner> Layer<Inner> for RateLimitLayer<S, K> {
+    type Service = RateLimit<S, K, Inner>;
+
+    fn layer(&self, inner: Inner) -> Self::Service {
+        RateLimit::new(inner, Arc::clone(&self.shared))
+    }
+}
+
+#[cfg(test)]
+mod tests;

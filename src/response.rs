@@ -1,0 +1,278 @@
+//! The responses the layer writes itself (429, 503, key rejections) and the body type
+//! that carries either those or the inner service's own.
+//!
+//! Every answer the layer makes is built here from the request head, so a new kind of
+//! answer (gRPC's `RESOURCE_EXHAUSTED` for `application/grpc` requests) is one branch in
+//! these functions and no change to the service: see [`crate::grpc`].
+
+use std::fmt::Write as _;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::request::Parts;
+use http::{Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+use crate::decision::Decision;
+use crate::grpc;
+use crate::headers::{retry_after_secs, Snapshot};
+use crate::key::KeyRejection;
+use crate::layer::Config;
+
+/// How the layer's own answers (429, 503, key rejections) word their bodies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum BodyStyle {
+    /// A short `text/plain` sentence, e.g. `Too Many Requests: retry after 3 s`.
+    #[default]
+    PlainText,
+    /// `application/problem+json` (RFC 9457) with `type`, `title`, `status`, `detail`
+    /// and, for 429 and 503, `retry_after` in seconds: for API clients that parse errors.
+    ProblemJson,
+}
+
+pin_project! {
+    /// The body of a rate-limited service's responses: the inner service's own body, or
+    /// the short one the layer wrote for a 429, a 503 or a key rejection.
+    ///
+    /// Its data is [`Bytes`] and its error is the inner body's, so it fits wherever the
+    /// inner body did (axum, tonic, hyper).
+    #[derive(Debug)]
+    pub struct ResponseBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    #[derive(Debug)]
+    enum Kind<B> {
+        Inner { #[pin] body: B },
+        Full { data: Option<Bytes> },
+    }
+}
+
+impl<B> ResponseBody<B> {
+    pub(crate) fn inner(body: B) -> Self {
+        Self {
+            kind: Kind::Inner { body },
+        }
+    }
+
+    pub(crate) fn full(data: Bytes) -> Self {
+        let data = (!data.is_empty()).then_some(data);
+        Self {
+            kind: Kind::Full { data },
+        }
+    }
+}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        match self.project().kind.project() {
+            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Full { data } => data.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner { body } => body.size_hint(),
+            Kind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+}
+
+/// A response the layer answers by itself, before the body type is chosen.
+pub(crate) type Answer = Response<Bytes>;
+
+/// The 429 for a denied request: `Retry-After`, the configured rate-limit headers and a
+/// short body.
+///
+/// A gRPC request (`content-type: application/grpc...`) gets a trailers-only
+/// `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms` instead, and the same rate-limit
+/// headers: see [`crate::grpc`].
+pub(crate) fn too_many_requests(head: &Parts, decision: &Decision, config: &Config) -> Answer {
+    if grpc::is_grpc(head) {
+        // The exact wait, at least 1 ms: 0 would tell a retrying client to come straight back.
+        let wait_ms = decision.outcome().retry_after_ms.max(1);
+        let message = format!(
+            "rate limit '{}' exceeded; retry after {wait_ms} ms",
+            decision.policy().name()
+        );
+        let mut response =
+            grpc::trailers_only(head, grpc::RESOURCE_EXHAUSTED, &message, Some(wait_ms));
+        config.policy_headers.write(
+            config.header_style,
+            &Snapshot::of(decision),
+            response.headers_mut(),
+        );
+        return response;
+    }
+    let retry = retry_after_secs(decision);
+    let body = match config.body_style {
+        BodyStyle::PlainText => format!("Too Many Requests: retry after {retry} s"),
+        BodyStyle::ProblemJson => problem_json(
+            StatusCode::TOO_MANY_REQUESTS,
+            &format!(
+                "rate limit '{}' exceeded; retry after {retry} s",
+                decision.policy().name()
+            ),
+            Some(retry),
+        ),
+    };
+    let mut response = answer(StatusCode::TOO_MANY_REQUESTS, config, body);
+    let headers = response.headers_mut();
+    headers.insert(RETRY_AFTER, HeaderValue::from(retry));
+    config
+        .policy_headers
+        .write(config.header_style, &Snapshot::of(decision), headers);
+    response
+}
+
+/// The 503 of [`FailureMode::Closed`](crate::layer::FailureMode::Closed) when the store
+/// cannot decide: never a 429, which would blame the client.
+///
+/// A gRPC request gets `UNAVAILABLE`, the status gRPC clients retry, with a pushback of
+/// one second like the `Retry-After: 1` of the 503.
+pub(crate) fn unavailable(head: &Parts, config: &Config) -> Answer {
+    if grpc::is_grpc(head) {
+        return grpc::trailers_only(
+            head,
+            grpc::UNAVAILABLE,
+            "rate limiter unavailable; retry after 1000 ms",
+            Some(1_000),
+        );
+    }
+    let body = match config.body_style {
+        BodyStyle::PlainText => "Service Unavailable: rate limiter unavailable".to_owned(),
+        BodyStyle::ProblemJson => problem_json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the rate limiter cannot decide; retry after 1 s",
+            Some(1),
+        ),
+    };
+    let mut response = answer(StatusCode::SERVICE_UNAVAILABLE, config, body);
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+/// The answer to a request the key extractor found no subject in: the rejection's own
+/// status and message (for a gRPC request, the nearest gRPC status: [`grpc::code_for`]).
+pub(crate) fn rejected(head: &Parts, rejection: &KeyRejection, config: &Config) -> Answer {
+    if grpc::is_grpc(head) {
+        let code = grpc::code_for(rejection.status());
+        return grpc::trailers_only(head, code, rejection.message(), None);
+    }
+    let body = match config.body_style {
+        BodyStyle::PlainText => rejection.message().to_owned(),
+        BodyStyle::ProblemJson => problem_json(rejection.status(), rejection.message(), None),
+    };
+    answer(rejection.status(), config, body)
+}
+
+fn answer(status: StatusCode, config: &Config, body: String) -> Answer {
+    let content_type = match config.body_style {
+        BodyStyle::PlainText => "text/plain; charset=utf-8",
+        BodyStyle::ProblemJson => "application/problem+json",
+    };
+    let mut response = Response::new(Bytes::from(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+/// An RFC 9457 problem object. `about:blank` says the status alone explains the
+/// problem, so the title is the status's reason phrase.
+fn problem_json(status: StatusCode, detail: &str, retry_after: Option<u64>) -> String {
+    let mut out = String::with_capacity(128 + detail.len());
+    out.push_str(r#"{"type":"about:blank","title":"#);
+    push_json_string(&mut out, status.canonical_reason().unwrap_or("Error"));
+    let _ = write!(out, r#","status":{},"detail":"#, status.as_u16());
+    push_json_string(&mut out, detail);
+    if let Some(secs) = retry_after {
+        let _ = write!(out, r#","retry_after":{secs}"#);
+    }
+    out.push('}');
+    out
+}
+
+fn push_json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[test]
+    fn problem_json_escapes_what_json_needs() {
+        let body = problem_json(StatusCode::BAD_REQUEST, "a \"b\"\\\n\u{1}", None);
+        assert_eq!(
+            body,
+            r#"{"type":"about:blank","title":"Bad Request","status":400,"detail":"a \"b\"\\\n\u0001"}"#
+        );
+    }
+
+    #[tokio::test]
+    async fn full_body_is_one_frame_with_an_exact_size() {
+        let body = ResponseBody::<http_body_util::Empty<Bytes>>::full(Bytes::from_static(b"hi"));
+        assert_eq!(body.size_hint().exact(), Some(2));
+        assert!(!body.is_end_stream());
+        let collected = body.collect().await.unwrap().to_bytes();
+        assert_eq!(&collected[..], b"hi");
+
+        let empty = ResponseBody::<http_body_util::Empty<Bytes>>::full(Bytes::new());
+        assert!(empty.is_end_stream());
+        assert_eq!(empty.size_hint().exact(), Some(0));
+    }
+
+    #[tokio::test]
+    async fn inner_body_passes_through() {
+        let body = ResponseBody::inner(http_body_util::Full::new(Bytes::from_static(b"inner")));
+        assert_eq!(body.size_hint().exact(), Some(5));
+        let collected = body.collect().await.unwrap().to_bytes();
+        assert_eq!(&collected[..], b"inner");
+    }
+}

@@ -1,0 +1,110 @@
+//! The rate-limiting service that [`RateLimitLayer`](crate::RateLimitLayer) wraps around
+//! an inner service.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower_service::Service;
+
+use crate::future::{ready_now, ResponseFuture};
+use crate::key::KeyExtractor;
+use crate::layer::Shared;
+use crate::response::{self, ResponseBody};
+use crate::store::Store;
+
+/// A service limited by key: it answers 429 itself when the limiter denies, and calls
+/// `Inner` otherwise.
+///
+/// Made by [`RateLimitLayer`](crate::RateLimitLayer); see the [`layer`](crate::layer)
+/// module for an example. Its error type is `Inner`'s: denials, key rejections and store
+/// failures are responses, never errors.
+pub struct RateLimit<S, K, Inner> {
+    inner: Inner,
+    shared: Arc<Shared<S, K>>,
+}
+
+impl<S, K, Inner> RateLimit<S, K, Inner> {
+    pub(crate) fn new(inner: Inner, shared: Arc<Shared<S, K>>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &Inner {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut Inner {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> Inner {
+        self.inner
+    }
+}
+
+impl<S, K, Inner: Clone> Clone for RateLimit<S, K, Inner> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: Store, K, Inner: fmt::Debug> fmt::Debug for RateLimit<S, K, Inner> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("policies", &self.shared.limiter.policies())
+            .field("config", &self.shared.config)
+            .finish()
+    }
+}
+
+impl<S, K, Inner, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, Inner>
+where
+    S: Store,
+    K: KeyExtractor,
+    Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = Inner::Error;
+    type Future = ResponseFuture<S, K, Inner, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let shared = &self.shared;
+        let (parts, body) = request.into_parts();
+        let subject = match shared.key.extract(&parts) {
+            Ok(subject) => subject,
+            Err(rejection) => {
+                return ResponseFuture::answered(response::rejected(
+                    &parts,
+                    &rejection,
+                    &shared.config,
+                ));
+            }
+        };
+        let cost = shared.config.cost.of(&parts);
+        let mut check = shared.limiter.check(subject, cost);
+        let request = Request::from_parts(parts, body);
+        if let Some(checked) = ready_now(&mut check) {
+            // Decided already (the memory store): the service `poll_ready` readied is
+            // called right away.
+            return ResponseFuture::decided(checked, request, &mut self.inner, shared);
+        }
+        // Otherwise the readied service is taken into the future and called when the
+        // check completes; the clone stays for the next request and will be readied in
+        // its turn.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::checking(check, request, inner, Arc::clone(shared))
+    }
+}

@@ -1,0 +1,60 @@
+//! Logs and metrics of decisions, in one place.
+//!
+//! Decisions are `tracing` events at debug level, store failures at warn. With the
+//! `metrics` feature, counters and a histogram go through the `metrics` facade, so any
+//! exporter (Prometheus, StatsD) the application installs receives them:
+//!
+//! | name | kind | labels |
+//! |---|---|---|
+//! | `redlimit_decisions_total` | counter | `outcome` (allowed, denied), `origin` (store, block_cache, fallback), `policy` |
+//! | `redlimit_store_errors_total` | counter | `kind` (timeout, unavailable, protocol), `handled` (fallback or not) |
+
+use crate::decision::Decision;
+use crate::store::{StoreError, StoreErrorKind};
+
+pub(crate) fn decided(decision: &Decision) {
+    tracing::debug!(
+        allowed = decision.is_allowed(),
+        policy = decision.policy().name(),
+        remaining = decision.remaining(),
+        retry_after_ms = decision.outcome().retry_after_ms,
+        origin = decision.origin().as_str(),
+        "rate-limit decision"
+    );
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "redlimit_decisions_total",
+        "outcome" => if decision.is_allowed() { "allowed" } else { "denied" },
+        "origin" => decision.origin().as_str(),
+        "policy" => decision.policy().name().to_owned(),
+    )
+    .increment(1);
+}
+
+/// A store call failed. Logged at warn only when the fallback hid it from the caller;
+/// otherwise the caller gets the error and reports it (the layer does, per its
+/// failure mode), so logging it here too would double every line of an outage.
+pub(crate) fn store_failed(error: &StoreError, handled_by_fallback: bool) {
+    if handled_by_fallback {
+        tracing::warn!(%error, "rate-limit store failed; decided by the local fallback");
+    } else {
+        tracing::debug!(%error, "rate-limit store failed");
+    }
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "redlimit_store_errors_total",
+        "kind" => kind_name(error.kind()),
+        "handled" => if handled_by_fallback { "fallback" } else { "no" },
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = kind_name(error.kind());
+}
+
+fn kind_name(kind: StoreErrorKind) -> &'static str {
+    match kind {
+        StoreErrorKind::Timeout => "timeout",
+        StoreErrorKind::Unavailable => "unavailable",
+        StoreErrorKind::Protocol => "protocol",
+    }
+}

@@ -1,0 +1,520 @@
+//! The Redis store on a real local Redis Cluster (three masters, three replicas):
+//! limits hold in every slot, keys spread over every master and all expire, one
+//! EVALSHA per call, and after a master dies its replica takes over while every call
+//! is still answered in time.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis;
+use redlimit::clock::FakeClock;
+use redlimit::store::StoreErrorKind;
+use redlimit::{Decision, Error, Limiter, Policy, RedisStore, Subject};
+use support::cluster::{NodeInfo, RedisCluster};
+use support::hash_tag;
+use support::outage::ConnectionCounter;
+use tokio::task::JoinSet;
+
+/// The call timeout of the failover test, and how late past it a call may return.
+const TIMEOUT: Duration = Duration::from_millis(100);
+const MARGIN: Duration = Duration::from_millis(150);
+
+/// Subjects for the limit test: enough that every master gets many.
+const SUBJECTS: usize = 90;
+
+/// Sums `cmdstat_<command>` calls over `nodes` (`INFO commandstats`).
+async fn command_calls(cluster: &RedisCluster, nodes: &[NodeInfo], command: &str) -> u64 {
+    let mut total = 0;
+    for node in nodes {
+        let mut conn = cluster.node(node.port).conn().await;
+        total += support::command_calls(&mut conn)
+            .await
+            .get(command)
+            .copied()
+            .unwrap_or(0);
+    }
+    total
+}
+
+/// Calls `limiter` `calls` times at once for `subject`; returns how many it admitted.
+async fn burst(limiter: &Limiter<RedisStore>, subject: String, calls: usize) -> usize {
+    let mut tasks = JoinSet::new();
+    for _ in 0..calls {
+        let limiter = limiter.clone();
+        let subject = subject.clone();
+        tasks.spawn(async move { limiter.check(subject.as_str(), 1).await });
+    }
+    let mut admitted = 0;
+    while let Some(result) = tasks.join_next().await {
+        match result.unwrap() {
+            Ok(d) if d.is_allowed() => admitted += 1,
+            Ok(_) => {}
+            Err(e) => panic!("a call on the cluster failed: {e}"),
+        }
+    }
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_hold_in_every_slot_and_keys_spread_over_every_master_with_ttls() {
+    let cluster = RedisCluster::start();
+    let masters = cluster.masters().await;
+    assert_eq!(masters.len(), 3, "{masters:?}");
+    let store = RedisStore::cluster(cluster.pool())
+        .timeout(Duration::from_secs(5))
+        .client_clock(FakeClock::new(1_000_000));
+    let minute = Duration::from_secs(60);
+    // (limiter, its tightest limit, calls per subject)
+    let limiters = [
+        (
+            Limiter::new(
+                store.clone(),
+                Policy::fixed_window("fw", 5, minute).unwrap(),
+            ),
+            5,
+            9,
+        ),
+        (
+            Limiter::new(store.clone(), Policy::sliding_log("sl", 7, minute).unwrap()),
+            7,
+            10,
+        ),
+        // Two keys in one script: they share the subject's slot, so no CROSSSLOT.
+        (
+            Limiter::new(
+                store.clone(),
+                Policy::fixed_window("both-fw", 10, minute).unwrap(),
+            )
+            .policy(Policy::sliding_log("both-sl", 4, minute).unwrap()),
+            4,
+            8,
+        ),
+    ];
+
+    // Warm up: every master caches the script (a burst of first calls would each
+    // meet NOSCRIPT and be resent as EVAL), then forget the warm-up's keys and stats.
+    for i in 0..30 {
+        let (limiter, _, _) = &limiters[0];
+        limiter
+            .check(format!("warm:{i}").as_str(), 1)
+            .await
+            .unwrap();
+    }
+    for master in &masters {
+        let mut conn = cluster.node(master.port).conn().await;
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    assert_eq!(command_calls(&cluster, &masters, "evalsha").await, 0);
+
+    let started = Instant::now();
+    let mut calls = 0;
+    let mut bursts = JoinSet::new();
+    for (limiter, limit, n) in &limiters {
+        for i in 0..SUBJECTS {
+            let limiter = limiter.clone();
+            let (limit, n) = (*limit, *n);
+            calls += n;
+            bursts.spawn(async move {
+                let admitted = burst(&limiter, format!("user:{i}"), n).await;
+                (limiter.policies()[0].name().to_owned(), i, limit, admitted)
+            });
+        }
+    }
+    while let Some(result) = bursts.join_next().await {
+        let (policy, subject, limit, admitted) = result.unwrap();
+        assert_eq!(
+            admitted, limit,
+            "{policy}: subject user:{subject} admitted {admitted}, limit {limit}"
+        );
+    }
+    eprintln!(
+        "{calls} calls over {} subjects in {:?}",
+        3 * SUBJECTS,
+        started.elapsed()
+    );
+
+    // One EVALSHA per call, each to its slot's master, and nothing else.
+    let evalsha = command_calls(&cluster, &masters, "evalsha").await;
+    let eval = command_calls(&cluster, &masters, "eval").await;
+    assert_eq!(evalsha, calls as u64, "EVALSHA calls on the masters");
+    assert_eq!(eval, 0, "EVAL calls on the masters, with the script cached");
+
+    // Every master holds keys, each subject's keys on one master only, and every
+    // key expires.
+    let mut tag_owner: HashMap<Vec<u8>, u16> = HashMap::new();
+    let mut total = 0;
+    for master in &masters {
+        let node = cluster.node(master.port);
+        let keys = node.keys().await;
+        let mut conn = node.conn().await;
+        let dbsize: usize = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+        assert_eq!(dbsize, keys.len());
+        assert!(
+            dbsize >= 4 * SUBJECTS / 10,
+            "master {} holds only {dbsize} keys of {}",
+            master.port,
+            4 * SUBJECTS
+        );
+        total += dbsize;
+        for key in &keys {
+            let tag = hash_tag(key).to_vec();
+            if let Some(other) = tag_owner.insert(tag.clone(), master.port) {
+                assert_eq!(
+                    other,
+                    master.port,
+                    "subject {} has keys on two masters",
+                    String::from_utf8_lossy(&tag)
+                );
+            }
+        }
+        node.assert_every_key_expires().await;
+    }
+    // Four keys per subject: fw, sl, and both-fw + both-sl.
+    assert_eq!(total, 4 * SUBJECTS, "keys on the masters");
+    assert_eq!(tag_owner.len(), SUBJECTS, "subjects with keys");
+}
+
+/// A decision for `subject` while the store connects: the first calls wait for the
+/// connection to the cluster within their timeout, which a loaded machine may not
+/// meet, so this asks again, within a bound.
+async fn first_decision(limiter: &Limiter<RedisStore>, subject: &str) -> Decision {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match limiter.check(subject, 1).await {
+            Ok(d) => return d,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("{subject}: {e}; asking again");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("{subject}: no decision within 5 s: {e}"),
+        }
+    }
+}
+
+/// Subjects (`<prefix>:<i>`) whose state `policy` keeps on `master`.
+async fn subjects_on(
+    cluster: &RedisCluster,
+    store: &RedisStore,
+    policy: &Policy,
+    master: &NodeInfo,
+    prefix: &str,
+    count: usize,
+) -> Vec<String> {
+    let mut subjects = Vec::new();
+    for i in 0.. {
+        let subject = format!("{prefix}:{i}");
+        let key = store.key(&Subject::new(subject.as_str()), policy);
+        if master.serves(cluster.slot(&key).await) {
+            subjects.push(subject);
+            if subjects.len() == count {
+                break;
+            }
+        }
+    }
+    subjects
+}
+
+/// What the calls made during a failover saw.
+#[derive(Debug, Default)]
+struct Seen {
+    ok: usize,
+    timeouts: usize,
+    unavailable: usize,
+    max_latency: Duration,
+}
+
+impl Seen {
+    /// Counts one call's result; a panic for anything but a decision or a store
+    /// error. Returns the decision, if any.
+    fn record(&mut self, result: Result<Decision, Error>, latency: Duration) -> Option<Decision> {
+        self.max_latency = self.max_latency.max(latency);
+        match result {
+            Ok(d) => {
+                self.ok += 1;
+                return Some(d);
+            }
+            Err(Error::Store(e)) if e.kind() == StoreErrorKind::Timeout => self.timeouts += 1,
+            Err(Error::Store(e)) if e.kind() == StoreErrorKind::Unavailable => {
+                self.unavailable += 1
+            }
+            Err(e) => panic!("not a store error: {e:?}"),
+        }
+        None
+    }
+}
+
+/// With Redis's default `cluster-require-full-coverage yes`, every node refuses
+/// every command (`CLUSTERDOWN`) from the moment the lost master is flagged failed
+/// until its replica is promoted: the other masters' subjects fail for that moment too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_master_dies_its_replica_decides_within_seconds_and_every_call_is_answered() {
+    failover(RedisCluster::start(), true).await;
+}
+
+/// With `cluster-require-full-coverage no`, the other masters keep deciding throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_full_coverage_a_failover_leaves_the_other_masters_subjects_alone() {
+    let cluster = RedisCluster::start_with(&["--cluster-require-full-coverage", "no"]);
+    failover(cluster, false).await;
+}
+
+/// Kills a master under load and checks every call made meanwhile, the recovery time,
+/// and that the replica kept what the master had acknowledged.
+async fn failover(mut cluster: RedisCluster, full_coverage: bool) {
+    const LIMIT: u32 = 5;
+    let store = RedisStore::cluster(cluster.pool()).timeout(TIMEOUT);
+    // Exact, on Redis TIME (the default), and a window no run can outlast.
+    let policy = Policy::sliding_log("sl", LIMIT, Duration::from_secs(3_600)).unwrap();
+    let limiter = Limiter::new(store.clone(), policy.clone());
+    // The background load: a limit it never reaches, so any denial is a bug.
+    let load = Limiter::new(
+        store.clone(),
+        Policy::fixed_window("load", 1_000_000, Duration::from_secs(3_600)).unwrap(),
+    );
+
+    let masters = cluster.masters().await;
+    let victim = masters[0].clone();
+    let doomed = subjects_on(&cluster, &store, &policy, &victim, "doomed", 30).await;
+    let (exhausted, fresh) = doomed.split_at(5);
+    // Load subjects: 10 on each master, the victim's first.
+    let mut load_subjects = Vec::new();
+    for master in &masters {
+        let policy = &load.policies()[0];
+        load_subjects.extend(subjects_on(&cluster, &store, policy, master, "load", 10).await);
+    }
+    let load_subjects: Arc<[String]> = load_subjects.into();
+
+    // Every master is connected and has the script before the test starts.
+    for subject in load_subjects.iter() {
+        assert!(first_decision(&load, subject).await.is_allowed());
+    }
+
+    // Subjects on the victim, exhausted before it dies.
+    for subject in exhausted {
+        let admitted = burst(&limiter, subject.clone(), LIMIT as usize + 2).await;
+        assert_eq!(admitted, LIMIT as usize, "{subject}");
+    }
+    // Make sure the replica has those writes: replication is asynchronous.
+    let mut conn = cluster.node(victim.port).conn().await;
+    let acked: u64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(2_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        acked, 1,
+        "the victim's replica did not acknowledge its writes"
+    );
+
+    // Load: 8 tasks calling over subjects on every master, each call timed; what the
+    // victim's subjects saw and what the others saw, apart.
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new([Seen::default(), Seen::default()]));
+    let mut tasks = JoinSet::new();
+    for t in 0..8 {
+        let (load, stop, seen) = (load.clone(), Arc::clone(&stop), Arc::clone(&seen));
+        let subjects = Arc::clone(&load_subjects);
+        tasks.spawn(async move {
+            let mut i = t * 7;
+            while !stop.load(Ordering::Relaxed) {
+                let n = i % subjects.len();
+                let started = Instant::now();
+                let result = load.check(subjects[n].as_str(), 1).await;
+                let side = usize::from(n >= 10);
+                if let Some(d) = seen.lock().unwrap()[side].record(result, started.elapsed()) {
+                    assert!(
+                        d.is_allowed(),
+                        "a denial under a limit never reached: {d:?}"
+                    );
+                }
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let (replica, killed) = cluster.kill_master(victim.port).await;
+    let cluster = Arc::new(cluster);
+    let promotion = tokio::spawn({
+        let cluster = Arc::clone(&cluster);
+        async move { cluster.wait_for_promotion(replica).await }
+    });
+
+    // Probe the victim's slots with fresh subjects until one is decided exactly:
+    // LIMIT admitted, then denied, every call answered.
+    let deadline = killed + Duration::from_secs(20);
+    let mut probe = Seen::default();
+    let mut fresh = fresh.iter();
+    let recovered = 'probe: loop {
+        assert!(
+            Instant::now() < deadline,
+            "no correct decision on the victim's slots 20 s after the kill: {probe:?}\n{}",
+            cluster.log_tails()
+        );
+        let subject = fresh.next().expect("ran out of fresh subjects");
+        let mut admitted = 0;
+        for _ in 0..LIMIT + 2 {
+            let started = Instant::now();
+            let result = limiter.check(subject.as_str(), 1).await;
+            match probe.record(result, started.elapsed()) {
+                Some(d) => admitted += u32::from(d.is_allowed()),
+                None => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue 'probe;
+                }
+            }
+        }
+        assert_eq!(admitted, LIMIT, "{subject} after the failover");
+        break Instant::now();
+    };
+    let promoted = promotion.await.unwrap();
+
+    // The load keeps running a little past recovery, then stops.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    while let Some(result) = tasks.join_next().await {
+        result.unwrap();
+    }
+    let [victims, others] = std::mem::take(&mut *seen.lock().unwrap());
+    eprintln!(
+        "failover: promoted {:?} after the kill, decisions correct {:?} after the kill \
+         ({:?} after the promotion was seen)\n  load on the victim's slots {victims:?}\n  \
+         load elsewhere {others:?}\n  probe {probe:?}",
+        promoted - killed,
+        recovered - killed,
+        recovered.saturating_duration_since(promoted),
+    );
+    let bound = TIMEOUT + MARGIN;
+    for (what, seen) in [("victim", &victims), ("others", &others), ("probe", &probe)] {
+        assert!(
+            seen.max_latency <= bound,
+            "{what}: a call took {:?}, over {bound:?}",
+            seen.max_latency
+        );
+    }
+    assert!(
+        recovered.saturating_duration_since(promoted) < Duration::from_secs(3),
+        "decisions were correct only {:?} after the promotion",
+        recovered - promoted
+    );
+    assert!(victims.timeouts + victims.unavailable > 0, "{victims:?}");
+    assert!(victims.ok > 0, "{victims:?}");
+    let others_failed = others.timeouts + others.unavailable;
+    if full_coverage {
+        // Refused for about a second of the failover: a fraction of the calls.
+        assert!(
+            others.ok > 0 && others_failed <= others.ok / 3,
+            "{others:?}"
+        );
+    } else {
+        // None refused; allow a rare call late on a loaded machine.
+        assert!(
+            others.ok > 0 && others_failed <= others.ok / 50,
+            "{others:?}"
+        );
+    }
+
+    // Nothing acknowledged was lost: the exhausted subjects are still denied. (A call
+    // that meets a late slot refresh may fail: ask again, within a bound.)
+    for subject in exhausted {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let d = loop {
+            match limiter.check(subject.as_str(), 1).await {
+                Ok(d) => break d,
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("{subject}: {e}; asking again");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("{subject}: {e}"),
+            }
+        };
+        assert!(!d.is_allowed(), "{subject} was forgotten by the failover");
+    }
+    cluster.node(replica).assert_every_key_expires().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_store_works_again_after_the_whole_cluster_restarts() {
+    const LIMIT: u32 = 3;
+    let mut cluster = RedisCluster::start();
+    let limiter = Limiter::new(
+        RedisStore::cluster(cluster.pool()).timeout(TIMEOUT),
+        Policy::sliding_log("sl", LIMIT, Duration::from_secs(3_600)).unwrap(),
+    );
+    assert!(first_decision(&limiter, "before").await.is_allowed());
+
+    let ports: Vec<u16> = cluster.live_nodes().map(|n| n.port()).collect();
+    cluster.stop_all();
+    // Down: every call is answered in time, with a store error, and the store tries
+    // the nodes again at a measured pace (the cluster client alone would retry every
+    // node at once, again and again, while calls keep failing).
+    let counter = ConnectionCounter::listen(ports);
+    let mut down = Seen::default();
+    let until = Instant::now() + Duration::from_millis(1_500);
+    let mut i = 0;
+    let mut settled = None;
+    while Instant::now() < until {
+        if settled.is_none() && until - Instant::now() <= Duration::from_secs(1) {
+            settled = Some(counter.count());
+        }
+        i += 1;
+        let started = Instant::now();
+        let result = limiter.check(format!("down:{i}").as_str(), 1).await;
+        assert!(
+            down.record(result, started.elapsed()).is_none(),
+            "a decision with every node down"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let attempts = counter.count();
+    let last_second = attempts - settled.unwrap_or(0);
+    drop(counter);
+    assert!(down.max_latency <= TIMEOUT + MARGIN, "{down:?}");
+    // The cluster client's own burst (a few ms of it) until a call reports that it
+    // lost every node, then one attempt (to six nodes) per 250 ms at most.
+    assert!(
+        last_second <= 6 * 6 && attempts <= 300,
+        "{attempts} connection attempts in 1.5 s down, {last_second} in the last second: \
+         a reconnect storm"
+    );
+
+    tokio::task::block_in_place(|| cluster.restart_stopped());
+    let back = Instant::now();
+    let mut probe = Seen::default();
+    let recovered = 'probe: loop {
+        assert!(
+            back.elapsed() < Duration::from_secs(5),
+            "no correct decision 5 s after the cluster was back: {probe:?}\n{}",
+            cluster.log_tails()
+        );
+        i += 1;
+        let subject = format!("back:{i}");
+        let mut admitted = 0;
+        for _ in 0..LIMIT + 2 {
+            let started = Instant::now();
+            match probe.record(limiter.check(subject.as_str(), 1).await, started.elapsed()) {
+                Some(d) => admitted += u32::from(d.is_allowed()),
+                None => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue 'probe;
+                }
+            }
+        }
+        assert_eq!(admitted, LIMIT, "{subject} after the restart");
+        break back.elapsed();
+    };
+    eprintln!("whole-cluster restart: down {down:?}, {attempts} connection attempts \
+         ({last_second} in the last second); decisions correct {recovered:?} after the cluster was whole again; probe {probe:?}");
+    assert!(probe.max_latency <= TIMEOUT + MARGIN, "{probe:?}");
+}
