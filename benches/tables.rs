@@ -247,7 +247,12 @@ fn code(algorithm: Algorithm) -> &'static str {
 /// Exactly the `EVALSHA` the store sends for one subject and one policy (see
 /// `src/store/redis/script.rs`): one key, then the clock ("s" for Redis `TIME`, or
 /// ms), the cost, and the policy's code, limit, window and emission interval.
-fn store_command(store: &RedisStore, subject: &Subject, policy: &Policy, clock: &str) -> redis::Cmd {
+fn store_command(
+    store: &RedisStore,
+    subject: &Subject,
+    policy: &Policy,
+    clock: &str,
+) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(RedisStore::script_sha1())
         .arg(1)
@@ -563,7 +568,13 @@ mod throughput {
             Command::new("redis-benchmark")
                 .args(["-h", "127.0.0.1", "-p", &port.to_string()])
                 .args(["-c", &clients.to_string(), "-n", &requests.to_string()])
-                .args(["-r", &SUBJECTS.to_string(), "-P", &pipeline.to_string(), "--csv"])
+                .args([
+                    "-r",
+                    &SUBJECTS.to_string(),
+                    "-P",
+                    &pipeline.to_string(),
+                    "--csv",
+                ])
                 .args(&args)
                 .output()
         })
@@ -594,8 +605,7 @@ mod throughput {
     /// is one of the subjects' keys (a token bucket's keys expire within a
     /// millisecond, so there may be none left to see).
     async fn assert_same_keys(server: &RedisServer, keys: &[String]) {
-        let ours: std::collections::HashSet<&[u8]> =
-            keys.iter().map(|k| k.as_bytes()).collect();
+        let ours: std::collections::HashSet<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
         for key in server.keys().await {
             assert!(
                 ours.contains(key.as_slice()),
@@ -695,9 +705,14 @@ mod throughput {
 
     /// The server's CPU per call of `args`: `redis-benchmark -P 16` (pipelined, so
     /// that little of it is network) against the main thread's user time.
-    async fn server_cpu_us(server: &RedisServer, conn: &mut MultiplexedConnection, args: &[String]) -> f64 {
+    async fn server_cpu_us(
+        server: &RedisServer,
+        conn: &mut MultiplexedConnection,
+        args: &[String],
+    ) -> f64 {
         let before = main_thread_cpu(conn).await;
-        let (n, _) = redis_benchmark(server.port(), 1, CPU_CALLS, CPU_PIPELINE, args.to_vec()).await;
+        let (n, _) =
+            redis_benchmark(server.port(), 1, CPU_CALLS, CPU_PIPELINE, args.to_vec()).await;
         let after = main_thread_cpu(conn).await;
         (after - before) * 1e6 / n as f64
     }
@@ -748,7 +763,10 @@ mod throughput {
                     seed.add(n, t);
                 }
             }
-            eprintln!("throughput: one client, round {} of {SEQ_ROUNDS} done", round + 1);
+            eprintln!(
+                "throughput: one client, round {} of {SEQ_ROUNDS} done",
+                round + 1
+            );
         }
 
         // 64 tasks on one store, 64 tasks on one bare connection, 50 clients.
@@ -790,7 +808,10 @@ mod throughput {
                 .await;
                 r.bench.add(n, t);
             }
-            eprintln!("throughput: 64 tasks, round {} of {CONC_ROUNDS} done", round + 1);
+            eprintln!(
+                "throughput: 64 tasks, round {} of {CONC_ROUNDS} done",
+                round + 1
+            );
         }
 
         // The server's CPU per call, the least of several pipelined runs.
@@ -801,7 +822,9 @@ mod throughput {
         for _ in 0..CPU_ROUNDS {
             for ((case, s), best) in cases.iter().zip(&setups).zip(&mut cpu) {
                 prepare(server, &mut conn, case).await;
-                best.0 = best.0.min(server_cpu_us(server, &mut conn, &s.bench_args).await);
+                best.0 = best
+                    .0
+                    .min(server_cpu_us(server, &mut conn, &s.bench_args).await);
                 if let (Some(seed_best), Some(args)) = (&mut best.1, &s.seed_args) {
                     prepare(server, &mut conn, case).await;
                     *seed_best = seed_best.min(server_cpu_us(server, &mut conn, args).await);
@@ -826,7 +849,12 @@ mod throughput {
         args
     }
 
-    fn report(cases: &[Case], sequential: &[Rates], concurrent: &[Rates], cpu: &[(f64, Option<f64>)]) {
+    fn report(
+        cases: &[Case],
+        sequential: &[Rates],
+        concurrent: &[Rates],
+        cpu: &[(f64, Option<f64>)],
+    ) {
         println!();
         println!("## Throughput (calls/s), one client");
         println!();
@@ -1091,15 +1119,40 @@ mod memory {
 
         let mut rows = Vec::new();
         for (policy, label_one, label_two) in [
-            (&fixed, "fixed window, one window", "fixed window, two consecutive windows"),
-            (&sliding, "sliding window, one window", "sliding window, two consecutive windows"),
+            (
+                &fixed,
+                "fixed window, one window",
+                "fixed window, two consecutive windows",
+            ),
+            (
+                &sliding,
+                "sliding window, one window",
+                "sliding window, two consecutive windows",
+            ),
         ] {
             let ours = measure(server, Layout::Ours, policy, 1, SUBJECTS, 2).await;
             let seed = measure(server, Layout::Seed, policy, 1, SUBJECTS, 2).await;
             let layout = reference::name(policy.algorithm());
-            rows.push(Row { label: label_one, subjects: SUBJECTS, seed_subjects: SUBJECTS, ours: ours[0], seed: seed[0], seed_layout: layout });
-            rows.push(Row { label: label_two, subjects: SUBJECTS, seed_subjects: SUBJECTS, ours: ours[1], seed: seed[1], seed_layout: layout });
-            eprintln!("memory: {label_two} done at {:.0} s", started.elapsed().as_secs_f64());
+            rows.push(Row {
+                label: label_one,
+                subjects: SUBJECTS,
+                seed_subjects: SUBJECTS,
+                ours: ours[0],
+                seed: seed[0],
+                seed_layout: layout,
+            });
+            rows.push(Row {
+                label: label_two,
+                subjects: SUBJECTS,
+                seed_subjects: SUBJECTS,
+                ours: ours[1],
+                seed: seed[1],
+                seed_layout: layout,
+            });
+            eprintln!(
+                "memory: {label_two} done at {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
         }
         // An emptied bucket (cost 1000): its state lives the minute it takes to refill.
         let ours = measure(server, Layout::Ours, &bucket, 1_000, SUBJECTS, 1).await;
@@ -1112,10 +1165,16 @@ mod memory {
             seed: seed[0],
             seed_layout: reference::name(Algorithm::TokenBucket),
         });
-        eprintln!("memory: token bucket done at {:.0} s", started.elapsed().as_secs_f64());
+        eprintln!(
+            "memory: token bucket done at {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
         // A full log: 1 000 admitted requests in the window.
         let ours = measure(server, Layout::Ours, &log, 1_000, LOG_SUBJECTS, 1).await;
-        eprintln!("memory: our sliding log done at {:.0} s", started.elapsed().as_secs_f64());
+        eprintln!(
+            "memory: our sliding log done at {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
         let seed = measure(server, Layout::Seed, &log, 1_000, SEED_LOG_SUBJECTS, 1).await;
         rows.push(Row {
             label: "sliding log, full (1000 admitted in the window)",
@@ -1125,7 +1184,10 @@ mod memory {
             seed: seed[0],
             seed_layout: reference::name(Algorithm::SlidingLog),
         });
-        eprintln!("memory: sliding log done at {:.0} s", started.elapsed().as_secs_f64());
+        eprintln!(
+            "memory: sliding log done at {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
         report(&rows);
     }
 
@@ -1202,9 +1264,17 @@ mod memory {
         };
         for (label, row, doc) in [
             ("fixed window (one window)", "fixed window, one", "53.4"),
-            ("fixed window (steady: two windows)", "fixed window, two", "—"),
+            (
+                "fixed window (steady: two windows)",
+                "fixed window, two",
+                "—",
+            ),
             ("sliding window (one window)", "sliding window, one", "—"),
-            ("sliding window (steady: two windows)", "sliding window, two", "—"),
+            (
+                "sliding window (steady: two windows)",
+                "sliding window, two",
+                "—",
+            ),
             ("token bucket", "token bucket", "68.7"),
             ("sliding log (full)", "sliding log", "87,913.5"),
         ] {
@@ -1334,7 +1404,9 @@ mod http {
                                 unchecked += 1;
                             }
                             response.into_body().collect().await.expect("body");
-                            latencies.push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX));
+                            latencies.push(
+                                u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX),
+                            );
                         }
                         (latencies, unchecked)
                     });
@@ -1434,7 +1506,11 @@ mod http {
                 rate / bare,
                 percentile(&latencies[i], 0.50),
                 percentile(&latencies[i], 0.99),
-                if *headers { unchecked[i].to_string() } else { "—".to_owned() },
+                if *headers {
+                    unchecked[i].to_string()
+                } else {
+                    "—".to_owned()
+                },
             );
         }
         let (memory, redis, governor) = (figures[1], figures[2], figures[3]);
