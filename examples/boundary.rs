@@ -15,6 +15,10 @@
 //! clock there): fixed window 100 + 100 = 200, sliding window 100 + 2 = 102, token
 //! bucket 112 + 3 = 115, sliding log 100 + 0 = 100.
 //!
+//! A run in which some request left more than 1 ms after its instant (a busy machine
+//! can deschedule the sender for milliseconds) is run again, up to 5 times; the table
+//! shows the send delays and how many runs it took.
+//!
 //! Without `REDIS_URL` the memory store decides on the monotonic clock. With it, the
 //! Redis store decides on Redis `TIME` (its default): the example first reads `TIME`
 //! to map Redis time onto the local clock, then sends each request half a round trip
@@ -43,6 +47,11 @@ const END_SPAN_US: u64 = 130_000;
 const START_SPAN_US: u64 = 21_000;
 /// Time left before the first request, to set up the run.
 const SETUP_US: u64 = 50_000;
+/// A run where some request left later than this after its instant is run again (a
+/// busy machine can deschedule the sender for milliseconds)...
+const SLIP: Duration = Duration::from_millis(1);
+/// ...up to this many times; then the run that slipped least is kept.
+const ATTEMPTS: u32 = 5;
 
 /// The seed's figures: (end of window, start of next, total). Only the totals are
 /// compared: the seed's bucket split its 115 as 101 + 14, where these instants give
@@ -149,6 +158,8 @@ struct Run {
     samples: Vec<Sample>,
     /// How late each request left after its instant, sorted.
     late: Vec<Duration>,
+    /// Runs made to get one that kept its schedule.
+    attempts: u32,
 }
 
 impl Run {
@@ -244,7 +255,28 @@ fn run<S: Store>(
         algorithm,
         samples,
         late,
+        attempts: 1,
     })
+}
+
+/// Runs `attempt` until a run keeps its schedule within [`SLIP`], at most
+/// [`ATTEMPTS`] times; keeps the run that slipped least.
+fn on_schedule(
+    mut attempt: impl FnMut() -> Result<Run, Box<dyn Error>>,
+) -> Result<Run, Box<dyn Error>> {
+    let slip = |r: &Run| r.late.last().copied().unwrap_or_default();
+    let mut best = attempt()?;
+    for n in 2..=ATTEMPTS {
+        if slip(&best) <= SLIP {
+            break;
+        }
+        let next = attempt()?;
+        if slip(&next) < slip(&best) {
+            best = next;
+        }
+        best.attempts = n;
+    }
+    Ok(best)
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -286,7 +318,9 @@ fn main() -> Result<(), Box<dyn Error>> {
             // The script reads TIME about half a round trip after the request leaves.
             let lead = rtts[rtts.len() / 2] / 2;
             for algorithm in Algorithm::ALL {
-                runs.push(run(&rt, store.clone(), algorithm, timeline, lead)?);
+                runs.push(on_schedule(|| {
+                    run(&rt, store.clone(), algorithm, timeline, lead)
+                })?);
             }
             format!(
                 "Redis store at {url}, Redis TIME (TIME round trip {} us, sent {} us early)",
@@ -296,10 +330,12 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         Err(_) => {
             for algorithm in Algorithm::ALL {
-                let clock = MonotonicClock::new();
-                let timeline = memory_timeline(&clock);
-                let store = MemoryStore::with_clock(clock);
-                runs.push(run(&rt, store, algorithm, timeline, Duration::ZERO)?);
+                runs.push(on_schedule(|| {
+                    let clock = MonotonicClock::new();
+                    let timeline = memory_timeline(&clock);
+                    let store = MemoryStore::with_clock(clock);
+                    run(&rt, store, algorithm, timeline, Duration::ZERO)
+                })?);
             }
             "memory store, monotonic clock".to_owned()
         }
@@ -308,20 +344,21 @@ fn main() -> Result<(), Box<dyn Error>> {
     println!("Boundary test: limit 100/s; 200 requests over the last 130 ms of a window, 200 over the first 20 ms of the next");
     println!("Store: {what}");
     println!();
-    println!("| algorithm | end of window | start of next | total | seed | send delay p50 / max |");
-    println!("|---|---|---|---|---|---|");
+    println!("| algorithm | end of window | start of next | total | seed | send delay p50 / max | runs |");
+    println!("|---|---|---|---|---|---|---|");
     let mut off = Vec::new();
     for r in &runs {
         let (end, start, total) = (r.end(), r.start(), r.end() + r.start());
         let seed = expected(r.algorithm);
         println!(
-            "| {} | {end} | {start} | {total} | {} + {} = {} | {} / {} us |",
+            "| {} | {end} | {start} | {total} | {} + {} = {} | {} / {} us | {} |",
             r.algorithm.as_str().replace('_', " "),
             seed.0,
             seed.1,
             seed.2,
             r.late[r.late.len() / 2].as_micros(),
             r.late.last().map_or(0, Duration::as_micros),
+            r.attempts,
         );
         if total.abs_diff(seed.2) > tolerance(r.algorithm) {
             off.push(format!(
