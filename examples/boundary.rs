@@ -413,7 +413,14 @@ fn plot(path: &str, runs: &[Run], what: &str) -> Result<(), Box<dyn Error>> {
         .build_cartesian_2d(-140f64..30f64, 0f64..220f64)?;
     chart
         .configure_mesh()
-        .x_desc(format!("ms from the window boundary ({what})"))
+        .x_desc(format!(
+            "ms from the window boundary ({})",
+            if what.starts_with("Redis") {
+                "Redis store, decided on Redis TIME"
+            } else {
+                "memory store, monotonic clock"
+            }
+        ))
         .y_desc("admitted so far")
         .x_label_formatter(&|x| format!("{x:.0}"))
         .y_label_formatter(&|y| format!("{y:.0}"))
