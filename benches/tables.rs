@@ -93,6 +93,21 @@ mod machine {
             .unwrap_or_else(|_| "unknown".to_owned())
     }
 
+    /// CPU time of this whole process (every thread), in ns, from /proc.
+    pub(crate) fn process_cpu_ns() -> u64 {
+        std::fs::read_dir("/proc/self/task")
+            .map(|tasks| {
+                tasks
+                    .filter_map(|task| {
+                        let stat =
+                            std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+                        stat.split_whitespace().next()?.parse::<u64>().ok()
+                    })
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+
     pub(crate) fn print_load() {
         println!("\nload average (1, 5, 15 min): {}", load());
     }
@@ -441,9 +456,20 @@ mod throughput {
     #[derive(Default, Clone)]
     struct Tally {
         rates: Vec<f64>,
+        calls: u64,
+        cpu_ns: u64,
     }
 
     impl Tally {
+        /// Adds this process's CPU time over a turn of `calls` calls.
+        fn cpu(&mut self, calls: u64, cpu_ns: u64) {
+            self.calls += calls;
+            self.cpu_ns += cpu_ns;
+        }
+        /// This process's CPU per call over the turns, in µs.
+        fn cpu_us(&self) -> f64 {
+            self.cpu_ns as f64 / 1_000.0 / self.calls.max(1) as f64
+        }
         fn add(&mut self, calls: u64, time: Duration) {
             self.rates.push(calls as f64 / time.as_secs_f64());
         }
@@ -522,14 +548,16 @@ mod throughput {
         (calls as u64, start.elapsed())
     }
 
-    /// Runs `TASKS` copies of `call` until the turn ends; the number of calls made.
-    async fn concurrent<F, Fut>(call: F) -> (u64, Duration)
+    /// Runs `TASKS` copies of `call` until the turn ends: the number of calls made,
+    /// the time, and this process's CPU time meanwhile (ns).
+    async fn concurrent<F, Fut>(call: F) -> (u64, Duration, u64)
     where
         F: Fn(usize) -> Fut + Clone + Send + 'static,
         Fut: std::future::Future<Output = ()> + Send,
     {
         let done = Arc::new(AtomicBool::new(false));
         let calls = Arc::new(AtomicU64::new(0));
+        let cpu = machine::process_cpu_ns();
         let start = Instant::now();
         let mut tasks = JoinSet::new();
         for t in 0..TASKS {
@@ -551,7 +579,9 @@ mod throughput {
         while let Some(finished) = tasks.join_next().await {
             finished.expect("task");
         }
-        (calls.load(Ordering::Relaxed), start.elapsed())
+        let time = start.elapsed();
+        let cpu = machine::process_cpu_ns().saturating_sub(cpu);
+        (calls.load(Ordering::Relaxed), time, cpu)
     }
 
     /// `redis-benchmark` sending `args` (with `__rand_int__` in the key) from
@@ -775,7 +805,7 @@ mod throughput {
                 prepare(server, &mut conn, case).await;
                 let (limiter, subjects, admits) =
                     (s.limiter.clone(), Arc::clone(&subjects), case.admits);
-                let (n, t) = concurrent(move |i| {
+                let (n, t, cpu) = concurrent(move |i| {
                     let check = limiter.check(subjects[i].clone(), 1);
                     async move {
                         let d = check.await.expect("store call");
@@ -784,9 +814,10 @@ mod throughput {
                 })
                 .await;
                 r.store.add(n, t);
+                r.store.cpu(n, cpu);
                 prepare(server, &mut conn, case).await;
                 let (bare, cmds) = (s.bare_conn.clone(), Arc::clone(&s.cmds));
-                let (n, t) = concurrent(move |i| {
+                let (n, t, cpu) = concurrent(move |i| {
                     let (mut bare, cmds) = (bare.clone(), Arc::clone(&cmds));
                     async move {
                         let reply: Value =
@@ -796,6 +827,7 @@ mod throughput {
                 })
                 .await;
                 r.bare.add(n, t);
+                r.bare.cpu(n, cpu);
                 prepare(server, &mut conn, case).await;
                 let requests = bench_requests((n, t), CONC_TURN, BENCH_CLIENTS);
                 let (n, t) = redis_benchmark(
@@ -893,21 +925,24 @@ mod throughput {
         println!(
             "Median of {CONC_ROUNDS} turns of {} ms per contender, in rotation as above: {TASKS} tokio tasks on one \
              `RedisStore` (one multiplexed connection), {TASKS} tasks on one bare multiplexed connection, \
-             `redis-benchmark -c {BENCH_CLIENTS}` (no pipelining).",
+             `redis-benchmark -c {BENCH_CLIENTS}` (no pipelining). Client CPU: this process's CPU time \
+             (every thread) per call over the turns.",
             CONC_TURN.as_millis()
         );
         println!();
-        println!("| algorithm | redlimit, {TASKS} tasks | bare loop, {TASKS} tasks | `redis-benchmark -c {BENCH_CLIENTS}` | redlimit / redis-benchmark | redlimit / bare |");
-        println!("|---|---|---|---|---|---|");
+        println!("| algorithm | redlimit, {TASKS} tasks | bare loop, {TASKS} tasks | `redis-benchmark -c {BENCH_CLIENTS}` | redlimit / redis-benchmark | redlimit / bare | client CPU per call: redlimit / bare |");
+        println!("|---|---|---|---|---|---|---|");
         for (case, r) in cases.iter().zip(concurrent) {
             println!(
-                "| {} | {} | {} | {} | {:.2}x | {:.3}x |",
+                "| {} | {} | {} | {} | {:.2}x | {:.3}x | {:.1} / {:.1} µs |",
                 case.label,
                 thousands(r.store.rate()),
                 thousands(r.bare.rate()),
                 thousands(r.bench.rate()),
                 r.store.rate() / r.bench.rate(),
                 r.store.rate() / r.bare.rate(),
+                r.store.cpu_us(),
+                r.bare.cpu_us(),
             );
         }
         println!();
@@ -1339,6 +1374,17 @@ mod http {
                 )),
             ),
             (
+                "RateLimitLayer, memory store, headers_on_allowed(false)",
+                false,
+                app().layer(
+                    RateLimitLayer::new(
+                        Limiter::new(MemoryStore::new(), policy()),
+                        ClientIp::new(),
+                    )
+                    .headers_on_allowed(false),
+                ),
+            ),
+            (
                 "RateLimitLayer, Redis store",
                 true,
                 app().layer(RateLimitLayer::new(
@@ -1513,7 +1559,7 @@ mod http {
                 },
             );
         }
-        let (memory, redis, governor) = (figures[1], figures[2], figures[3]);
+        let (memory, quiet, redis, governor) = (figures[1], figures[2], figures[3], figures[4]);
         println!();
         println!("### Targets");
         println!();
@@ -1525,6 +1571,12 @@ mod http {
             memory / governor,
             TIE * 100.0,
             met(memory >= (1.0 - TIE) * governor)
+        );
+        println!(
+            "- memory store without headers on allowed answers (as tower_governor by default): {:.3}x bare, \
+             {:.3}x tower_governor",
+            quiet / bare,
+            quiet / governor
         );
         println!(
             "- Redis store {:.3}x bare (target >= 0.6x: {})",
