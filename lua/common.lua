@@ -20,10 +20,17 @@ local function cdiv(a, b)
   return q
 end
 
--- An integer as decimal text. Lua's own number-to-string conversion keeps only
--- 14 significant digits, so never let it format a state or an argument.
+-- A non-negative integer below 2^53 as decimal text. Lua's own number-to-string
+-- conversion keeps only 14 significant digits, so never let it format a state or
+-- an argument. "%.0f" would be exact too, but glibc formats a double through
+-- multi-precision arithmetic, several times slower than "%d"; "%d" converts to a
+-- C long, which may be 32 bits, so larger values go as two halves of 8 digits.
 local function int(n)
-  return string.format("%.0f", n)
+  if n < 100000000 then
+    return string.format("%d", n)
+  end
+  local high = idiv(n, 100000000)
+  return string.format("%d%08d", high, n - high * 100000000)
 end
 
 -- A stored decimal field, or nil when it is not one.

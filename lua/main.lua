@@ -44,8 +44,10 @@ if #ARGV ~= 3 + PER_POLICY * nkeys then
 end
 
 local problem = nil
--- ARGV[i] as an integer >= min, or 0 after noting what is wrong with it.
-local function argument(i, what, min)
+-- ARGV[i] as an integer >= min, or 0 after noting what is wrong with it: its
+-- name, then " of policy <policy>" when given, joined only on failure (this runs
+-- on every call).
+local function argument(i, what, min, policy)
   local s = ARGV[i]
   local n = nil
   if #s <= 16 and string.match(s, "^%d+$") then
@@ -55,6 +57,9 @@ local function argument(i, what, min)
     local kind = "a non-negative integer"
     if min > 0 then
       kind = "a positive integer"
+    end
+    if policy then
+      what = what .. " of policy " .. policy
     end
     problem = problem or string.format(
       "ERR redlimit: ARGV[%d] (%s) must be %s below 2^53, got %q", i, what, kind, string.sub(s, 1, 32))
@@ -91,16 +96,16 @@ for i = 1, nkeys do
     algorithm = {}
     fail(at, "algorithm of policy " .. i, "must be fw, sw, tb or sl, got " .. string.format("%q", string.sub(code, 1, 32)))
   end
-  local limit = argument(at + 1, "limit of policy " .. i, 1)
-  local window = argument(at + 2, "window_ms of policy " .. i, 1)
+  local limit = argument(at + 1, "limit", 1, i)
+  local window = argument(at + 2, "window_ms", 1, i)
   local emission = 0
   if code == "tb" then
-    emission = argument(at + 3, "emission_us of policy " .. i, 1)
+    emission = argument(at + 3, "emission_us", 1, i)
     if limit * emission >= EXACT then
       fail(at + 3, "emission_us of policy " .. i, "times the capacity must stay below 2^53")
     end
   else
-    argument(at + 3, "emission_us of policy " .. i, 0)
+    argument(at + 3, "emission_us", 0, i)
     if limit * window >= EXACT then
       fail(at + 2, "window_ms of policy " .. i, "times the limit must stay below 2^53")
     end
