@@ -44,22 +44,35 @@ async fn run() -> Result<(), BoxError> {
         Err(_) => 3000,
     };
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let (app, store) = match std::env::var("REDIS_URL") {
-        Ok(url) => {
-            let pool = deadpool_redis::Config::from_url(url.as_str())
-                .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
-            // Fail at start, not at the first request, when Redis is not there.
-            drop(
-                pool.get()
-                    .await
-                    .map_err(|e| format!("cannot reach {url}: {e}"))?,
-            );
-            (app(RedisStore::new(pool))?, format!("redis at {url}"))
-        }
-        Err(_) => (
-            app(MemoryStore::new())?,
-            "memory (this process only)".to_owned(),
-        ),
+    let (app, store) = if let Ok(nodes) = std::env::var("REDIS_CLUSTER") {
+        let urls: Vec<String> = nodes
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(String::from)
+            .collect();
+        let pool = deadpool_redis::cluster::Config::from_urls(urls)
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+        // Fail at start, not at the first request, when the cluster is not there.
+        drop(
+            pool.get()
+                .await
+                .map_err(|e| format!("cannot reach the cluster {nodes}: {e}"))?,
+        );
+        let store = format!("redis cluster at {nodes}");
+        (app(RedisStore::cluster(pool))?, store)
+    } else if let Ok(url) = std::env::var("REDIS_URL") {
+        let pool = deadpool_redis::Config::from_url(url.as_str())
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+        drop(
+            pool.get()
+                .await
+                .map_err(|e| format!("cannot reach {url}: {e}"))?,
+        );
+        (app(RedisStore::new(pool))?, format!("redis at {url}"))
+    } else {
+        let store = "memory (this process only)".to_owned();
+        (app(MemoryStore::new())?, store)
     };
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("redlimit quickstart on http://{addr} (store: {store})");
