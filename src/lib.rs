@@ -84,3 +84,8 @@ pub use limiter::{CheckFuture, Limiter};
 pub use policy::{Algorithm, Policy, PolicyError};
 pub use store::{MemoryStore, RedisStore, Store, StoreError};
 pub use subject::Subject;
+
+/// The README's code blocks marked `rust` compile as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
