@@ -4,7 +4,6 @@
 local function fixed_window(limit, w, _emission, now, cost, raw)
   local idx = idiv(now, w)
   local count = 0
-  local asked = now
   local window, c
   if raw then
     local a, b = string.match(raw, "^(%d+):(%d+)$")
@@ -13,13 +12,12 @@ local function fixed_window(limit, w, _emission, now, cost, raw)
   if window and c then
     if window >= idx then
       -- Same window, or a clock that went back: stay in the stored window.
-      if window > idx then
-        idx = window
-        now = idx * w
-      end
+      idx = window
       count = c
     end
   end
+  -- Counted from the time asked: a clock that went back waits out the stored window
+  -- too (the store decides on its stored time, the caller waits on its own clock).
   local reset = (idx + 1) * w - now
   local allowed = count + cost <= limit
   if allowed then
@@ -36,6 +34,17 @@ local function fixed_window(limit, w, _emission, now, cost, raw)
   else
     retry = reset
   end
-  -- A clock that went back must wait out the stored window too.
-  return allowed, remaining, reset, retry, reset + (now - asked), nxt
+  return allowed, remaining, reset, retry, reset, nxt
+end
+
+-- Refund: the current window's count goes down by cost, not below 0; a window
+-- that has changed since keeps nothing to refund. Translation of refund in
+-- src/algorithm.rs. Returns the new state, or nil when nothing changes.
+local function fixed_window_refund(_limit, w, _emission, now, cost, raw)
+  local a, b = string.match(raw, "^(%d+):(%d+)$")
+  local window, c = field(a), field(b)
+  if window and c and window >= idiv(now, w) and c > 0 then
+    return int(window) .. ":" .. int(math.max(c - cost, 0))
+  end
+  return nil
 end

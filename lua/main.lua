@@ -3,33 +3,44 @@
 -- KEYS[i]            the state key of policy i (all in the subject's hash tag)
 -- ARGV[1]            the clock: "s" to read Redis TIME, or milliseconds
 -- ARGV[2]            the cost of the request
--- ARGV[3 + 4(i-1)]   algorithm of policy i: fw, sw, tb or sl
--- ARGV[4 + 4(i-1)]   limit (capacity of a token bucket) of policy i
--- ARGV[5 + 4(i-1)]   window in ms of policy i
--- ARGV[6 + 4(i-1)]   emission interval in us of policy i (token bucket; else 0)
+-- ARGV[3]            the operation: c (check), p (peek), r (refund), x (reset)
+-- ARGV[4 + 5(i-1)]   algorithm of policy i: fw, sw, tb or sl
+-- ARGV[5 + 5(i-1)]   limit (capacity of a token bucket) of policy i
+-- ARGV[6 + 5(i-1)]   window in ms of policy i
+-- ARGV[7 + 5(i-1)]   emission interval in us of policy i (token bucket; else 0)
+-- ARGV[8 + 5(i-1)]   1 if policy i is a shadow (decides, never denies), else 0
 --
 -- Reply: per policy, allowed (0/1), remaining, reset after (ms), retry after (ms).
--- Every policy is decided before any state is written, and state is written
--- only if all admit; every write sets a TTL of the time its state needs.
+-- A check decides every policy before any state is written, and writes policy
+-- i only if it admits and every enforced (non-shadow) policy admits: enforced
+-- policies are all or nothing, a shadow one consumes when enforcing it would
+-- have. Every check write sets a TTL of the time its state needs.
+--
+-- The admin operations run the same per-algorithm code: a peek decides and
+-- writes nothing; a refund gives back the cost (the algorithm's _refund
+-- function; the state only shrinks, so its key keeps its TTL) then answers as a
+-- peek; a reset deletes the keys then answers as a peek on fresh state.
 
 local EXACT = 9007199254740992 -- 2^53
 local MAX_CLOCK = 9000000000000 -- ms; now * 1000 (us) must stay exact
 local MAX_LOG = 100000 -- sliding log stamps, as MAX_SLIDING_LOG_LIMIT in Rust
+local PER_POLICY = 5
 local ALGORITHMS = {
-  fw = fixed_window,
-  sw = sliding_window,
-  tb = token_bucket,
-  sl = sliding_log,
+  fw = { fixed_window, fixed_window_refund },
+  sw = { sliding_window, sliding_window_refund },
+  tb = { token_bucket, token_bucket_refund },
+  sl = { sliding_log, sliding_log_refund },
 }
+local OPERATIONS = { c = true, p = true, r = true, x = true }
 
 local nkeys = #KEYS
 if nkeys == 0 then
   return redis.error_reply("ERR redlimit: KEYS must hold one state key per policy, got none")
 end
-if #ARGV ~= 2 + 4 * nkeys then
+if #ARGV ~= 3 + PER_POLICY * nkeys then
   return redis.error_reply(string.format(
-    "ERR redlimit: ARGV must hold 2 + 4 x %d = %d arguments (clock, cost, then 4 per policy), got %d",
-    nkeys, 2 + 4 * nkeys, #ARGV))
+    "ERR redlimit: ARGV must hold 3 + 5 x %d = %d arguments (clock, cost, operation, then 5 per policy), got %d",
+    nkeys, 3 + PER_POLICY * nkeys, #ARGV))
 end
 
 local problem = nil
@@ -71,13 +82,18 @@ else
   end
 end
 local cost = argument(2, "cost", 1)
+local op = ARGV[3]
+if not OPERATIONS[op] then
+  fail(3, "operation", "must be c, p, r or x, got " .. string.format("%q", string.sub(op, 1, 32)))
+end
 
 local policies = {}
 for i = 1, nkeys do
-  local at = 3 + 4 * (i - 1)
+  local at = 4 + PER_POLICY * (i - 1)
   local code = ARGV[at]
-  local decide = ALGORITHMS[code]
-  if decide == nil then
+  local algorithm = ALGORITHMS[code]
+  if algorithm == nil then
+    algorithm = {}
     fail(at, "algorithm of policy " .. i, "must be fw, sw, tb or sl, got " .. string.format("%q", string.sub(code, 1, 32)))
   end
   local limit = argument(at + 1, "limit", 1, i)
@@ -100,41 +116,66 @@ for i = 1, nkeys do
   if cost > limit then
     fail(2, "cost", "must not exceed the limit of policy " .. i .. " (" .. int(limit) .. ")")
   end
-  policies[i] = { decide, limit, window, emission }
+  local shadow = ARGV[at + 4]
+  if shadow ~= "0" and shadow ~= "1" then
+    fail(at + 4, "shadow flag of policy " .. i, "must be 0 or 1, got " .. string.format("%q", string.sub(shadow, 1, 32)))
+  end
+  policies[i] = { algorithm[1], limit, window, emission, shadow == "1", algorithm[2] }
 end
 if problem then
   return redis.error_reply(problem)
+end
+
+if op == "x" then
+  redis.call("DEL", unpack(KEYS))
 end
 
 -- Decide every policy before writing anything.
 local reply, writes, all = {}, {}, true
 for i = 1, nkeys do
   local p = policies[i]
-  local allowed, remaining, reset, retry, ttl, nxt =
-    p[1](p[2], p[3], p[4], now, cost, redis.call("GET", KEYS[i]))
+  local raw = false
+  if op ~= "x" then
+    raw = redis.call("GET", KEYS[i])
+  end
+  if op == "r" and raw then
+    local given_back = p[6](p[2], p[3], p[4], now, cost, raw)
+    if given_back then
+      redis.call("SET", KEYS[i], given_back, "KEEPTTL")
+      raw = given_back
+    end
+  end
+  local allowed, remaining, reset, retry, ttl, nxt = p[1](p[2], p[3], p[4], now, cost, raw)
   local at = 4 * (i - 1)
   if allowed then
     reply[at + 1] = 1
   else
     reply[at + 1] = 0
-    all = false
+    if not p[5] then
+      all = false
+    end
   end
   reply[at + 2] = remaining
   reply[at + 3] = reset
   reply[at + 4] = retry
-  writes[i] = { nxt, math.max(ttl, 1) }
+  if allowed then
+    writes[i] = { nxt, math.max(ttl, 1) }
+  end
 end
 
-if all then
+if op == "c" and all then
   for i = 1, nkeys do
-    local nxt, ttl = writes[i][1], writes[i][2]
-    if type(nxt) == "table" then
-      for j = 1, #nxt, 2 do
-        redis.call("SETRANGE", KEYS[i], int(nxt[j]), nxt[j + 1])
+    local write = writes[i]
+    if write then
+      local nxt, ttl = write[1], write[2]
+      if type(nxt) == "table" then
+        for j = 1, #nxt, 2 do
+          redis.call("SETRANGE", KEYS[i], int(nxt[j]), nxt[j + 1])
+        end
+        redis.call("PEXPIRE", KEYS[i], int(ttl))
+      else
+        redis.call("SET", KEYS[i], nxt, "PX", int(ttl))
       end
-      redis.call("PEXPIRE", KEYS[i], int(ttl))
-    else
-      redis.call("SET", KEYS[i], nxt, "PX", int(ttl))
     end
   end
 end

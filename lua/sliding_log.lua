@@ -10,7 +10,9 @@
 local SL_HEAD = 4
 local SL_STAMP = 6
 
-local function sliding_log(limit, w, _emission, now, cost, raw)
+-- The ring in `raw`: its slot count n, head, the first logical stamp that
+-- counts (base), how many count (len), and the logical stamp i (0 = oldest).
+local function sl_ring(raw, limit)
   local n, head = 0, 0
   if raw then
     local len = #raw
@@ -29,11 +31,30 @@ local function sliding_log(limit, w, _emission, now, cost, raw)
   if n > limit then
     base = n - limit
   end
-  local len = n - base
   local function stamp(i)
     local slot = (head + base + i) % n
     return (struct.unpack(">I6", raw, SL_HEAD + 1 + slot * SL_STAMP))
   end
+  return n, head, base, n - base, stamp
+end
+
+-- The logical stamps [from, from + run) of the ring, in order, as one string.
+local function sl_copy(raw, n, head, base, from, run)
+  if run <= 0 then
+    return ""
+  end
+  local first_slot = (head + base + from) % n
+  local stop = math.min(first_slot + run, n)
+  local out = string.sub(raw, SL_HEAD + 1 + first_slot * SL_STAMP, SL_HEAD + stop * SL_STAMP)
+  local wrapped = first_slot + run - stop
+  if wrapped > 0 then
+    out = out .. string.sub(raw, SL_HEAD + 1, SL_HEAD + wrapped * SL_STAMP)
+  end
+  return out
+end
+
+local function sliding_log(limit, w, _emission, now, cost, raw)
+  local n, head, base, len, stamp = sl_ring(raw, limit)
   -- A clock that went back is clamped to the newest stamp: stamps stay sorted.
   local asked = now
   if len > 0 then
@@ -76,20 +97,7 @@ local function sliding_log(limit, w, _emission, now, cost, raw)
       table.insert(nxt, header .. string.sub(fresh, first * SL_STAMP + 1))
     else
       -- Growing, or a ring of another size: rewrite it in order, head 0.
-      local kept_from = drop
-      local parts = { struct.pack(">I4", 0) }
-      if kept_from < len then
-        local first_slot = (head + base + kept_from) % n
-        local run = len - kept_from
-        local stop = math.min(first_slot + run, n)
-        table.insert(parts, string.sub(raw, SL_HEAD + 1 + first_slot * SL_STAMP, SL_HEAD + stop * SL_STAMP))
-        local wrapped = first_slot + run - stop
-        if wrapped > 0 then
-          table.insert(parts, string.sub(raw, SL_HEAD + 1, SL_HEAD + wrapped * SL_STAMP))
-        end
-      end
-      table.insert(parts, fresh)
-      nxt = table.concat(parts)
+      nxt = struct.pack(">I4", 0) .. sl_copy(raw, n, head, base, drop, len - drop) .. fresh
     end
   else
     count = len - lo
@@ -97,13 +105,35 @@ local function sliding_log(limit, w, _emission, now, cost, raw)
       newest = stamp(len - 1)
     end
   end
+  -- Waits are counted from the time asked: a clamped clock waits for the newest
+  -- stamp too.
   local reset = 0
   if newest then
-    reset = math.max(newest + w - now, 0)
+    reset = math.max(newest + w - asked, 0)
   end
   local retry = 0
   if not allowed then
-    retry = deciding + w - now
+    retry = deciding + w - asked
   end
-  return allowed, math.max(limit - count, 0), reset, retry, reset + (now - asked), nxt
+  return allowed, math.max(limit - count, 0), reset, retry, reset, nxt
+end
+
+-- Refund: remove the cost most recent stamps, only those still in the window
+-- (now clamped to the newest stamp). Translation of refund in
+-- src/algorithm.rs. Returns the new state (rewritten in order, head 0), or nil
+-- when nothing changes.
+local function sliding_log_refund(limit, w, _emission, now, cost, raw)
+  local n, head, base, len, stamp = sl_ring(raw, limit)
+  if len == 0 then
+    return nil
+  end
+  now = math.max(now, stamp(len - 1))
+  local drop = 0
+  while drop < cost and drop < len and stamp(len - 1 - drop) + w > now do
+    drop = drop + 1
+  end
+  if drop == 0 then
+    return nil
+  end
+  return struct.pack(">I4", 0) .. sl_copy(raw, n, head, base, 0, len - drop)
 end

@@ -36,11 +36,13 @@ local function sliding_window(limit, w, _emission, now, cost, raw)
   if remaining < 0 then
     remaining = 0
   end
+  -- Waits are counted from the time asked, as for the fixed window.
+  local behind = now - asked
   local reset
   if cur > 0 then
-    reset = 2 * w - elapsed
+    reset = behind + 2 * w - elapsed
   elseif prev > 0 then
-    reset = w - elapsed
+    reset = behind + w - elapsed
   else
     reset = 0
   end
@@ -49,18 +51,30 @@ local function sliding_window(limit, w, _emission, now, cost, raw)
     retry = 0
   elseif cur + cost <= limit then
     -- This window has room once the previous one has decayed enough.
-    retry = w - idiv((limit - cur - cost) * w, prev) - elapsed
+    retry = behind + w - idiv((limit - cur - cost) * w, prev) - elapsed
   else
     -- Only the next window has room: its `prev` will be today's `cur`.
     local into_next = w - idiv((limit - cost) * w, cur)
     if into_next < 0 then
       into_next = 0
     end
-    retry = (w - elapsed) + into_next
+    retry = behind + (w - elapsed) + into_next
   end
   local nxt = nil
   if allowed then
     nxt = int(idx) .. ":" .. int(prev) .. ":" .. int(cur)
   end
-  return allowed, remaining, reset, retry, reset + (now - asked), nxt
+  return allowed, remaining, reset, retry, reset, nxt
+end
+
+-- Refund: the current window's count goes down by cost, not below 0; once the
+-- window has changed, nothing is refunded. Translation of refund in
+-- src/algorithm.rs. Returns the new state, or nil when nothing changes.
+local function sliding_window_refund(_limit, w, _emission, now, cost, raw)
+  local a, b, d = string.match(raw, "^(%d+):(%d+):(%d+)$")
+  local window, p, c = field(a), field(b), field(d)
+  if window and p and c and window >= idiv(now, w) and c > 0 then
+    return int(window) .. ":" .. int(p) .. ":" .. int(math.max(c - cost, 0))
+  end
+  return nil
 end

@@ -25,14 +25,35 @@ local function token_bucket(limit, _w, t, now_ms, cost, raw)
   if allowed then
     kept = new_tat
   end
-  local reset = cdiv(kept - now, 1000)
+  -- Waits are counted from the time asked: a clamped clock waits for the stored
+  -- time too.
+  local reset = cdiv(kept - asked, 1000)
   local remaining = idiv(tolerance - (kept - now), t)
   local retry = 0
   local nxt = nil
   if allowed then
     nxt = int(kept)
   else
-    retry = cdiv(new_tat - tolerance - now, 1000)
+    retry = cdiv(new_tat - tolerance - asked, 1000)
   end
-  return allowed, remaining, reset, retry, cdiv(kept - asked, 1000), nxt
+  return allowed, remaining, reset, retry, reset, nxt
+end
+
+-- Refund: the TAT moves back by cost emission intervals, not before now (now
+-- clamped as the check clamps it). Translation of refund in src/algorithm.rs.
+-- Returns the new state, or nil when nothing changes.
+local function token_bucket_refund(limit, _w, t, now_ms, cost, raw)
+  local tat = nil
+  if string.match(raw, "^%d+$") then
+    tat = field(raw)
+  end
+  if tat == nil then
+    return nil
+  end
+  local now = math.max(now_ms * 1000, tat - limit * t)
+  local back = math.max(tat - cost * t, now)
+  if back < tat then
+    return int(back)
+  end
+  return nil
 end

@@ -7,6 +7,15 @@
 //!
 //! A decision never changes state when it denies, so a request that one of several
 //! policies denies can be rolled back simply by not committing the others.
+//!
+//! Several policies decide together by one rule ([`admits_all`]): each policy whose
+//! step admits commits it if every enforced policy admits. Enforced policies are thus
+//! all or nothing among themselves, and a shadow policy consumes exactly when enforcing
+//! it would have: when it admits and the enforced ones do.
+//!
+//! Beside the check, [`refund`] gives back what a check consumed (the admin operation
+//! of [`Limiter::refund`](crate::Limiter::refund)); a peek is a check whose commit is
+//! dropped, and a reset forgets the state.
 
 use std::collections::VecDeque;
 
@@ -87,22 +96,78 @@ pub(crate) fn decide(policy: &Policy, state: Option<&State>, now_ms: u64, cost: 
     }
 }
 
+/// Whether the steps may commit: every enforced (non-shadow) policy admits. Then each
+/// step that admits commits, shadow ones included; otherwise none does.
+pub(crate) fn admits_all<'a>(
+    policies: &[Policy],
+    outcomes: impl IntoIterator<Item = &'a PolicyOutcome>,
+) -> bool {
+    policies
+        .iter()
+        .zip(outcomes)
+        .all(|(p, o)| o.allowed || p.is_shadow())
+}
+
+/// The state after giving back `cost` units, or `None` when there is nothing to give
+/// back. The state only shrinks, so the expiry it had still covers it.
+///
+/// - fixed and sliding window: the current window's count goes down by `cost`, not
+///   below 0; if the window has changed since, nothing is refunded;
+/// - token bucket: the theoretical arrival time moves back by `cost` emission
+///   intervals, not before now;
+/// - sliding log: the `cost` most recent stamps are removed, only those still in the
+///   window.
+///
+/// "Now" is clamped as the check clamps it when the clock went back.
+pub(crate) fn refund(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> Option<State> {
+    let w = policy.window_ms();
+    match state? {
+        State::FixedWindow { window, count } => {
+            // A stored window ahead of the clock is the one a check would use.
+            (*window >= now / w && *count > 0).then(|| State::FixedWindow {
+                window: *window,
+                count: count.saturating_sub(cost),
+            })
+        }
+        State::SlidingWindow { window, prev, cur } => {
+            (*window >= now / w && *cur > 0).then(|| State::SlidingWindow {
+                window: *window,
+                prev: *prev,
+                cur: cur.saturating_sub(cost),
+            })
+        }
+        State::TokenBucket { tat_us } => {
+            let t = policy.emission_interval_us();
+            let now = (now * 1_000).max(tat_us.saturating_sub(policy.limit() * t));
+            let back = tat_us.saturating_sub(cost * t).max(now);
+            (back < *tat_us).then_some(State::TokenBucket { tat_us: back })
+        }
+        State::SlidingLog { stamps } => {
+            let now = stamps.back().map_or(now, |newest| now.max(*newest));
+            let in_window = stamps.len() - stamps.partition_point(|x| x + w <= now);
+            let drop = in_window.min(usize::try_from(cost).unwrap_or(usize::MAX));
+            (drop > 0).then(|| {
+                let mut stamps = stamps.clone();
+                stamps.truncate(stamps.len() - drop);
+                State::SlidingLog { stamps }
+            })
+        }
+    }
+}
+
 fn fixed_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> Step {
     let (limit, w) = (policy.limit(), policy.window_ms());
     let mut idx = now / w;
     let mut count = 0;
-    let asked = now;
-    let mut now = now;
     if let Some(State::FixedWindow { window, count: c }) = state {
         if *window >= idx {
             // Same window, or a clock that went back: stay in the stored window.
-            if *window > idx {
-                idx = *window;
-                now = idx * w;
-            }
+            idx = *window;
             count = *c;
         }
     }
+    // Counted from the time asked: a clock that went back waits out the stored window
+    // too (the store decides on its stored time, the caller waits on its own clock).
     let reset = (idx + 1) * w - now;
     let allowed = count + cost <= limit;
     if allowed {
@@ -117,8 +182,7 @@ fn fixed_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> 
             retry_after_ms: if allowed { 0 } else { reset },
         },
         commit: allowed.then_some(Commit::Set(State::FixedWindow { window: idx, count })),
-        // A clock that went back must wait out the stored window too.
-        ttl_ms: reset + (now - asked),
+        ttl_ms: reset,
     }
 }
 
@@ -153,10 +217,12 @@ fn sliding_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -
         cur += cost;
     }
     let remaining = ((limit * w - weighted) / w).saturating_sub(cur);
+    // Waits are counted from the time asked, as for the fixed window.
+    let behind = now - asked;
     let reset = if cur > 0 {
-        2 * w - elapsed
+        behind + 2 * w - elapsed
     } else if prev > 0 {
-        w - elapsed
+        behind + w - elapsed
     } else {
         0
     };
@@ -164,11 +230,11 @@ fn sliding_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -
         0
     } else if cur + cost <= limit {
         // This window has room once the previous one has decayed enough.
-        w - ((limit - cur - cost) * w) / prev - elapsed
+        behind + w - ((limit - cur - cost) * w) / prev - elapsed
     } else {
         // Only the next window has room: its `prev` will be today's `cur`.
         let into_next = w.saturating_sub(((limit - cost) * w) / cur);
-        (w - elapsed) + into_next
+        behind + (w - elapsed) + into_next
     };
     Step {
         outcome: PolicyOutcome {
@@ -183,7 +249,7 @@ fn sliding_window(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -
             prev,
             cur,
         })),
-        ttl_ms: reset + (now - asked),
+        ttl_ms: reset,
     }
 }
 
@@ -204,7 +270,9 @@ fn token_bucket(policy: &Policy, state: Option<&State>, now_ms: u64, cost: u64) 
     let new_tat = tat + cost * t;
     let allowed = new_tat - now <= tolerance;
     let kept = if allowed { new_tat } else { tat };
-    let reset = (kept - now).div_ceil(1_000);
+    // Waits are counted from the time asked: a clamped clock waits for the stored
+    // time too.
+    let reset = (kept - asked).div_ceil(1_000);
     Step {
         outcome: PolicyOutcome {
             allowed,
@@ -214,11 +282,11 @@ fn token_bucket(policy: &Policy, state: Option<&State>, now_ms: u64, cost: u64) 
             retry_after_ms: if allowed {
                 0
             } else {
-                (new_tat - tolerance - now).div_ceil(1_000)
+                (new_tat - tolerance - asked).div_ceil(1_000)
             },
         },
         commit: allowed.then_some(Commit::Set(State::TokenBucket { tat_us: kept })),
-        ttl_ms: (kept - asked).div_ceil(1_000),
+        ttl_ms: reset,
     }
 }
 
@@ -245,7 +313,9 @@ fn sliding_log(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> S
     } else {
         (in_window, stamps.back().copied())
     };
-    let reset = newest.map_or(0, |n| (n + w).saturating_sub(now));
+    // Waits are counted from the time asked: a clamped clock waits for the newest
+    // stamp too.
+    let reset = newest.map_or(0, |n| (n + w).saturating_sub(asked));
     Step {
         outcome: PolicyOutcome {
             allowed,
@@ -253,7 +323,7 @@ fn sliding_log(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> S
             remaining: limit.saturating_sub(count),
             reset_after_ms: reset,
             retry_after_ms: match deciding {
-                Some(s) if !allowed => s + w - now,
+                Some(s) if !allowed => s + w - asked,
                 _ => 0,
             },
         },
@@ -262,7 +332,7 @@ fn sliding_log(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> S
             count: cost,
             limit,
         }),
-        ttl_ms: reset + (now - asked),
+        ttl_ms: reset,
     }
 }
 
@@ -416,8 +486,10 @@ pub(crate) mod tests {
 
     #[test]
     fn the_model_admits_exactly_the_hand_written_traces() {
+        use crate::decision::Decision;
+        use std::sync::Arc;
         for trace in traces::TRACES {
-            let policies = trace.built_policies();
+            let policies: Arc<[Policy]> = trace.built_policies().into();
             let mut states: Vec<Option<State>> = vec![None; policies.len()];
             let mut expires = 0;
             for (i, (&(_, cost, expected), now)) in
@@ -428,30 +500,95 @@ pub(crate) mod tests {
                 if now >= expires {
                     states.iter_mut().for_each(|s| *s = None);
                 }
+                if let Some(back) = trace.refund_before(i) {
+                    for (p, s) in policies.iter().zip(states.iter_mut()) {
+                        if let Some(next) = refund(p, s.as_ref(), now, u64::from(back)) {
+                            *s = Some(next);
+                        }
+                    }
+                }
                 let steps: Vec<Step> = policies
                     .iter()
                     .zip(&states)
                     .map(|(p, s)| decide(p, s.as_ref(), now, u64::from(cost)))
                     .collect();
-                let allowed = steps.iter().all(|s| s.outcome.allowed);
                 let outcomes: Vec<_> = steps.iter().map(|s| s.outcome).collect();
+                let allowed = admits_all(&policies, &outcomes);
+                let decision = Decision::from_outcomes(&policies, outcomes.iter().copied());
                 assert_eq!(
-                    allowed, expected,
+                    (decision.is_allowed(), decision.would_deny()),
+                    (expected, trace.would_deny.contains(&i)),
                     "{}: step {i} at {now} ms: {outcomes:?}",
                     trace.name
                 );
                 if allowed {
-                    let mut ttl = 0;
                     for (state, step) in states.iter_mut().zip(steps) {
-                        ttl = ttl.max(step.ttl_ms);
                         if let Some(commit) = step.commit {
+                            expires = expires.max(now + step.ttl_ms.max(1));
                             commit.apply(state);
                         }
                     }
-                    expires = now + ttl.max(1);
                 }
             }
         }
+    }
+
+    #[test]
+    fn refunds_follow_each_algorithm_s_rule() {
+        let s = Duration::from_secs(1);
+        let after = |p: &Policy, steps: &[(u64, u64)], now: u64, cost: u64| {
+            let mut state = None;
+            for &(t, c) in steps {
+                if let Some(commit) = decide(p, state.as_ref(), t, c).commit {
+                    commit.apply(&mut state);
+                }
+            }
+            refund(p, state.as_ref(), now, cost)
+        };
+        let fw = Policy::fixed_window("fw", 5, s).unwrap();
+        assert_eq!(
+            after(&fw, &[(100, 3)], 200, 9),
+            Some(State::FixedWindow {
+                window: 0,
+                count: 0
+            })
+        );
+        assert_eq!(
+            after(&fw, &[(100, 3)], 1_000, 1),
+            None,
+            "the window changed"
+        );
+        let sw = Policy::sliding_window("sw", 5, s).unwrap();
+        assert_eq!(
+            after(&sw, &[(100, 3), (1_100, 2)], 1_200, 1),
+            Some(State::SlidingWindow {
+                window: 1,
+                prev: 3,
+                cur: 1
+            })
+        );
+        assert_eq!(after(&sw, &[(100, 3)], 1_100, 1), None);
+        let tb = Policy::token_bucket("tb", 4, 1, s).unwrap();
+        assert_eq!(
+            after(&tb, &[(0, 3)], 0, 1),
+            Some(State::TokenBucket { tat_us: 2_000_000 })
+        );
+        assert_eq!(
+            after(&tb, &[(0, 3)], 500, 4),
+            Some(State::TokenBucket { tat_us: 500_000 }),
+            "not before now"
+        );
+        assert_eq!(after(&tb, &[(0, 1)], 2_000, 1), None);
+        let sl = Policy::sliding_log("sl", 4, s).unwrap();
+        assert_eq!(
+            after(&sl, &[(0, 1), (600, 2)], 1_200, 4),
+            Some(State::SlidingLog {
+                stamps: VecDeque::from([0])
+            }),
+            "only stamps still in the window leave"
+        );
+        assert_eq!(after(&sl, &[(0, 1)], 1_000, 1), None);
+        assert_eq!(refund(&sl, None, 0, 1), None);
     }
 
     #[test]
@@ -507,6 +644,37 @@ pub(crate) mod tests {
                 }
             }
             assert_eq!(admitted, before, "{p:?} admitted after a backwards step");
+        }
+    }
+
+    #[test]
+    fn waits_count_from_the_time_asked_when_the_clock_went_back() {
+        // When each seed policy admits again, and when its state is unused.
+        let expected = [
+            (6_000, 6_000),
+            (6_010, 7_000),
+            (5_010, 6_000),
+            (6_000, 6_000),
+        ];
+        for (p, (expected_at, unused_at)) in seed_policies().iter().zip(expected) {
+            let mut state = None;
+            for _ in 0..100 {
+                if let Some(commit) = decide(p, state.as_ref(), 5_000, 1).commit {
+                    commit.apply(&mut state);
+                }
+            }
+            // The clock jumps back 1.5 s: the decision is made on the stored time, and
+            // the wait it names counts from the time asked.
+            let denied = decide(p, state.as_ref(), 3_500, 1).outcome;
+            assert!(!denied.allowed, "{p:?}");
+            let at = 3_500 + denied.retry_after_ms;
+            assert_eq!(at, expected_at, "{p:?}");
+            assert_eq!(3_500 + denied.reset_after_ms, unused_at, "{p:?}");
+            assert!(
+                !decide(p, state.as_ref(), at - 1, 1).outcome.allowed,
+                "{p:?}"
+            );
+            assert!(decide(p, state.as_ref(), at, 1).outcome.allowed, "{p:?}");
         }
     }
 }

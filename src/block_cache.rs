@@ -4,8 +4,9 @@
 //! A flood from one over-limit subject then costs the store one call per retry period
 //! instead of one per request. The cache is exact, not a heuristic: the store said the
 //! request would not be admitted before `retry_after`, and nothing the cache blocks
-//! could have been admitted sooner (it blocks only costs at least as large as the
-//! denied one).
+//! could have been admitted sooner. It answers only the same cost as the denied
+//! request (another cost has another retry time), and forgets a subject as soon as the
+//! store admits one of its requests (its state changed).
 //!
 //! ```
 //! use redlimit::{clock::FakeClock, Limiter, MemoryStore, Policy};
@@ -69,13 +70,21 @@ impl BlockCache {
             self.blocked.remove_if(subject, |_, b| now_ms >= b.until_ms);
             return None;
         }
-        if cost < entry.cost {
-            // A smaller request may fit earlier than the denied one: ask the store.
+        if cost != entry.cost {
+            // A smaller request may fit earlier, a larger one later: ask the store.
             return None;
         }
         let mut decision = entry.decision.clone();
-        let elapsed = now_ms - entry.since_ms;
-        decision.rebase(entry.until_ms - now_ms, elapsed, Origin::BlockCache);
+        // Both waits end at fixed times: count them from now, which may be before the
+        // denial if the local clock went back (a `SystemClock` after an NTP step).
+        let reset_at = entry
+            .since_ms
+            .saturating_add(decision.outcome().reset_after_ms);
+        decision.rebase(
+            entry.until_ms - now_ms,
+            reset_at.saturating_sub(now_ms),
+            Origin::BlockCache,
+        );
         Some(decision)
     }
 
@@ -104,6 +113,15 @@ impl BlockCache {
                 decision: decision.clone(),
             },
         );
+    }
+
+    /// Drops `subject`'s block once its state changed (the store admitted one of its
+    /// requests, or it was refunded or reset): the cached retry time may no longer hold.
+    pub(crate) fn forget(&self, subject: &Subject) {
+        // Most admitted subjects are not blocked: look before taking a write lock.
+        if self.blocked.contains_key(subject) {
+            self.blocked.remove(subject);
+        }
     }
 
     #[cfg(test)]

@@ -47,7 +47,10 @@ pub struct PolicyOutcome {
 /// The limiter's answer for one request, over all its policies.
 ///
 /// When denied, it describes the policy that denied with the longest wait (the one the
-/// client must wait for); when allowed, the policy with the fewest units left.
+/// client must wait for); when allowed, the policy with the fewest units left. Shadow
+/// policies ([`Policy::shadow`]) never deny and never bind (unless every policy is a
+/// shadow): a request only they would deny is allowed, and
+/// [`Decision::would_deny`] says so.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     allowed: bool,
@@ -56,6 +59,9 @@ pub struct Decision {
     /// one policy by construction).
     index: usize,
     outcome: PolicyOutcome,
+    /// The shadow policy that would have denied this allowed request (the longest
+    /// wait among them), if any.
+    shadow_denier: Option<usize>,
     policies: Arc<[Policy]>,
 }
 
@@ -67,9 +73,23 @@ impl Decision {
         policies: &Arc<[Policy]>,
         outcomes: impl IntoIterator<Item = PolicyOutcome>,
     ) -> Self {
+        // The binding policy among the enforced ones (among all when every policy is a
+        // shadow, read as admitting); the shadow denier with the longest wait apart.
         let mut best: Option<(usize, PolicyOutcome)> = None;
+        let mut shadow: Option<(usize, u64)> = None;
         let mut allowed = true;
-        for (i, o) in outcomes.into_iter().enumerate() {
+        let all_shadow = policies.iter().all(Policy::is_shadow);
+        for (i, mut o) in outcomes.into_iter().enumerate() {
+            if policies.get(i).is_some_and(Policy::is_shadow) {
+                if !o.allowed && shadow.is_none_or(|(_, wait)| o.retry_after_ms > wait) {
+                    shadow = Some((i, o.retry_after_ms));
+                }
+                if !all_shadow {
+                    continue;
+                }
+                o.allowed = true;
+                o.retry_after_ms = 0;
+            }
             allowed &= o.allowed;
             let better = match &best {
                 None => true,
@@ -99,14 +119,21 @@ impl Decision {
             origin: Origin::Store,
             index,
             outcome,
+            // Only a request that is allowed was spared by shadow mode.
+            shadow_denier: if allowed {
+                shadow.map(|(i, _)| i)
+            } else {
+                None
+            },
             policies: Arc::clone(policies),
         }
     }
 
-    /// A cached denial seen `elapsed_ms` later, `retry_ms` before its retry time.
-    pub(crate) fn rebase(&mut self, retry_ms: u64, elapsed_ms: u64, origin: Origin) {
+    /// A cached denial seen again, `retry_ms` before its retry time and `reset_ms`
+    /// before its reset time.
+    pub(crate) fn rebase(&mut self, retry_ms: u64, reset_ms: u64, origin: Origin) {
         self.outcome.retry_after_ms = retry_ms;
-        self.outcome.reset_after_ms = self.outcome.reset_after_ms.saturating_sub(elapsed_ms);
+        self.outcome.reset_after_ms = reset_ms;
         self.origin = origin;
     }
 
@@ -168,5 +195,61 @@ impl Decision {
     /// The name of the policy that denied, if any.
     pub fn denied_by(&self) -> Option<&str> {
         (!self.allowed).then(|| self.policy().name())
+    }
+
+    /// Whether a shadow policy would have denied this allowed request, had it been
+    /// enforced. Always `false` for a denied request.
+    pub fn would_deny(&self) -> bool {
+        self.shadow_denier.is_some()
+    }
+
+    /// The shadow policy that would have denied this allowed request (the one with
+    /// the longest wait), if any.
+    pub fn shadow_denied_by(&self) -> Option<&str> {
+        self.shadow_denier
+            .and_then(|i| self.policies.get(i))
+            .map(Policy::name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn outcome(allowed: bool, remaining: u64, retry: u64) -> PolicyOutcome {
+        PolicyOutcome {
+            allowed,
+            limit: 10,
+            remaining,
+            reset_after_ms: 1_000,
+            retry_after_ms: retry,
+        }
+    }
+
+    #[test]
+    fn a_shadow_denial_is_allowed_and_named() {
+        let s = Duration::from_secs(1);
+        let policies: Arc<[Policy]> = vec![
+            Policy::fixed_window("real", 10, s).unwrap(),
+            Policy::fixed_window("trial", 10, s).unwrap().shadow(),
+        ]
+        .into();
+        let d = Decision::from_outcomes(&policies, [outcome(true, 4, 0), outcome(false, 0, 300)]);
+        assert!(d.is_allowed());
+        assert!(d.would_deny());
+        assert_eq!(d.shadow_denied_by(), Some("trial"));
+        assert_eq!(d.policy().name(), "real", "a shadow never binds");
+        assert_eq!(d.retry_after(), None);
+        // Denied by the enforced one: denied, and nothing was spared by shadow mode.
+        let d = Decision::from_outcomes(&policies, [outcome(false, 0, 50), outcome(false, 0, 300)]);
+        assert_eq!(d.denied_by(), Some("real"));
+        assert!(!d.would_deny());
+        // Only shadows: allowed, and the tightest one describes it.
+        let only: Arc<[Policy]> = vec![Policy::fixed_window("t", 10, s).unwrap().shadow()].into();
+        let d = Decision::from_outcomes(&only, [outcome(false, 0, 300)]);
+        assert!(d.is_allowed());
+        assert_eq!(d.shadow_denied_by(), Some("t"));
+        assert_eq!(d.outcome().retry_after_ms, 0);
     }
 }

@@ -14,8 +14,8 @@ use tower_service::Service;
 
 use crate::decision::Decision;
 use crate::error::Error;
-use crate::headers::Snapshot;
-use crate::layer::{FailureMode, Shared};
+use crate::headers::{HeaderStyle, PolicyHeaders, Snapshot};
+use crate::layer::{Config, FailureMode, Limit, Plan, Shared};
 use crate::limiter::CheckFuture;
 use crate::response::{self, Answer, ResponseBody};
 use crate::store::{Store, StoreError};
@@ -33,6 +33,7 @@ pin_project! {
     pub struct ResponseFuture<S, K, Inner, ReqBody>
     where
         S: Store,
+        K: Plan<S>,
         Inner: Service<Request<ReqBody>>,
     {
         #[pin]
@@ -51,13 +52,15 @@ pin_project! {
             request: Request<ReqBody>,
             inner: Inner,
             shared: Sh,
+            headers: Arc<PolicyHeaders>,
         },
         /// Allowed: the inner service runs; `headers` says what to add to its response
-        /// (absent when allowed responses carry no headers, or the store failed open).
+        /// (absent when allowed responses carry no headers, the store failed open, or
+        /// no limit applied).
         Calling {
             #[pin]
             future: F,
-            headers: Option<(Snapshot, Sh)>,
+            headers: Option<Headers>,
         },
         /// The layer answers by itself: a key rejection, a denial, a 503.
         Answered { answer: Option<Answer> },
@@ -65,17 +68,27 @@ pin_project! {
     }
 }
 
+/// What to add to an allowed response once the inner service answers.
+struct Headers {
+    style: HeaderStyle,
+    snapshot: Snapshot,
+    policies: Arc<PolicyHeaders>,
+}
+
 impl<S, K, Inner, ReqBody> ResponseFuture<S, K, Inner, ReqBody>
 where
     S: Store,
+    K: Plan<S>,
     Inner: Service<Request<ReqBody>>,
 {
-    /// A check still pending: `inner` is the service `poll_ready` readied.
+    /// A check still pending: `inner` is the service `poll_ready` readied; `headers`
+    /// are the checked limiter's.
     pub(crate) fn checking(
         check: CheckFuture<S::Future>,
         request: Request<ReqBody>,
         inner: Inner,
         shared: Arc<Shared<S, K>>,
+        headers: Arc<PolicyHeaders>,
     ) -> Self {
         Self {
             state: State::Checking {
@@ -83,6 +96,7 @@ where
                 request,
                 inner,
                 shared,
+                headers,
             },
         }
     }
@@ -93,15 +107,26 @@ where
         checked: Result<Decision, Error>,
         request: Request<ReqBody>,
         inner: &mut Inner,
-        shared: &Arc<Shared<S, K>>,
+        shared: &Shared<S, K>,
+        limit: &Limit<S>,
     ) -> Self {
-        let state = match decided(checked, request, inner, shared) {
+        let state = match decided(checked, request, inner, &shared.config, &limit.headers) {
             Next::Call { future, headers } => State::Calling { future, headers },
             Next::Answer(answer) => State::Answered {
                 answer: Some(answer),
             },
         };
         Self { state }
+    }
+
+    /// No limit applies: the inner call, untouched.
+    pub(crate) fn unlimited(future: Inner::Future) -> Self {
+        Self {
+            state: State::Calling {
+                future,
+                headers: None,
+            },
+        }
     }
 
     /// The layer's own answer, known in `call` (a key rejection).
@@ -117,6 +142,7 @@ where
 impl<S, K, Inner, ReqBody, ResBody> Future for ResponseFuture<S, K, Inner, ReqBody>
 where
     S: Store,
+    K: Plan<S>,
     Inner: Service<Request<ReqBody>, Response = Response<ResBody>>,
 {
     type Output = Result<Response<ResponseBody<ResBody>>, Inner::Error>;
@@ -131,12 +157,13 @@ where
                         request,
                         mut inner,
                         shared,
+                        headers,
                         ..
                     } = state.as_mut().project_replace(State::Done)
                     else {
                         unreachable!("the state was Checking a moment ago");
                     };
-                    match decided(checked, request, &mut inner, &shared) {
+                    match decided(checked, request, &mut inner, &shared.config, &headers) {
                         Next::Call { future, headers } => {
                             state.set(State::Calling { future, headers });
                         }
@@ -150,11 +177,10 @@ where
                     let headers = headers.take();
                     state.set(State::Done);
                     let mut response = result?.map(ResponseBody::inner);
-                    if let Some((snapshot, shared)) = headers {
-                        let config = &shared.config;
-                        config.policy_headers.write(
-                            config.header_style,
-                            &snapshot,
+                    if let Some(headers) = headers {
+                        headers.policies.write(
+                            headers.style,
+                            &headers.snapshot,
                             response.headers_mut(),
                         );
                     }
@@ -174,36 +200,39 @@ where
 }
 
 /// What follows a check: the inner call, or an answer of the layer's own.
-enum Next<F, Sh> {
-    Call {
-        future: F,
-        headers: Option<(Snapshot, Sh)>,
-    },
+enum Next<F> {
+    Call { future: F, headers: Option<Headers> },
     Answer(Answer),
 }
 
 /// Acts on the limiter's answer: calls `inner` when allowed (with the [`Decision`] in the
 /// request's extensions) or when the failure mode is open; answers otherwise.
-fn decided<S, K, Inner, ReqBody>(
+fn decided<Inner, ReqBody>(
     checked: Result<Decision, Error>,
     mut request: Request<ReqBody>,
     inner: &mut Inner,
-    shared: &Arc<Shared<S, K>>,
-) -> Next<Inner::Future, Arc<Shared<S, K>>>
+    config: &Config,
+    policies: &Arc<PolicyHeaders>,
+) -> Next<Inner::Future>
 where
     Inner: Service<Request<ReqBody>>,
 {
-    let config = &shared.config;
     let headers = match checked {
         Ok(decision) if decision.is_allowed() => {
-            let headers = (config.headers_on_allowed && !config.header_style.is_none())
-                .then(|| (Snapshot::of(&decision), Arc::clone(shared)));
+            let headers =
+                (config.headers_on_allowed && !config.header_style.is_none()).then(|| Headers {
+                    style: config.header_style,
+                    snapshot: Snapshot::of(&decision),
+                    policies: Arc::clone(policies),
+                });
             request.extensions_mut().insert(decision);
             headers
         }
         Ok(decision) => {
             let (head, _body) = request.into_parts();
-            return Next::Answer(response::too_many_requests(&head, &decision, config));
+            return Next::Answer(response::too_many_requests(
+                &head, &decision, config, policies,
+            ));
         }
         Err(error) => {
             log_failure(&error, config.failure_mode);
@@ -255,6 +284,7 @@ fn log_failure(error: &Error, mode: FailureMode) {
 impl<S, K, Inner, ReqBody> fmt::Debug for ResponseFuture<S, K, Inner, ReqBody>
 where
     S: Store,
+    K: Plan<S>,
     Inner: Service<Request<ReqBody>>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -48,6 +48,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! One layer can also choose the limiter per request: [`RateLimitLayer::rules`] by
+//! method and path (or gRPC method), [`RateLimitLayer::tiers`] by a tier such as the
+//! user's plan. Both are [`Plan`]s, served by the same [`RateLimit`] service.
+//!
 //! Under axum the same layer goes on a `Router` with `.layer(..)` or `.route_layer(..)`;
 //! handlers read the [`Decision`](crate::Decision) with `Option<Extension<Decision>>`
 //! (it is absent when the store failed and [`FailureMode::Open`] let the request pass).
@@ -58,10 +62,16 @@ use std::sync::Arc;
 use http::request::Parts;
 use tower_layer::Layer;
 
-use crate::headers::PolicyHeaders;
 use crate::key::KeyExtractor;
 use crate::limiter::Limiter;
+use crate::rules::Rules;
 use crate::store::Store;
+use crate::tiers::Tiers;
+
+mod plan;
+
+pub use plan::Plan;
+pub(crate) use plan::{Limit, Select, Selected};
 
 pub use crate::future::ResponseFuture;
 pub use crate::headers::HeaderStyle;
@@ -83,18 +93,32 @@ pub enum FailureMode {
 
 /// Middleware that limits requests by a key taken from each request.
 ///
-/// Built from a [`Limiter`] and a [`KeyExtractor`]; the options are builder methods.
-/// Cloning and [`Layer::layer`] share the limiter and its state. See the [module
-/// docs](self) for an example.
-pub struct RateLimitLayer<S, K> {
+/// Built from a [`Limiter`] and a [`KeyExtractor`] ([`RateLimitLayer::new`]), or from a
+/// [`Plan`] that picks the limiter per request: [`RateLimitLayer::rules`],
+/// [`RateLimitLayer::tiers`]. The options are builder methods. Cloning and
+/// [`Layer::layer`] share the limiters and their state. See the [module docs](self)
+/// for an example.
+pub struct RateLimitLayer<S, K: Plan<S>> {
     shared: Arc<Shared<S, K>>,
 }
 
 /// Everything the service and its futures share: one `Arc` clone per service clone.
-pub(crate) struct Shared<S, K> {
-    pub(crate) limiter: Arc<Limiter<S>>,
-    pub(crate) key: Arc<K>,
+pub(crate) struct Shared<S, P: Plan<S>> {
+    pub(crate) plan: Arc<Planned<S, P>>,
     pub(crate) config: Config,
+}
+
+/// The plan and what the layer keeps for it (the one limiter of a key extractor).
+pub(crate) struct Planned<S, P: Plan<S>> {
+    pub(crate) plan: P,
+    pub(crate) limits: P::Limits,
+}
+
+impl<S, P: Plan<S>> Planned<S, P> {
+    #[inline]
+    pub(crate) fn select(&self, parts: &Parts) -> Selected<'_, S> {
+        self.plan.select(&self.limits, parts)
+    }
 }
 
 /// The layer's options, with the headers that depend only on the policies precomputed.
@@ -105,7 +129,6 @@ pub(crate) struct Config {
     pub(crate) body_style: BodyStyle,
     pub(crate) failure_mode: FailureMode,
     pub(crate) cost: Cost,
-    pub(crate) policy_headers: PolicyHeaders,
 }
 
 /// What one request costs.
@@ -145,18 +168,17 @@ impl fmt::Debug for Config {
     }
 }
 
-// By hand: the fields are `Arc`s, so neither the store nor the extractor needs `Clone`.
-impl<S, K> Clone for Shared<S, K> {
+// By hand: the plan is in an `Arc`, so neither the store nor the extractor needs `Clone`.
+impl<S, P: Plan<S>> Clone for Shared<S, P> {
     fn clone(&self) -> Self {
         Self {
-            limiter: Arc::clone(&self.limiter),
-            key: Arc::clone(&self.key),
+            plan: Arc::clone(&self.plan),
             config: self.config.clone(),
         }
     }
 }
 
-impl<S, K> Clone for RateLimitLayer<S, K> {
+impl<S, K: Plan<S>> Clone for RateLimitLayer<S, K> {
     fn clone(&self) -> Self {
         Self {
             shared: Arc::clone(&self.shared),
@@ -164,11 +186,10 @@ impl<S, K> Clone for RateLimitLayer<S, K> {
     }
 }
 
-impl<S: Store, K> fmt::Debug for RateLimitLayer<S, K> {
+impl<S: Store, K: Plan<S>> fmt::Debug for RateLimitLayer<S, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("policies", &self.shared.limiter.policies())
-            .field("key", &std::any::type_name::<K>())
+            .field("plan", &std::any::type_name::<K>())
             .field("config", &self.shared.config)
             .finish()
     }
@@ -184,18 +205,43 @@ impl<S: Store, K: KeyExtractor> RateLimitLayer<S, K> {
     /// Like [`RateLimitLayer::new`], for a limiter the application also uses elsewhere
     /// (the same limits checked outside HTTP).
     pub fn from_shared(limiter: Arc<Limiter<S>>, key: K) -> Self {
-        let policy_headers = PolicyHeaders::new(limiter.policies());
+        Self::with_plan(key, Limit::new(limiter))
+    }
+
+    /// The limiter the layer checks.
+    pub fn limiter(&self) -> &Arc<Limiter<S>> {
+        &self.shared.plan.limits.limiter
+    }
+}
+
+impl<S: Store> RateLimitLayer<S, Rules<S>> {
+    /// Checks each request against the first of `rules` that matches it (method and
+    /// path, or gRPC service and method), with that rule's limiter and key; a request
+    /// no rule matches passes unchecked unless the rules have a default.
+    pub fn rules(rules: Rules<S>) -> Self {
+        Self::with_plan(rules, ())
+    }
+}
+
+impl<S: Store, K: KeyExtractor> RateLimitLayer<S, Tiers<S, K>> {
+    /// Checks each request against the limiter of its tier (a user's plan, say), all
+    /// in one layer; see [`Tiers`].
+    pub fn tiers(tiers: Tiers<S, K>) -> Self {
+        Self::with_plan(tiers, ())
+    }
+}
+
+impl<S: Store, K: Plan<S>> RateLimitLayer<S, K> {
+    fn with_plan(plan: K, limits: K::Limits) -> Self {
         Self {
             shared: Arc::new(Shared {
-                limiter,
-                key: Arc::new(key),
+                plan: Arc::new(Planned { plan, limits }),
                 config: Config {
                     header_style: HeaderStyle::default(),
                     headers_on_allowed: true,
                     body_style: BodyStyle::default(),
                     failure_mode: FailureMode::default(),
                     cost: Cost::Fixed(1),
-                    policy_headers,
                 },
             }),
         }
@@ -240,17 +286,12 @@ impl<S: Store, K: KeyExtractor> RateLimitLayer<S, K> {
         self
     }
 
-    /// The limiter the layer checks.
-    pub fn limiter(&self) -> &Arc<Limiter<S>> {
-        &self.shared.limiter
-    }
-
     fn config_mut(&mut self) -> &mut Config {
         &mut Arc::make_mut(&mut self.shared).config
     }
 }
 
-impl<S, K, Inner> Layer<Inner> for RateLimitLayer<S, K> {
+impl<S, K: Plan<S>, Inner> Layer<Inner> for RateLimitLayer<S, K> {
     type Service = RateLimit<S, K, Inner>;
 
     fn layer(&self, inner: Inner) -> Self::Service {

@@ -31,7 +31,7 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::decision::{Decision, Origin};
 use crate::error::Error;
 use crate::policy::Policy;
-use crate::store::{MemoryStore, PolicySet, Store, StoreError};
+use crate::store::{AdminStore, MemoryStore, Operation, PolicySet, Store, StoreError};
 use crate::subject::Subject;
 
 /// A store and the policies one kind of request is checked against.
@@ -139,28 +139,10 @@ impl<S: Store> Limiter<S> {
     /// A cost of 0, or above what some policy can ever admit, is an error rather than a
     /// denial that would never end.
     pub fn check(&self, subject: impl Into<Subject>, cost: u32) -> CheckFuture<S::Future> {
-        let cost = u64::from(cost);
-        let invalid = if cost == 0 {
-            Some(Error::ZeroCost)
-        } else if cost > self.set.max_cost() {
-            let policy = self
-                .set
-                .policies()
-                .iter()
-                .find(|p| p.max_cost() < cost)
-                .map(|p| p.name().to_owned())
-                .unwrap_or_default();
-            Some(Error::CostTooHigh {
-                cost,
-                max: self.set.max_cost(),
-                policy,
-            })
-        } else {
-            None
+        let cost = match self.valid_cost(cost) {
+            Ok(cost) => cost,
+            Err(error) => return CheckFuture::ready(Err(error)),
         };
-        if let Some(error) = invalid {
-            return CheckFuture::ready(Err(error));
-        }
         let subject = subject.into();
         let Some(guard) = &self.guard else {
             return CheckFuture {
@@ -190,6 +172,128 @@ impl<S: Store> Limiter<S> {
     }
 }
 
+impl<S> Limiter<S> {
+    /// `cost` as the stores take it, or why no policy set could ever admit it.
+    fn valid_cost(&self, cost: u32) -> Result<u64, Error> {
+        let cost = u64::from(cost);
+        if cost == 0 {
+            return Err(Error::ZeroCost);
+        }
+        if cost > self.set.max_cost() {
+            let policy = self
+                .set
+                .policies()
+                .iter()
+                .find(|p| p.max_cost() < cost)
+                .map(|p| p.name().to_owned())
+                .unwrap_or_default();
+            return Err(Error::CostTooHigh {
+                cost,
+                max: self.set.max_cost(),
+                policy,
+            });
+        }
+        Ok(cost)
+    }
+}
+
+/// Admin operations: what a check would decide, giving back, forgetting.
+///
+/// They go through the same per-algorithm code as the check (one script in Redis,
+/// the model in memory), bypass the block cache (and clear the subject's entry in
+/// it when they give back), and are not counted as decisions.
+///
+/// ```
+/// use redlimit::{clock::FakeClock, Limiter, MemoryStore, Policy};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = Limiter::new(
+///     MemoryStore::with_clock(FakeClock::new(0)),
+///     Policy::fixed_window("api", 2, Duration::from_secs(60))?,
+/// );
+/// limiter.check("u1", 2).await?;
+/// // What a check would say now, consuming nothing.
+/// assert!(!limiter.peek("u1", 1).await?.is_allowed());
+/// // The handler failed: give the cost back, and the next check admits again.
+/// limiter.refund("u1", 1).await?;
+/// assert!(limiter.check("u1", 1).await?.is_allowed());
+/// // Forget the subject altogether.
+/// limiter.reset("u1").await?;
+/// assert_eq!(limiter.peek("u1", 1).await?.remaining(), 1);
+/// # Ok(()) }
+/// ```
+impl<S: AdminStore> Limiter<S> {
+    /// The decision [`Limiter::check`] would make now for `cost`, consuming nothing.
+    ///
+    /// Goes to the store (not the block cache); the fallback answers while the store
+    /// fails, as for a check.
+    pub async fn peek(&self, subject: impl Into<Subject>, cost: u32) -> Result<Decision, Error> {
+        let cost = self.valid_cost(cost)?;
+        self.admin(Operation::Peek, subject.into(), cost).await
+    }
+
+    /// Gives back `cost` units a check consumed, for instance when the handler
+    /// answered 5xx, and answers as [`Limiter::peek`] of `cost` would afterwards.
+    ///
+    /// Per policy (shadow ones included): a fixed or sliding window lowers its current
+    /// window's count (not below 0; nothing if the window has changed since); a token
+    /// bucket moves its theoretical arrival time back by `cost` intervals (not before
+    /// now); a sliding log removes its `cost` most recent stamps still in the window.
+    /// The state only shrinks and keeps its expiry. The subject's cached denial, if
+    /// any, is dropped. While the store fails, the fallback (if any) is refunded.
+    pub async fn refund(&self, subject: impl Into<Subject>, cost: u32) -> Result<Decision, Error> {
+        let cost = self.valid_cost(cost)?;
+        let subject = subject.into();
+        if let Some(blocks) = self.guard.as_ref().and_then(|g| g.blocks.as_ref()) {
+            blocks.forget(&subject);
+        }
+        self.admin(Operation::Refund, subject, cost).await
+    }
+
+    /// Forgets `subject`'s state for every policy of this limiter (deletes its keys),
+    /// its cached denial and its state in the fallback.
+    ///
+    /// A store failure is an error even with a fallback: the store's state is unchanged.
+    pub async fn reset(&self, subject: impl Into<Subject>) -> Result<(), Error> {
+        let subject = subject.into();
+        if let Some(guard) = &self.guard {
+            if let Some(blocks) = &guard.blocks {
+                blocks.forget(&subject);
+            }
+            if let Some(fallback) = &guard.fallback {
+                fallback.run_op(Operation::Reset, subject.clone(), &self.set, 1);
+            }
+        }
+        self.store
+            .run(Operation::Reset, subject, &self.set, 1)
+            .await
+            .map(drop)
+            .map_err(|error| {
+                crate::telemetry::store_failed(&error, false);
+                Error::Store(error)
+            })
+    }
+
+    async fn admin(&self, op: Operation, subject: Subject, cost: u64) -> Result<Decision, Error> {
+        let fallback = self.guard.as_ref().and_then(|g| g.fallback.as_ref());
+        let key = fallback.map(|_| subject.clone());
+        match self.store.run(op, subject, &self.set, cost).await {
+            Ok(decision) => Ok(decision),
+            Err(error) => {
+                crate::telemetry::store_failed(&error, fallback.is_some());
+                match (fallback, key) {
+                    (Some(fallback), Some(subject)) => Ok(fallback
+                        .run_op(op, subject, &self.set, cost)
+                        .with_origin(Origin::Fallback)),
+                    _ => Err(Error::Store(error)),
+                }
+            }
+        }
+    }
+}
+
 /// What a guarded check needs once the store has answered.
 #[derive(Debug)]
 struct After {
@@ -209,8 +313,12 @@ impl After {
         } = self;
         match result {
             Ok(decision) => {
-                if let (false, Some(blocks)) = (decision.is_allowed(), &guard.blocks) {
-                    blocks.insert(subject, cost, &decision, guard.clock.now_ms());
+                if let Some(blocks) = &guard.blocks {
+                    if decision.is_allowed() {
+                        blocks.forget(&subject);
+                    } else {
+                        blocks.insert(subject, cost, &decision, guard.clock.now_ms());
+                    }
                 }
                 Ok(decision)
             }
@@ -399,6 +507,56 @@ mod tests {
         let after = limiter.check("flooder", 1).await.unwrap();
         assert!(after.is_allowed());
         assert_eq!(after.origin(), Origin::Store);
+    }
+
+    #[tokio::test]
+    async fn the_block_cache_answers_only_the_denied_cost_until_the_subject_is_admitted() {
+        let clock = FakeClock::new(0);
+        let limiter = Limiter::new(
+            MemoryStore::with_clock(clock.clone()),
+            Policy::sliding_log("p", 3, Duration::from_secs(1)).unwrap(),
+        )
+        .block_cache(10)
+        .local_clock(clock.clone());
+        for t in [0, 100, 200] {
+            clock.set_ms(t);
+            assert!(limiter.check("s", 1).await.unwrap().is_allowed());
+        }
+        clock.set_ms(300);
+        let one = limiter.check("s", 1).await.unwrap();
+        assert_eq!(one.retry_after(), Some(Duration::from_millis(700)));
+        // Two units wait for the stamp at 100 to leave, not the one at 0.
+        let two = limiter.check("s", 2).await.unwrap();
+        assert_eq!(two.origin(), Origin::Store);
+        assert_eq!(two.retry_after(), Some(Duration::from_millis(800)));
+        let again = limiter.check("s", 2).await.unwrap();
+        assert_eq!(again.origin(), Origin::BlockCache);
+        // One unit fits at 1 000 and consumes: two units now wait for 1 200, not 1 100.
+        clock.set_ms(1_000);
+        assert!(limiter.check("s", 1).await.unwrap().is_allowed());
+        let two = limiter.check("s", 2).await.unwrap();
+        assert_eq!(two.origin(), Origin::Store);
+        assert_eq!(two.retry_after(), Some(Duration::from_millis(200)));
+    }
+
+    #[tokio::test]
+    async fn the_block_cache_survives_a_local_clock_that_goes_back() {
+        let clock = FakeClock::new(10_000);
+        let limiter = Limiter::new(
+            MemoryStore::with_clock(clock.clone()),
+            Policy::fixed_window("p", 1, Duration::from_secs(1)).unwrap(),
+        )
+        .block_cache(10)
+        .local_clock(clock.clone());
+        assert!(limiter.check("s", 1).await.unwrap().is_allowed());
+        assert!(!limiter.check("s", 1).await.unwrap().is_allowed());
+        clock.set_ms(9_500);
+        let cached = limiter.check("s", 1).await.unwrap();
+        assert_eq!(cached.origin(), Origin::BlockCache);
+        // Still blocked until 11 000, now 1.5 s away; the store says the same.
+        assert_eq!(cached.retry_after(), Some(Duration::from_millis(1_500)));
+        let store = limiter.store().decide(Subject::new("s"), &limiter.set, 1);
+        assert_eq!(store, cached.with_origin(Origin::Store));
     }
 
     #[tokio::test]

@@ -15,6 +15,7 @@
 //! ```
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -97,7 +98,7 @@ pub enum PolicyError {
 ///
 /// Cheap to clone. Built only through the checked constructors, so every `Policy` that
 /// exists can be computed exactly in Rust and in Lua.
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Policy {
     name: Arc<str>,
     algorithm: Algorithm,
@@ -107,6 +108,21 @@ pub struct Policy {
     window_ms: u64,
     /// Token bucket only: microseconds per token.
     emission_us: u64,
+    /// Decides, counts and shows in headers, but never denies.
+    shadow: bool,
+}
+
+/// Hashes what keys the state (name, algorithm, numbers), not the shadow flag: a
+/// policy switched from shadow to enforced keeps its state, in memory as in Redis.
+impl Hash for Policy {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // Same fields, same order as a derived impl had: fingerprints do not change.
+        self.name.hash(state);
+        self.algorithm.hash(state);
+        self.limit.hash(state);
+        self.window_ms.hash(state);
+        self.emission_us.hash(state);
+    }
 }
 
 impl fmt::Debug for Policy {
@@ -116,6 +132,7 @@ impl fmt::Debug for Policy {
             .field("algorithm", &self.algorithm)
             .field("limit", &self.limit)
             .field("window_ms", &self.window_ms)
+            .field("shadow", &self.shadow)
             .finish_non_exhaustive()
     }
 }
@@ -194,6 +211,7 @@ impl Policy {
             limit: u64::from(capacity),
             window_ms: tolerance_us.div_ceil(1_000),
             emission_us,
+            shadow: false,
         })
     }
 
@@ -226,6 +244,7 @@ impl Policy {
             limit: u64::from(limit),
             window_ms,
             emission_us: 0,
+            shadow: false,
         })
     }
 
@@ -262,6 +281,31 @@ impl Policy {
     /// The largest cost this policy can ever admit in one request.
     pub fn max_cost(&self) -> u64 {
         self.limit
+    }
+
+    /// This policy in shadow mode, to try a limit on real traffic: it decides, counts
+    /// and appears in the headers, but never denies. A request it alone would deny is
+    /// allowed, and the [`Decision`](crate::Decision) names it
+    /// ([`would_deny`](crate::Decision::would_deny)); a log line and a counter record it.
+    ///
+    /// State: the enforced policies stay all or nothing among themselves; a shadow
+    /// policy consumes exactly when it admits and every enforced policy admits, so its
+    /// state is what enforcing it would have kept. Its Redis key is the one it has when
+    /// enforced, so switching it on later keeps the state.
+    pub fn shadow(self) -> Self {
+        self.enforce(false)
+    }
+
+    /// Enforces this policy (`true`, the default) or only shadows it (`false`, see
+    /// [`Policy::shadow`]).
+    pub fn enforce(mut self, enforce: bool) -> Self {
+        self.shadow = !enforce;
+        self
+    }
+
+    /// Whether this policy is in shadow mode (decides but never denies).
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
     }
 }
 
@@ -329,5 +373,21 @@ mod tests {
         assert_eq!(p.emission_interval_us(), 1_000_000);
         assert_eq!(p.window(), Duration::from_secs(10));
         assert_eq!(p.limit(), 10);
+    }
+
+    #[test]
+    fn shadow_is_a_flag_that_keeps_the_fingerprint() {
+        use std::collections::hash_map::DefaultHasher;
+        let p = Policy::fixed_window("p", 3, Duration::from_secs(1)).unwrap();
+        let hash = |p: &Policy| {
+            let mut h = DefaultHasher::new();
+            p.hash(&mut h);
+            h.finish()
+        };
+        let s = p.clone().shadow();
+        assert!(s.is_shadow() && !p.is_shadow());
+        assert_ne!(s, p);
+        assert_eq!(hash(&s), hash(&p));
+        assert_eq!(s.enforce(true), p);
     }
 }

@@ -18,7 +18,7 @@ use pin_project_lite::pin_project;
 
 use crate::decision::Decision;
 use crate::grpc;
-use crate::headers::{retry_after_secs, Snapshot};
+use crate::headers::{retry_after_secs, PolicyHeaders, Snapshot};
 use crate::key::KeyRejection;
 use crate::layer::Config;
 
@@ -114,7 +114,12 @@ pub(crate) type Answer = Response<Bytes>;
 /// A gRPC request (`content-type: application/grpc...`) gets a trailers-only
 /// `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms` instead, and the same rate-limit
 /// headers: see [`crate::grpc`].
-pub(crate) fn too_many_requests(head: &Parts, decision: &Decision, config: &Config) -> Answer {
+pub(crate) fn too_many_requests(
+    head: &Parts,
+    decision: &Decision,
+    config: &Config,
+    policy_headers: &PolicyHeaders,
+) -> Answer {
     if grpc::is_grpc(head) {
         // The exact wait, at least 1 ms: 0 would tell a retrying client to come straight back.
         let wait_ms = decision.outcome().retry_after_ms.max(1);
@@ -124,7 +129,7 @@ pub(crate) fn too_many_requests(head: &Parts, decision: &Decision, config: &Conf
         );
         let mut response =
             grpc::trailers_only(head, grpc::RESOURCE_EXHAUSTED, &message, Some(wait_ms));
-        config.policy_headers.write(
+        policy_headers.write(
             config.header_style,
             &Snapshot::of(decision),
             response.headers_mut(),
@@ -146,9 +151,7 @@ pub(crate) fn too_many_requests(head: &Parts, decision: &Decision, config: &Conf
     let mut response = answer(StatusCode::TOO_MANY_REQUESTS, config, body);
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, HeaderValue::from(retry));
-    config
-        .policy_headers
-        .write(config.header_style, &Snapshot::of(decision), headers);
+    policy_headers.write(config.header_style, &Snapshot::of(decision), headers);
     response
 }
 

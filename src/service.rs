@@ -9,8 +9,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::future::{ready_now, ResponseFuture};
-use crate::key::KeyExtractor;
-use crate::layer::Shared;
+use crate::layer::{Plan, Shared};
 use crate::response::{self, ResponseBody};
 use crate::store::Store;
 
@@ -20,12 +19,12 @@ use crate::store::Store;
 /// Made by [`RateLimitLayer`](crate::RateLimitLayer); see the [`layer`](crate::layer)
 /// module for an example. Its error type is `Inner`'s: denials, key rejections and store
 /// failures are responses, never errors.
-pub struct RateLimit<S, K, Inner> {
+pub struct RateLimit<S, K: Plan<S>, Inner> {
     inner: Inner,
     shared: Arc<Shared<S, K>>,
 }
 
-impl<S, K, Inner> RateLimit<S, K, Inner> {
+impl<S, K: Plan<S>, Inner> RateLimit<S, K, Inner> {
     pub(crate) fn new(inner: Inner, shared: Arc<Shared<S, K>>) -> Self {
         Self { inner, shared }
     }
@@ -46,7 +45,7 @@ impl<S, K, Inner> RateLimit<S, K, Inner> {
     }
 }
 
-impl<S, K, Inner: Clone> Clone for RateLimit<S, K, Inner> {
+impl<S, K: Plan<S>, Inner: Clone> Clone for RateLimit<S, K, Inner> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -55,11 +54,11 @@ impl<S, K, Inner: Clone> Clone for RateLimit<S, K, Inner> {
     }
 }
 
-impl<S: Store, K, Inner: fmt::Debug> fmt::Debug for RateLimit<S, K, Inner> {
+impl<S: Store, K: Plan<S>, Inner: fmt::Debug> fmt::Debug for RateLimit<S, K, Inner> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
-            .field("policies", &self.shared.limiter.policies())
+            .field("plan", &std::any::type_name::<K>())
             .field("config", &self.shared.config)
             .finish()
     }
@@ -68,7 +67,7 @@ impl<S: Store, K, Inner: fmt::Debug> fmt::Debug for RateLimit<S, K, Inner> {
 impl<S, K, Inner, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, Inner>
 where
     S: Store,
-    K: KeyExtractor,
+    K: Plan<S>,
     Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
 {
     type Response = Response<ResponseBody<ResBody>>;
@@ -82,8 +81,13 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
         let (parts, body) = request.into_parts();
-        let subject = match shared.key.extract(&parts) {
-            Ok(subject) => subject,
+        let (limit, subject) = match shared.plan.select(&parts) {
+            Ok(Some(selected)) => selected,
+            Ok(None) => {
+                // No limit applies: the request passes untouched, without headers.
+                let request = Request::from_parts(parts, body);
+                return ResponseFuture::unlimited(self.inner.call(request));
+            }
             Err(rejection) => {
                 return ResponseFuture::answered(response::rejected(
                     &parts,
@@ -93,18 +97,19 @@ where
             }
         };
         let cost = shared.config.cost.of(&parts);
-        let mut check = shared.limiter.check(subject, cost);
+        let mut check = limit.limiter.check(subject, cost);
         let request = Request::from_parts(parts, body);
         if let Some(checked) = ready_now(&mut check) {
             // Decided already (the memory store): the service `poll_ready` readied is
             // called right away.
-            return ResponseFuture::decided(checked, request, &mut self.inner, shared);
+            return ResponseFuture::decided(checked, request, &mut self.inner, shared, limit);
         }
         // Otherwise the readied service is taken into the future and called when the
         // check completes; the clone stays for the next request and will be readied in
         // its turn.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::checking(check, request, inner, Arc::clone(shared))
+        let headers = Arc::clone(&limit.headers);
+        ResponseFuture::checking(check, request, inner, Arc::clone(shared), headers)
     }
 }

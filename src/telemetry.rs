@@ -1,6 +1,8 @@
 //! Logs and metrics of decisions, in one place.
 //!
-//! Decisions are `tracing` events at debug level, store failures at warn. With the
+//! Decisions are `tracing` events at debug level, requests a shadow policy would have
+//! denied at info (the point of shadow mode is to read them), store failures at warn.
+//! With the
 //! `metrics` feature, counters and a histogram go through the `metrics` facade, so any
 //! exporter (Prometheus, StatsD) the application installs receives them:
 //!
@@ -8,6 +10,7 @@
 //! |---|---|---|
 //! | `redlimit_decisions_total` | counter | `outcome` (allowed, denied), `origin` (store, block_cache, fallback), `policy` |
 //! | `redlimit_store_errors_total` | counter | `kind` (timeout, unavailable, protocol), `handled` (fallback or not) |
+//! | `redlimit_shadow_denials_total` | counter | `policy` (the shadow policy that would have denied) |
 
 use crate::decision::Decision;
 use crate::store::{StoreError, StoreErrorKind};
@@ -27,6 +30,24 @@ pub(crate) fn decided(decision: &Decision) {
         "outcome" => if decision.is_allowed() { "allowed" } else { "denied" },
         "origin" => decision.origin().as_str(),
         "policy" => decision.policy().name().to_owned(),
+    )
+    .increment(1);
+    if let Some(policy) = decision.shadow_denied_by() {
+        shadow_denied(decision, policy);
+    }
+}
+
+/// An allowed request that a shadow policy would have denied.
+fn shadow_denied(decision: &Decision, policy: &str) {
+    tracing::info!(
+        policy,
+        origin = decision.origin().as_str(),
+        "rate-limit shadow policy would have denied"
+    );
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "redlimit_shadow_denials_total",
+        "policy" => policy.to_owned(),
     )
     .increment(1);
 }

@@ -1,89 +1,19 @@
 //! One truth per algorithm: the memory store (the Rust model) and the Redis store (the
-//! Lua scripts) make identical decisions on the same traces, on a shared fake clock.
+//! Lua scripts) make identical decisions on the same traces, on a shared fake clock,
+//! with shadow policies among the checked ones and peeks, refunds and resets between
+//! the checks (each compared too).
 //!
-//! Redis counts key TTLs in real time, not on the fake clock, so after each step the
-//! runner stretches the trace's keys' TTLs: state then disappears only as the fake
-//! clock says (the memory store drops it; Redis keeps stale state, which every
-//! algorithm reads as unused). TTL values themselves are checked in redis_store.rs.
+//! Redis counts key TTLs in real time, not on the fake clock: the runner
+//! (`support::props::SideBySide`) stretches them after each step, so state disappears
+//! only as the fake clock says. TTL values themselves are checked in redis_store.rs.
+//! Random policies and traces are in properties.rs.
 
 mod support;
 
-use std::time::Duration;
-
-use deadpool_redis::redis;
-use redlimit::clock::FakeClock;
-use redlimit::{Decision, Limiter, MemoryStore, Policy, RedisStore, Store, Subject};
+use redlimit::Policy;
+use support::props::{Admin, SideBySide};
 use support::traces::{Spec, TRACES};
 use support::RedisServer;
-
-fn limiter<S: Store>(store: S, policies: &[Policy]) -> Limiter<S> {
-    let mut policies = policies.iter().cloned();
-    let first = policies.next().expect("a trace has at least one policy");
-    policies.fold(Limiter::new(store, first), Limiter::policy)
-}
-
-/// Runs the memory and Redis stores side by side over `steps` of (time, cost).
-struct SideBySide {
-    clock: FakeClock,
-    memory: Limiter<MemoryStore>,
-    redis: Limiter<RedisStore>,
-    subject: String,
-    keys: Vec<String>,
-    conn: redis::aio::MultiplexedConnection,
-}
-
-impl SideBySide {
-    async fn new(
-        server: &RedisServer,
-        policies: &[Policy],
-        start_ms: u64,
-        subject: String,
-    ) -> Self {
-        let clock = FakeClock::new(start_ms);
-        let store = RedisStore::new(server.pool())
-            .client_clock(clock.clone())
-            .timeout(Duration::from_secs(5));
-        let keys = policies
-            .iter()
-            .map(|p| store.key(&Subject::new(&subject), p))
-            .collect();
-        Self {
-            memory: limiter(MemoryStore::with_clock(clock.clone()), policies),
-            redis: limiter(store, policies),
-            clock,
-            subject,
-            keys,
-            conn: server.conn().await,
-        }
-    }
-
-    /// One step at `now`: both decisions, which must be identical.
-    async fn step(&mut self, now: u64, cost: u32, what: &str, server: &RedisServer) -> Decision {
-        self.clock.set_ms(now);
-        let memory = self
-            .memory
-            .check(self.subject.as_str(), cost)
-            .await
-            .unwrap();
-        let redis = match self.redis.check(self.subject.as_str(), cost).await {
-            Ok(d) => d,
-            Err(e) => panic!("{what}: Redis failed: {e}\n{}", server.log_tail()),
-        };
-        assert_eq!(
-            redis, memory,
-            "{what}: Redis (left) and memory (right) differ"
-        );
-        let mut stretch = redis::pipe();
-        for key in &self.keys {
-            stretch.cmd("PEXPIRE").arg(key).arg(600_000).ignore();
-        }
-        stretch
-            .query_async::<()>(&mut self.conn)
-            .await
-            .expect("PEXPIRE failed");
-        memory
-    }
-}
 
 #[tokio::test]
 async fn memory_and_redis_match_every_hand_written_trace() {
@@ -94,8 +24,16 @@ async fn memory_and_redis_match_every_hand_written_trace() {
             SideBySide::new(&server, &policies, trace.start_ms, format!("trace-{t}")).await;
         for (i, (&(_, cost, expected), now)) in trace.steps.iter().zip(trace.times()).enumerate() {
             let what = format!("{}: step {i} at {now} ms, cost {cost}", trace.name);
-            let decision = run.step(now, cost, &what, &server).await;
+            if let Some(back) = trace.refund_before(i) {
+                run.admin(now, Admin::Refund(back), &what, &server).await;
+            }
+            let decision = run.step_checked(now, cost, &what, &server).await;
             assert_eq!(decision.is_allowed(), expected, "{what}: {decision:?}");
+            assert_eq!(
+                decision.would_deny(),
+                trace.would_deny.contains(&i),
+                "{what}: {decision:?}"
+            );
         }
     }
     server.assert_every_key_expires().await;
@@ -136,10 +74,22 @@ async fn memory_and_redis_match_on_generated_traces() {
             Spec::Log("c", 6, 1_500),
             Spec::Fixed("d", 12, 5_000),
         ],
+        &[
+            Spec::Fixed("a", 4, 1_000),
+            Spec::Shadow(&Spec::Sliding("b", 3, 1_000)),
+        ],
+        &[
+            Spec::Shadow(&Spec::Log("a", 3, 800)),
+            Spec::Bucket("b", 5, 2, 1_000),
+            Spec::Shadow(&Spec::Bucket("c", 2, 1, 500)),
+        ],
+        &[Spec::Shadow(&Spec::Fixed("a", 3, 700))],
     ];
     let mut rng = Lcg(0x5eed_2026);
     let mut admitted = 0;
     let mut denied = 0;
+    let mut admin_ops = 0;
+    let mut shadow_denials = 0;
     for (s, specs) in sets.iter().enumerate() {
         let policies: Vec<Policy> = specs.iter().map(|p| p.policy()).collect();
         let max_cost = policies.iter().map(|p| p.max_cost()).min().unwrap_or(1);
@@ -165,7 +115,22 @@ async fn memory_and_redis_match_on_generated_traces() {
             };
             let what = format!("set {s} {specs:?}: step {i} at {now} ms, cost {cost}");
             let cost = u32::try_from(cost).unwrap();
-            if run.step(now, cost, &what, &server).await.is_allowed() {
+            // Now and then an admin operation first, at the same time.
+            let op = match rng.below(20) {
+                0 => Some(Admin::Peek(cost)),
+                1 | 2 => Some(Admin::Refund(cost)),
+                3 if rng.below(4) == 0 => Some(Admin::Reset),
+                _ => None,
+            };
+            if let Some(op) = op {
+                run.admin(now, op, &what, &server).await;
+                admin_ops += 1;
+            }
+            let decision = run.step_checked(now, cost, &what, &server).await;
+            if decision.would_deny() {
+                shadow_denials += 1;
+            }
+            if decision.is_allowed() {
                 admitted += 1;
             } else {
                 denied += 1;
@@ -174,8 +139,9 @@ async fn memory_and_redis_match_on_generated_traces() {
     }
     // The traces must exercise both answers, or they prove little.
     assert!(
-        admitted > 500 && denied > 500,
-        "{admitted} admitted, {denied} denied"
+        admitted > 500 && denied > 500 && admin_ops > 300 && shadow_denials > 100,
+        "{admitted} admitted, {denied} denied, {admin_ops} admin operations, \
+         {shadow_denials} shadow denials"
     );
     server.assert_every_key_expires().await;
 }

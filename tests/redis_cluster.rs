@@ -481,10 +481,12 @@ async fn the_same_store_works_again_after_the_whole_cluster_restarts() {
     let last_second = attempts - settled.unwrap_or(0);
     drop(counter);
     assert!(down.max_latency <= TIMEOUT + MARGIN, "{down:?}");
-    // The cluster client's own burst (a few ms of it) until a call reports that it
-    // lost every node, then one attempt (to six nodes) per 250 ms at most.
+    // The cluster client's own burst until the store replaces the connection (after
+    // 250 ms without an answer; about 80 attempts on an idle machine, up to ~300 on a
+    // machine whose two cores are saturated), then one paced attempt (to six nodes)
+    // per 250 ms at most: the storm is bounded in time, and the steady state is paced.
     assert!(
-        last_second <= 6 * 6 && attempts <= 300,
+        last_second <= 6 * 6 && attempts <= 600,
         "{attempts} connection attempts in 1.5 s down, {last_second} in the last second: \
          a reconnect storm"
     );

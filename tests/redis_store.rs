@@ -400,71 +400,94 @@ async fn bad_arguments_fail_with_an_error_that_names_them() {
     let one = ["rl:{s}:p:fw"];
     let two = ["rl:{s}:p:fw", "rl:{s}:q:sl"];
     let cases: &[(&[&str], &[&str], &str)] = &[
-        (&[], &["s", "1"], "KEYS must hold one state key per policy"),
         (
-            &one,
-            &["s", "1", "fw", "10"],
-            "ARGV must hold 2 + 4 x 1 = 6 arguments",
+            &[],
+            &["s", "1", "c"],
+            "KEYS must hold one state key per policy",
         ),
         (
             &one,
-            &["yesterday", "1", "fw", "10", "1000", "0"],
+            &["s", "1", "c", "fw", "10"],
+            "ARGV must hold 3 + 5 x 1 = 8 arguments",
+        ),
+        (
+            &one,
+            &["yesterday", "1", "c", "fw", "10", "1000", "0", "0"],
             "ARGV[1] (clock)",
         ),
         (
             &one,
-            &["99999999999999", "1", "fw", "10", "1000", "0"],
+            &["99999999999999", "1", "c", "fw", "10", "1000", "0", "0"],
             "ARGV[1] (clock)",
         ),
         (
             &one,
-            &["s", "0", "fw", "10", "1000", "0"],
+            &["s", "0", "c", "fw", "10", "1000", "0", "0"],
             "ARGV[2] (cost) must be a positive integer",
         ),
         (
             &one,
-            &["s", "11", "fw", "10", "1000", "0"],
+            &["s", "11", "c", "fw", "10", "1000", "0", "0"],
             "ARGV[2] (cost) must not exceed the limit of policy 1",
         ),
         (
             &one,
-            &["s", "1", "xx", "10", "1000", "0"],
-            "ARGV[3] (algorithm of policy 1)",
+            &["s", "1", "check", "fw", "10", "1000", "0", "0"],
+            "ARGV[3] (operation) must be c, p, r or x",
         ),
         (
             &one,
-            &["s", "1", "fw", "-5", "1000", "0"],
-            "ARGV[4] (limit of policy 1) must be a positive integer",
+            &["s", "1", "c", "xx", "10", "1000", "0", "0"],
+            "ARGV[4] (algorithm of policy 1)",
         ),
         (
             &one,
-            &["s", "1", "fw", "10", "1.5", "0"],
-            "ARGV[5] (window_ms of policy 1)",
+            &["s", "1", "c", "fw", "-5", "1000", "0", "0"],
+            "ARGV[5] (limit of policy 1) must be a positive integer",
         ),
         (
             &one,
-            &["s", "1", "fw", "10", "1e3", "0"],
-            "ARGV[5] (window_ms of policy 1)",
+            &["s", "1", "c", "fw", "10", "1.5", "0", "0"],
+            "ARGV[6] (window_ms of policy 1)",
         ),
         (
             &one,
-            &["s", "1", "tb", "10", "1000", "0"],
-            "ARGV[6] (emission_us of policy 1)",
+            &["s", "1", "c", "fw", "10", "1e3", "0", "0"],
+            "ARGV[6] (window_ms of policy 1)",
         ),
         (
             &one,
-            &["s", "1", "fw", "10", "9007199254740991", "0"],
-            "ARGV[5] (window_ms of policy 1) times the limit",
+            &["s", "1", "c", "tb", "10", "1000", "0", "0"],
+            "ARGV[7] (emission_us of policy 1)",
         ),
         (
             &one,
-            &["s", "1", "sl", "100001", "1000", "0"],
-            "ARGV[4] (limit of policy 1) of a sliding log",
+            &["s", "1", "c", "fw", "10", "9007199254740991", "0", "0"],
+            "ARGV[6] (window_ms of policy 1) times the limit",
+        ),
+        (
+            &one,
+            &["s", "1", "c", "sl", "100001", "1000", "0", "0"],
+            "ARGV[5] (limit of policy 1) of a sliding log",
+        ),
+        (
+            &one,
+            &["s", "1", "c", "fw", "10", "1000", "0", "yes"],
+            "ARGV[8] (shadow flag of policy 1) must be 0 or 1",
         ),
         (
             &two,
-            &["s", "1", "fw", "10", "1000", "0", "sl", "", "1000", "0"],
-            "ARGV[8] (limit of policy 2)",
+            &[
+                "s", "1", "c", "fw", "10", "1000", "0", "0", "sl", "", "1000", "0", "0",
+            ],
+            "ARGV[10] (limit of policy 2)",
+        ),
+        (
+            &two,
+            &[
+                "s", "1", "x", "fw", "10", "1000", "0", "0", "sl", "5", "1000", "0", "",
+            ],
+            "ARGV[13] (shadow flag of policy 2)",
         ),
     ];
     for (keys, args, expected) in cases {

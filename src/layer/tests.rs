@@ -730,3 +730,82 @@ fn the_memory_store_is_decided_inside_call() {
     );
     assert!(crate::future::ready_now(&mut slow.check("a", 1)).is_none());
 }
+
+/// An inner service that counts its clones: the layer clones it only for a check that
+/// is still pending when `call` returns.
+struct CountsClones(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Clone for CountsClones {
+    fn clone(&self) -> Self {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Self(Arc::clone(&self.0))
+    }
+}
+
+impl Service<Request<Empty<Bytes>>> for CountsClones {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _req: Request<Empty<Bytes>>) -> Self::Future {
+        ready(Ok(Response::new(Full::from("hello"))))
+    }
+}
+
+#[test]
+fn every_plan_on_the_memory_store_takes_the_synchronous_path() {
+    let clock = FakeClock::new(0);
+    let limiter = || Limiter::new(MemoryStore::with_clock(clock.clone()), fixed("d", 1, 1_000));
+    let rules = crate::rules::Rules::builder()
+        .path("/limited", limiter(), UserHeader)
+        .build()
+        .unwrap();
+    let tiers = crate::tiers::Tiers::new(UserHeader, |_| Some("one")).tier("one", limiter());
+    let clones = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let inner = || CountsClones(Arc::clone(&clones));
+    type Call = Box<dyn FnMut(Request<Empty<Bytes>>) -> StatusCode>;
+    let mut services: Vec<Call> = vec![
+        {
+            let mut service = RateLimitLayer::new(limiter(), UserHeader).layer(inner());
+            Box::new(move |req| poll_once(service.call(req)))
+        },
+        {
+            let mut service = RateLimitLayer::rules(rules).layer(inner());
+            Box::new(move |req| poll_once(service.call(req)))
+        },
+        {
+            let mut service = RateLimitLayer::tiers(tiers).layer(inner());
+            Box::new(move |req| poll_once(service.call(req)))
+        },
+    ];
+    for call in &mut services {
+        let limited = || {
+            let mut req = request("u1");
+            *req.uri_mut() = "/limited".parse().unwrap();
+            req
+        };
+        assert_eq!(call(limited()), StatusCode::OK);
+        assert_eq!(call(limited()), StatusCode::TOO_MANY_REQUESTS);
+    }
+    assert_eq!(clones.load(Ordering::Relaxed), 0);
+}
+
+/// The response of a future that must be ready at its first poll.
+fn poll_once<F, B>(future: F) -> StatusCode
+where
+    F: Future<Output = Result<Response<B>, Infallible>>,
+{
+    let mut future = std::pin::pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(Ok(response)) => response.status(),
+        Poll::Ready(Err(never)) => match never {},
+        Poll::Pending => panic!("the memory store's check was not decided inside call"),
+    }
+}

@@ -27,10 +27,11 @@ use std::time::Duration;
 use dashmap::DashMap;
 use smallvec::SmallVec;
 
-use super::{PolicySet, Store, StoreError};
+use super::{AdminStore, Operation, PolicySet, Store, StoreError};
 use crate::algorithm::{self, State};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
+use crate::policy::Policy;
 use crate::subject::Subject;
 
 /// Limit state in this process's memory.
@@ -107,41 +108,86 @@ impl MemoryStore {
     }
 
     pub(crate) fn decide(&self, subject: Subject, set: &PolicySet, cost: u64) -> Decision {
+        self.run_op(Operation::Check, subject, set, cost)
+    }
+
+    /// Every operation on one entry, under its lock: the model's steps, then what the
+    /// operation keeps of them.
+    pub(crate) fn run_op(
+        &self,
+        op: Operation,
+        subject: Subject,
+        set: &PolicySet,
+        cost: u64,
+    ) -> Decision {
         let inner = &*self.inner;
         let now = inner.clock.now_ms();
         inner.maybe_sweep(now);
         let policies = set.policies();
-        let mut entry = inner
-            .map
-            .entry((set.fingerprint(), subject))
-            .or_insert_with(|| Entry {
-                states: SmallVec::new(),
-                expires_at_ms: 0,
-            });
+        let key = (set.fingerprint(), subject);
+        if op == Operation::Reset {
+            inner.map.remove(&key);
+        }
+        let fresh = || Entry {
+            states: SmallVec::new(),
+            expires_at_ms: 0,
+        };
+        let mut entry = match op {
+            Operation::Check => inner.map.entry(key).or_insert_with(fresh),
+            // The others never create an entry.
+            _ => match inner.map.get_mut(&key) {
+                Some(entry) => entry,
+                None => {
+                    let states: SmallVec<[Option<State>; 2]> =
+                        SmallVec::from_elem(None, policies.len());
+                    return peek(policies, &states, now, cost);
+                }
+            },
+        };
         if entry.expires_at_ms <= now || entry.states.len() != policies.len() {
             entry.states.clear();
             entry.states.resize(policies.len(), None);
+        }
+        match op {
+            Operation::Check => {}
+            Operation::Refund => {
+                for (policy, state) in policies.iter().zip(entry.states.iter_mut()) {
+                    if let Some(next) = algorithm::refund(policy, state.as_ref(), now, cost) {
+                        *state = Some(next);
+                    }
+                }
+                return peek(policies, &entry.states, now, cost);
+            }
+            _ => return peek(policies, &entry.states, now, cost),
         }
         let mut steps: SmallVec<[algorithm::Step; 2]> = policies
             .iter()
             .zip(entry.states.iter())
             .map(|(policy, state)| algorithm::decide(policy, state.as_ref(), now, cost))
             .collect();
-        let allowed = steps.iter().all(|s| s.outcome.allowed);
-        if allowed {
-            let mut ttl = 0;
+        if algorithm::admits_all(policies, steps.iter().map(|s| &s.outcome)) {
+            let mut expires = entry.expires_at_ms;
             for (state, step) in entry.states.iter_mut().zip(steps.iter_mut()) {
                 if let Some(commit) = step.commit.take() {
                     commit.apply(state);
+                    expires = expires.max(now.saturating_add(step.ttl_ms.max(1)));
                 }
-                ttl = ttl.max(step.ttl_ms);
             }
-            entry.expires_at_ms = now.saturating_add(ttl.max(1));
+            entry.expires_at_ms = expires;
         }
         drop(entry);
         let outcomes = steps.iter().map(|s| s.outcome);
         Decision::from_outcomes(policies, outcomes)
     }
+}
+
+/// The decision a check would make on `states`, changing nothing.
+fn peek(policies: &Arc<[Policy]>, states: &[Option<State>], now: u64, cost: u64) -> Decision {
+    let outcomes = policies
+        .iter()
+        .zip(states)
+        .map(|(policy, state)| algorithm::decide(policy, state.as_ref(), now, cost).outcome);
+    Decision::from_outcomes(policies, outcomes)
 }
 
 impl Inner {
@@ -179,5 +225,11 @@ impl Store for MemoryStore {
 
     fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
         ready(Ok(self.decide(subject, set, cost)))
+    }
+}
+
+impl AdminStore for MemoryStore {
+    fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        ready(Ok(self.run_op(op, subject, set, cost)))
     }
 }

@@ -92,6 +92,51 @@ impl<S: Store> Store for Arc<S> {
     }
 }
 
+/// What a store call does to a subject's state. The check and the admin operations go
+/// through the same per-algorithm code (the model in memory, the one script in Redis).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Operation {
+    /// Decide and consume (the hot path, [`Store::check`]).
+    Check,
+    /// Decide as a check would now, consuming nothing.
+    Peek,
+    /// Give back `cost` units (see [`Limiter::refund`](crate::Limiter::refund)), then
+    /// answer as a peek of `cost` would.
+    Refund,
+    /// Forget the subject's state for every policy of the set, then answer as a peek
+    /// of `cost` would (on fresh state).
+    Reset,
+}
+
+impl Operation {
+    /// A short stable name, for logs.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Operation::Check => "check",
+            Operation::Peek => "peek",
+            Operation::Refund => "refund",
+            Operation::Reset => "reset",
+        }
+    }
+}
+
+/// A store that also runs the admin operations (peek, refund, reset).
+///
+/// Apart from [`Store`] so that a store written for checks alone (a test double, a
+/// wrapper) needs nothing more.
+pub trait AdminStore: Store {
+    /// Runs `op` for `subject` under every policy of `set`. `cost` is validated as for
+    /// [`Store::check`]; `run(Operation::Check, ..)` is `check`.
+    fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future;
+}
+
+impl<S: AdminStore> AdminStore for Arc<S> {
+    fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        (**self).run(op, subject, set, cost)
+    }
+}
+
 /// What went wrong with a store: it is never shown to clients as a 429.
 #[derive(Debug)]
 pub struct StoreError {

@@ -121,6 +121,19 @@
 //! input can choose another slot or reach another subject's key. Every write sets a
 //! TTL equal to the time the state needs to decay back to unused (at most two
 //! windows); no key lives without one.
+//!
+//! A shadow policy ([`Policy::shadow`]) has the key and state it would have when
+//! enforced, so switching it on carries its state over; the script writes it when it
+//! admits and every enforced policy admits.
+//!
+//! # Admin operations
+//!
+//! [`Limiter::peek`](crate::Limiter::peek), [`refund`](crate::Limiter::refund) and
+//! [`reset`](crate::Limiter::reset) are the same script with another operation in its
+//! arguments, one `EVALSHA` each: a peek reads and writes nothing; a refund rewrites
+//! each state smaller with `SET .. KEEPTTL` (the state only shrinks, so its TTL still
+//! covers it; Redis 6.0 or later); a reset is a `DEL` of the subject's keys for the
+//! limiter's policies.
 
 use std::fmt;
 use std::future::Future;
@@ -133,7 +146,7 @@ use deadpool_redis::redis::Value;
 use deadpool_redis::Pool;
 use smallvec::SmallVec;
 
-use super::{PolicySet, Store, StoreError, StoreErrorKind};
+use super::{AdminStore, Operation, PolicySet, Store, StoreError, StoreErrorKind};
 use crate::clock::Clock;
 use crate::decision::{Decision, PolicyOutcome};
 use crate::policy::Policy;
@@ -327,10 +340,19 @@ impl Store for RedisStore {
     type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
 
     fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        self.run(Operation::Check, subject, set, cost)
+    }
+}
+
+/// Every operation is one `EVALSHA` of the same script, the operation in its
+/// arguments: the admin operations share the check's per-algorithm Lua.
+impl AdminStore for RedisStore {
+    fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
         let call = Call {
             key_base: self.key_base(&subject),
             now_ms: self.settings.clock.as_ref().map(|c| c.now_ms()),
             cost,
+            op,
             policies: Arc::clone(set.policies()),
         };
         let link = Arc::clone(&self.link);
@@ -343,7 +365,7 @@ impl Store for RedisStore {
             let reply = match tokio::time::timeout_at(deadline, link.eval(&mut lent, &call)).await {
                 Ok(reply) => reply?,
                 Err(_) => {
-                    link.timed_out(lent.generation());
+                    link.timed_out(&lent);
                     return Err(StoreError::timeout());
                 }
             };

@@ -51,6 +51,8 @@ pub async fn command_calls(
 pub mod cluster;
 /// Counting reconnection attempts while a server is down.
 pub mod outage;
+/// The memory and Redis stores side by side on one fake clock.
+pub mod props;
 
 /// How long a server may take to accept connections.
 const START_TIMEOUT: Duration = Duration::from_secs(10);

@@ -19,6 +19,8 @@ pub enum Spec {
     Log(&'static str, u32, u64),
     /// `Policy::token_bucket(name, capacity, refill, period_ms)`.
     Bucket(&'static str, u32, u32, u64),
+    /// The inner policy in shadow mode (`.shadow()`): decides, never denies.
+    Shadow(&'static Spec),
 }
 
 impl Spec {
@@ -32,6 +34,7 @@ impl Spec {
             Spec::Bucket(name, capacity, refill, period) => {
                 Policy::token_bucket(name, capacity, refill, ms(period))
             }
+            Spec::Shadow(inner) => Ok(inner.policy().shadow()),
         };
         match built {
             Ok(policy) => policy,
@@ -53,14 +56,23 @@ pub struct Trace {
     pub start_ms: u64,
     /// The policies checked together, in order.
     pub policies: &'static [Spec],
+    /// Refunds `(i, cost)`: at step `i`'s time, before its check, give back `cost`.
+    pub refunds: &'static [(usize, u32)],
     /// The steps, in order.
     pub steps: &'static [Step],
+    /// The steps that are allowed only because a shadow policy does not deny.
+    pub would_deny: &'static [usize],
 }
 
 impl Trace {
     /// The trace's policies, built.
     pub fn built_policies(&self) -> Vec<Policy> {
         self.policies.iter().map(|s| s.policy()).collect()
+    }
+
+    /// The refund to make before step `i`, if any.
+    pub fn refund_before(&self, i: usize) -> Option<u32> {
+        self.refunds.iter().find(|(at, _)| *at == i).map(|(_, cost)| *cost)
     }
 
     /// The clock reading at each step.
@@ -85,6 +97,7 @@ pub const TRACES: &[Trace] = &[
         name: "fixed window: fills, denies to the end of the window, resets on the aligned boundary",
         start_ms: 10_000,
         policies: &[Spec::Fixed("fw", 3, 1_000)],
+        refunds: &[],
         steps: &[
             (0, 1, Y),
             (0, 1, Y),
@@ -95,11 +108,13 @@ pub const TRACES: &[Trace] = &[
             (0, 2, Y),
             (0, 1, N),
         ],
+        would_deny: &[],
     },
     Trace {
         name: "fixed window: a cost above what is left is denied and consumes nothing",
         start_ms: 20_500,
         policies: &[Spec::Fixed("fw", 5, 1_000)],
+        refunds: &[],
         steps: &[
             (0, 3, Y),
             (1, 3, N),
@@ -109,11 +124,13 @@ pub const TRACES: &[Trace] = &[
             (1, 5, Y),   // 21 000: the whole limit at once
             (0, 1, N),
         ],
+        would_deny: &[],
     },
     Trace {
         name: "fixed window: a clock that goes back stays in the stored window",
         start_ms: 30_000,
         policies: &[Spec::Fixed("fw", 2, 1_000)],
+        refunds: &[],
         steps: &[
             (0, 1, Y),
             (0, 1, Y),
@@ -123,11 +140,13 @@ pub const TRACES: &[Trace] = &[
             (-200, 1, Y),   // 30 800: clamped into window 31, which has room for one
             (0, 1, N),
         ],
+        would_deny: &[],
     },
     Trace {
         name: "sliding window: the previous window's weight decays with the elapsed time",
         start_ms: 40_000,
         policies: &[Spec::Sliding("sw", 10, 1_000)],
+        refunds: &[],
         steps: &[
             (0, 5, Y),
             (0, 5, Y),
@@ -142,11 +161,13 @@ pub const TRACES: &[Trace] = &[
             (2_000, 10, Y), // 43 300: two windows later, nothing is left
             (0, 1, N),
         ],
+        would_deny: &[],
     },
     Trace {
         name: "sliding window: a clock that goes back is clamped to the stored window's start",
         start_ms: 50_500,
         policies: &[Spec::Sliding("sw", 4, 1_000)],
+        refunds: &[],
         steps: &[
             (0, 4, Y),
             (-2_000, 1, N), // 48 500: clamped to 50 000, window 50 is full
@@ -155,11 +176,13 @@ pub const TRACES: &[Trace] = &[
             (250, 1, Y),    // 51 250: 4 x 0.75 + 1 <= 4
             (-1_000, 1, N), // 50 250: clamped to 51 000: 4 x 1.0 + 2 > 4
         ],
+        would_deny: &[],
     },
     Trace {
         name: "token bucket: a burst of the capacity, then one token per second",
         start_ms: 60_000,
         policies: &[Spec::Bucket("tb", 5, 1, 1_000)],
+        refunds: &[],
         steps: &[
             (0, 1, Y),
             (0, 1, Y),
@@ -173,11 +196,13 @@ pub const TRACES: &[Trace] = &[
             (2_000, 2, Y), // 63 000: two tokens
             (0, 1, N),
         ],
+        would_deny: &[],
     },
     Trace {
         name: "token bucket: a clock that goes back never refills; idle time refills to the capacity only",
         start_ms: 70_000,
         policies: &[Spec::Bucket("tb", 3, 2, 1_000)],
+        refunds: &[],
         steps: &[
             (0, 3, Y),
             (0, 1, N),
@@ -187,11 +212,13 @@ pub const TRACES: &[Trace] = &[
             (10_000, 3, Y), // 80 500: full again, never more than the capacity
             (0, 1, N),
         ],
+        would_deny: &[],
     },
     Trace {
         name: "sliding log: exact in every window, costs need that many stamps to leave",
         start_ms: 80_000,
         policies: &[Spec::Log("sl", 3, 1_000)],
+        refunds: &[],
         steps: &[
             (0, 1, Y),
             (100, 1, Y),
@@ -205,11 +232,13 @@ pub const TRACES: &[Trace] = &[
             (6_000, 3, Y), // 82 200: the whole limit once 81 200 has left
             (0, 1, N),
         ],
+        would_deny: &[],
     },
     Trace {
         name: "sliding log: the ring wraps, costs > 1 across the end of the ring",
         start_ms: 90_000,
         policies: &[Spec::Log("sl", 4, 100)],
+        refunds: &[],
         steps: &[
             (0, 1, Y),
             (10, 1, Y),
@@ -225,6 +254,7 @@ pub const TRACES: &[Trace] = &[
             (1_000, 4, Y), // 91 220: the whole limit
             (0, 1, N),
         ],
+        would_deny: &[],
     },
     Trace {
         name: "two policies: a denial by either consumes from neither",
@@ -233,6 +263,7 @@ pub const TRACES: &[Trace] = &[
             Spec::Fixed("second", 2, 1_000),
             Spec::Sliding("minute", 5, 60_000),
         ],
+        refunds: &[],
         steps: &[
             (0, 1, Y),
             (0, 1, Y),
@@ -243,6 +274,7 @@ pub const TRACES: &[Trace] = &[
             (0, 1, N),     // "minute" denies; "second" keeps 1
             (1_000, 2, N), // "minute" still denies
         ],
+        would_deny: &[],
     },
     Trace {
         name: "three policies, costs > 1: burst, log and day each bind in turn",
@@ -252,6 +284,7 @@ pub const TRACES: &[Trace] = &[
             Spec::Log("log", 6, 10_000),
             Spec::Fixed("day", 100, 86_400_000),
         ],
+        refunds: &[],
         steps: &[
             (0, 2, Y),
             (0, 2, Y),     // burst empty
@@ -262,5 +295,121 @@ pub const TRACES: &[Trace] = &[
             (0, 1, N),     // the log is full
             (8_500, 1, Y), // 10 000 ms after the first stamps
         ],
+        would_deny: &[],
+    },
+    Trace {
+        name: "shadow: never denies; consumes only when it and the enforced policies admit",
+        start_ms: 300_000,
+        policies: &[
+            Spec::Fixed("second", 2, 1_000),
+            Spec::Shadow(&Spec::Fixed("minute", 5, 60_000)),
+        ],
+        refunds: &[],
+        steps: &[
+            (0, 1, Y),     // second 1, minute 1
+            (0, 1, Y),     // second 2, minute 2
+            (0, 1, N),     // "second" denies: "minute" consumes nothing
+            (1_000, 1, Y), // minute 3
+            (0, 1, Y),     // minute 4
+            (1_000, 1, Y), // minute 5
+            (0, 1, Y),     // "minute" would deny: allowed, and it stays at 5
+            (0, 1, N),     // "second" denies
+            (1_000, 1, Y), // "minute" would deny
+        ],
+        would_deny: &[6, 8],
+    },
+    Trace {
+        name: "shadow only: every request passes; the bucket drains only by what it admits",
+        start_ms: 400_000,
+        policies: &[Spec::Shadow(&Spec::Bucket("tb", 2, 1, 1_000))],
+        refunds: &[],
+        steps: &[
+            (0, 1, Y),
+            (0, 1, Y),
+            (0, 1, Y),     // would deny
+            (1_000, 1, Y), // one token came back
+            (0, 1, Y),     // would deny
+        ],
+        would_deny: &[2, 4],
+    },
+    Trace {
+        name: "refund, fixed window: gives back in the current window, never below 0",
+        start_ms: 500_000,
+        policies: &[Spec::Fixed("fw", 3, 1_000)],
+        refunds: &[(1, 3), (4, 3)],
+        steps: &[
+            (0, 2, Y),
+            (0, 3, Y),     // after a refund of 3: the count is 0, not below
+            (0, 1, N),
+            (1_000, 1, Y), // a new window
+            (0, 3, Y),     // after a refund of 3: back to 0
+            (0, 1, N),
+        ],
+        would_deny: &[],
+    },
+    Trace {
+        name: "refund, sliding window: once the window has changed, nothing is refunded",
+        start_ms: 600_000,
+        policies: &[Spec::Sliding("sw", 4, 1_000)],
+        refunds: &[(1, 2), (4, 4)],
+        steps: &[
+            (0, 4, Y),
+            (0, 2, Y),   // after a refund of 2
+            (0, 1, N),
+            (1_000, 1, N), // 601 000: 4 x 1.0 + 1 > 4
+            (250, 2, N), // 601 250: the refund found no current count; 4 x 0.75 + 2 > 4
+            (0, 1, Y),   // 4 x 0.75 + 1 <= 4
+        ],
+        would_deny: &[],
+    },
+    Trace {
+        name: "refund, token bucket: the arrival time moves back, not before now",
+        start_ms: 700_000,
+        policies: &[Spec::Bucket("tb", 3, 1, 1_000)],
+        refunds: &[(2, 1), (4, 3)],
+        steps: &[
+            (0, 3, Y),
+            (0, 1, N),
+            (0, 1, Y), // after a refund of 1
+            (0, 1, N),
+            (0, 3, Y), // after a refund of 3: full again, no fuller
+            (0, 1, N),
+        ],
+        would_deny: &[],
+    },
+    Trace {
+        name: "refund, sliding log: the most recent stamps still in the window leave",
+        start_ms: 800_000,
+        policies: &[Spec::Log("sl", 3, 1_000)],
+        refunds: &[(4, 2), (6, 3)],
+        steps: &[
+            (0, 1, Y),   // 800 000
+            (500, 1, Y), // 800 500
+            (0, 1, Y),   // 800 500: full
+            (0, 1, N),
+            (0, 2, Y),   // after a refund of 2: only 800 000 is left
+            (0, 1, N),
+            (700, 3, Y), // 801 200: the refund took both 800 500 stamps, 800 000 had left
+            (0, 1, N),
+        ],
+        would_deny: &[],
+    },
+    Trace {
+        name: "refund, two policies with a shadow: every policy gets the cost back",
+        start_ms: 900_000,
+        policies: &[
+            Spec::Fixed("a", 2, 1_000),
+            Spec::Shadow(&Spec::Log("b", 2, 1_000)),
+        ],
+        refunds: &[(3, 1), (4, 2)],
+        steps: &[
+            (0, 1, Y),
+            (0, 1, Y),
+            (0, 1, N),
+            (0, 1, Y), // after a refund of 1 from both
+            (0, 2, Y), // after a refund of 2 from both
+            (0, 1, N),
+        ],
+        would_deny: &[],
     },
 ];

@@ -23,6 +23,20 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// (a half-open socket never reports an error); so is a cluster connection that
 /// answered nothing for this long while calls fail.
 const STALL_MS: u64 = 1_000;
+/// A cluster connection whose calls all fail or time out for this long is replaced,
+/// sooner than a single-node one: while no node answers, the cluster client retries
+/// every node at once on each call, and on a busy machine its errors do not always
+/// say that it lost every node. One paced replacement attempt costs far less.
+const CLUSTER_STALL_MS: u64 = 250;
+
+/// How long `lent`'s connection may answer nothing before it is presumed dead.
+fn stall_ms(lent: &Lent) -> u64 {
+    if lent.conn.repairs_itself() {
+        CLUSTER_STALL_MS
+    } else {
+        STALL_MS
+    }
+}
 
 /// The connection shared by every clone of one store.
 #[derive(Debug)]
@@ -154,9 +168,9 @@ impl Link {
 
     /// Called when a call on `lent` timed out: a connection silent for a while is
     /// presumed dead and replaced.
-    pub(super) fn timed_out(self: &Arc<Self>, generation: u64) {
+    pub(super) fn timed_out(self: &Arc<Self>, lent: &Lent) {
         let silent = self.silent_ms();
-        if silent >= STALL_MS && self.replace(generation) {
+        if silent >= stall_ms(lent) && self.replace(lent.generation) {
             tracing::warn!(silent_ms = silent, "Redis connection stalled; replaced it");
         }
     }
@@ -193,8 +207,8 @@ impl Link {
             // A cluster connection repairs a failed node by itself, with backoff, while
             // the other nodes keep answering; one that answers nothing at all for a
             // while (its background task gone, half-open sockets) is started afresh.
-            (broken && self.silent_ms() >= STALL_MS)
-                .then_some("Redis Cluster connection answered nothing for a second")
+            (broken && self.silent_ms() >= CLUSTER_STALL_MS)
+                .then_some("Redis Cluster connection answered nothing for a while")
         };
         if let Some(reason) = replace_because {
             if self.replace(lent.generation) {
@@ -261,12 +275,6 @@ impl Link {
 
     fn now_ms(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-}
-
-impl Lent {
-    pub(super) fn generation(&self) -> u64 {
-        self.generation
     }
 }
 

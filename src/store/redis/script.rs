@@ -6,6 +6,7 @@ use std::sync::{Arc, LazyLock};
 use deadpool_redis::redis::{Cmd, Script};
 
 use crate::policy::{Algorithm, Policy};
+use crate::store::Operation;
 
 /// The whole script: the helpers, the four algorithms, then the entry point.
 pub(super) const SOURCE: &str = concat!(
@@ -30,6 +31,16 @@ pub(super) const fn code(algorithm: Algorithm) -> &'static str {
     }
 }
 
+/// The one-letter code of an operation, the script's `ARGV[3]`.
+const fn op_code(op: Operation) -> &'static str {
+    match op {
+        Operation::Check => "c",
+        Operation::Peek => "p",
+        Operation::Refund => "r",
+        Operation::Reset => "x",
+    }
+}
+
 /// Everything one call sends, kept so the same call can be resent as `EVAL` when the
 /// server has lost the script.
 #[derive(Debug)]
@@ -39,6 +50,7 @@ pub(super) struct Call {
     /// The client's time in ms, or `None` for Redis `TIME`.
     pub(super) now_ms: Option<u64>,
     pub(super) cost: u64,
+    pub(super) op: Operation,
     pub(super) policies: Arc<[Policy]>,
 }
 
@@ -66,12 +78,13 @@ impl Call {
             Some(ms) => cmd.arg(ms),
             None => cmd.arg("s"),
         };
-        cmd.arg(self.cost);
+        cmd.arg(self.cost).arg(op_code(self.op));
         for policy in self.policies.iter() {
             cmd.arg(code(policy.algorithm()))
                 .arg(policy.limit())
                 .arg(policy.window_ms())
-                .arg(policy.emission_interval_us());
+                .arg(policy.emission_interval_us())
+                .arg(if policy.is_shadow() { "1" } else { "0" });
         }
         cmd
     }

@@ -1,0 +1,79 @@
+//! What the layer checks for one request: a [`Plan`] picks a limiter and a subject.
+//!
+//! One layer, one `Service` impl: a key extractor (with the layer's one limiter),
+//! [`Rules`](crate::rules::Rules) and [`Tiers`](crate::tiers::Tiers) are all plans.
+
+use std::sync::Arc;
+
+use http::request::Parts;
+
+use crate::headers::PolicyHeaders;
+use crate::key::{KeyExtractor, KeyRejection};
+use crate::limiter::Limiter;
+use crate::store::Store;
+use crate::subject::Subject;
+
+/// Chooses, per request, which limiter checks it and as which subject; or that no limit
+/// applies and the request passes untouched.
+///
+/// Implemented by every [`KeyExtractor`] (checked against the limiter given to
+/// [`RateLimitLayer::new`](crate::RateLimitLayer::new)), by
+/// [`Rules`](crate::rules::Rules) and by [`Tiers`](crate::tiers::Tiers). Sealed: the
+/// layer's answers depend on what a plan hands back, so new plans are added here.
+pub trait Plan<S>: Select<S> + Send + Sync + 'static {}
+
+impl<S, P: Select<S> + Send + Sync + 'static> Plan<S> for P {}
+
+/// A limiter with the headers its policies always produce, computed once when the plan
+/// is built, so a request only formats its own numbers.
+pub struct Limit<S> {
+    pub(crate) limiter: Arc<Limiter<S>>,
+    pub(crate) headers: Arc<PolicyHeaders>,
+}
+
+impl<S: Store> Limit<S> {
+    pub(crate) fn new(limiter: Arc<Limiter<S>>) -> Self {
+        let headers = Arc::new(PolicyHeaders::new(limiter.policies()));
+        Self { limiter, headers }
+    }
+}
+
+impl<S> Clone for Limit<S> {
+    fn clone(&self) -> Self {
+        Self {
+            limiter: Arc::clone(&self.limiter),
+            headers: Arc::clone(&self.headers),
+        }
+    }
+}
+
+impl<S: Store> std::fmt::Debug for Limit<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.limiter.policies().iter().map(|p| p.name()))
+            .finish()
+    }
+}
+
+/// What a plan picked for a request: `Ok(None)` lets it pass without a check.
+pub(crate) type Selected<'a, S> = Result<Option<(&'a Limit<S>, Subject)>, KeyRejection>;
+
+/// The sealed half of [`Plan`]: public in a private module, so it cannot be named or
+/// implemented outside the crate.
+pub trait Select<S> {
+    /// What the layer keeps beside the plan: the one limiter of a key extractor, nothing
+    /// for plans that hold their own limiters.
+    type Limits: Send + Sync + 'static;
+
+    /// The limit and subject for this request.
+    fn select<'a>(&'a self, limits: &'a Self::Limits, parts: &Parts) -> Selected<'a, S>;
+}
+
+impl<S: Store, K: KeyExtractor> Select<S> for K {
+    type Limits = Limit<S>;
+
+    #[inline]
+    fn select<'a>(&'a self, limit: &'a Limit<S>, parts: &Parts) -> Selected<'a, S> {
+        self.extract(parts).map(|subject| Some((limit, subject)))
+    }
+}

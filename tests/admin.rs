@@ -1,0 +1,351 @@
+//! Shadow policies and the admin operations (peek, refund, reset) on both stores, the
+//! Redis one on a real `redis-server`. The conformance suite proves that both stores
+//! agree on long traces; these tests state each operation's promise on its own.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_redis::redis::AsyncCommands;
+use redlimit::clock::FakeClock;
+use redlimit::store::AdminStore;
+use redlimit::{Limiter, MemoryStore, Policy, RedisStore, Subject};
+use support::RedisServer;
+
+const S: Duration = Duration::from_secs(1);
+
+fn every_algorithm(limit: u32) -> Vec<Policy> {
+    vec![
+        Policy::fixed_window("fw", limit, S).unwrap(),
+        Policy::sliding_window("sw", limit, S).unwrap(),
+        Policy::token_bucket("tb", limit, limit, S).unwrap(),
+        Policy::sliding_log("sl", limit, S).unwrap(),
+    ]
+}
+
+fn redis_store(server: &RedisServer, clock: &FakeClock) -> RedisStore {
+    RedisStore::new(server.pool())
+        .client_clock(clock.clone())
+        .timeout(Duration::from_secs(5))
+}
+
+/// The same scenario on a memory store and on a Redis store, on one fake clock each.
+async fn on_both_stores<F, Fut>(server: &RedisServer, scenario: F)
+where
+    F: Fn(FakeClock, Box<dyn Fn(Policy) -> Both>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let clock = FakeClock::new(1_000_000);
+    let (c, store) = (clock.clone(), redis_store(server, &clock));
+    scenario(
+        clock,
+        Box::new(move |p| Both {
+            memory: Limiter::new(MemoryStore::with_clock(c.clone()), p.clone()),
+            redis: Limiter::new(store.clone(), p),
+        }),
+    )
+    .await;
+}
+
+/// One limiter per store, the same policies.
+struct Both {
+    memory: Limiter<MemoryStore>,
+    redis: Limiter<RedisStore>,
+}
+
+impl Both {
+    fn policy(self, p: Policy) -> Self {
+        Self {
+            memory: self.memory.policy(p.clone()),
+            redis: self.redis.policy(p),
+        }
+    }
+}
+
+/// Runs `body` against both limiters of `both`, labelled.
+macro_rules! each {
+    ($both:expr, |$l:ident, $what:ident| $body:block) => {{
+        {
+            let $l = &$both.memory;
+            let $what = "memory";
+            $body
+        }
+        {
+            let $l = &$both.redis;
+            let $what = "redis";
+            $body
+        }
+    }};
+}
+
+#[tokio::test]
+async fn peek_answers_as_a_check_would_and_consumes_nothing() {
+    let server = RedisServer::start();
+    on_both_stores(&server, |_clock, build| async move {
+        for policy in every_algorithm(3) {
+            let both = build(policy.clone());
+            each!(both, |l, what| {
+                // A peek on a fresh subject creates nothing, and says 3 - 1 would be left.
+                assert_eq!(l.peek("p", 1).await.unwrap().remaining(), 2, "{what}");
+                for i in 0..3 {
+                    for _ in 0..5 {
+                        let peeked = l.peek("p", 1).await.unwrap();
+                        assert!(peeked.is_allowed(), "{what} {policy:?} {i}");
+                    }
+                    let peeked = l.peek("p", 1).await.unwrap();
+                    let checked = l.check("p", 1).await.unwrap();
+                    assert_eq!(peeked, checked, "{what} {policy:?}: peek then check");
+                }
+                let peeked = l.peek("p", 1).await.unwrap();
+                assert!(!peeked.is_allowed(), "{what} {policy:?}");
+                assert_eq!(peeked, l.check("p", 1).await.unwrap(), "{what}");
+                assert!(l.peek("p", 0).await.is_err(), "{what}: cost 0");
+                assert!(
+                    l.peek("p", 4).await.is_err(),
+                    "{what}: cost above the limit"
+                );
+            });
+        }
+    })
+    .await;
+    // Peeks on fresh subjects wrote nothing: only the checked subject's keys exist.
+    let keys = server.keys().await;
+    assert_eq!(keys.len(), 4, "{keys:?}");
+    server.assert_every_key_expires().await;
+}
+
+#[tokio::test]
+async fn refund_then_check_admits_again_for_every_algorithm() {
+    let server = RedisServer::start();
+    on_both_stores(&server, |clock, build| async move {
+        for policy in every_algorithm(3) {
+            let both = build(policy.clone());
+            let subject = format!("r-{}", policy.name());
+            each!(both, |l, what| {
+                let s = subject.as_str();
+                clock.advance(Duration::from_millis(10));
+                assert!(l.check(s, 3).await.unwrap().is_allowed(), "{what}");
+                assert!(!l.check(s, 1).await.unwrap().is_allowed(), "{what}");
+                let after = l.refund(s, 1).await.unwrap();
+                assert!(after.is_allowed(), "{what} {policy:?}: {after:?}");
+                assert_eq!(after.remaining(), 0, "{what} {policy:?}");
+                assert!(l.check(s, 1).await.unwrap().is_allowed(), "{what}");
+                assert!(!l.check(s, 1).await.unwrap().is_allowed(), "{what}");
+                // A refund larger than what was consumed gives back no more than that.
+                l.refund(s, 3).await.unwrap();
+                l.refund(s, 3).await.unwrap();
+                assert!(l.check(s, 3).await.unwrap().is_allowed(), "{what}");
+                assert!(!l.check(s, 1).await.unwrap().is_allowed(), "{what}");
+                // Refunding a subject never seen creates nothing.
+                let fresh = l.refund(format!("{s}-never"), 2).await.unwrap();
+                assert_eq!(fresh.remaining(), 1, "{what}");
+            });
+        }
+    })
+    .await;
+    assert!(!server
+        .keys()
+        .await
+        .iter()
+        .any(|k| k.ends_with(b"never}:fw:fw")));
+    server.assert_every_key_expires().await;
+}
+
+#[tokio::test]
+async fn a_refund_keeps_the_key_s_ttl() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(5_000_000);
+    let store = redis_store(&server, &clock);
+    let mut conn = server.conn().await;
+    for policy in every_algorithm(4) {
+        let limiter = Limiter::new(store.clone(), policy.clone());
+        let key = store.key(&Subject::new("ttl"), &policy);
+        limiter.check("ttl", 2).await.unwrap();
+        let before: i64 = conn.pttl(&key).await.unwrap();
+        // Give back everything: the sliding log becomes an empty ring, the bucket full.
+        limiter.refund("ttl", 4).await.unwrap();
+        let after: i64 = conn.pttl(&key).await.unwrap();
+        assert!(
+            after > 0 && after <= before,
+            "{policy:?}: PTTL {before} then {after}"
+        );
+        assert_eq!(limiter.peek("ttl", 4).await.unwrap().remaining(), 0);
+        assert!(limiter.check("ttl", 4).await.unwrap().is_allowed());
+    }
+    server.assert_every_key_expires().await;
+}
+
+#[tokio::test]
+async fn reset_forgets_every_policy_of_the_subject_only() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    on_both_stores(&server, |_clock, build| async move {
+        let mut policies = every_algorithm(2).into_iter();
+        let first = policies.next().unwrap();
+        let both = policies.fold(build(first), Both::policy);
+        each!(both, |l, what| {
+            for s in ["gone", "kept"] {
+                l.check(s, 2).await.unwrap();
+                assert!(!l.check(s, 1).await.unwrap().is_allowed(), "{what}");
+            }
+            l.reset("gone").await.unwrap();
+            let fresh = l.check("gone", 1).await.unwrap();
+            assert!(fresh.is_allowed(), "{what}");
+            assert_eq!(fresh.remaining(), 1, "{what}: {fresh:?}");
+            assert!(!l.check("kept", 1).await.unwrap().is_allowed(), "{what}");
+            // Resetting a subject never seen is harmless.
+            l.reset("nobody").await.unwrap();
+        });
+    })
+    .await;
+    let store = RedisStore::new(server.pool());
+    let gone = Subject::new("gone");
+    let policy = Policy::fixed_window("fw", 2, S).unwrap();
+    let count: u64 = conn.exists(store.key(&gone, &policy)).await.unwrap();
+    assert_eq!(count, 1, "re-created by the check after the reset");
+    assert_eq!(server.keys().await.len(), 8, "two subjects x four policies");
+    server.assert_every_key_expires().await;
+}
+
+#[tokio::test]
+async fn a_redis_reset_deletes_the_keys() {
+    let server = RedisServer::start();
+    let store = RedisStore::new(server.pool());
+    let policies = every_algorithm(5).into_iter();
+    let limiter = policies.fold(
+        Limiter::new(store.clone(), Policy::sliding_window("x", 5, S).unwrap()),
+        Limiter::policy,
+    );
+    limiter.check("user:1", 1).await.unwrap();
+    assert_eq!(server.keys().await.len(), 5);
+    limiter.reset("user:1").await.unwrap();
+    assert!(server.keys().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_refund_or_reset_clears_the_cached_denial() {
+    let clock = FakeClock::new(0);
+    let limiter = Limiter::new(
+        MemoryStore::with_clock(clock.clone()),
+        Policy::fixed_window("p", 1, Duration::from_secs(60)).unwrap(),
+    )
+    .block_cache(16)
+    .local_clock(clock.clone());
+    limiter.check("a", 1).await.unwrap();
+    assert!(!limiter.check("a", 1).await.unwrap().is_allowed());
+    let cached = limiter.check("a", 1).await.unwrap();
+    assert_eq!(cached.origin(), redlimit::Origin::BlockCache);
+    limiter.refund("a", 1).await.unwrap();
+    let after = limiter.check("a", 1).await.unwrap();
+    assert!(after.is_allowed(), "{after:?}");
+    assert!(!limiter.check("a", 1).await.unwrap().is_allowed());
+    limiter.reset("a").await.unwrap();
+    assert!(limiter.check("a", 1).await.unwrap().is_allowed());
+}
+
+#[tokio::test]
+async fn a_shadow_policy_never_denies_and_says_it_would_have() {
+    let server = RedisServer::start();
+    on_both_stores(&server, |_clock, build| async move {
+        let both = build(Policy::fixed_window("real", 10, S).unwrap())
+            .policy(Policy::sliding_log("trial", 2, S).unwrap().shadow());
+        each!(both, |l, what| {
+            let first = l.check("s", 1).await.unwrap();
+            assert_eq!(
+                first.policy().name(),
+                "real",
+                "{what}: a shadow never binds"
+            );
+            assert_eq!(first.remaining(), 9, "{what}");
+            assert!(l.check("s", 1).await.unwrap().is_allowed(), "{what}");
+            for i in 0..3 {
+                let d = l.check("s", 1).await.unwrap();
+                assert!(d.is_allowed(), "{what} {i}");
+                assert!(d.would_deny(), "{what} {i}");
+                assert_eq!(d.shadow_denied_by(), Some("trial"), "{what}");
+                assert_eq!(d.retry_after(), None, "{what}");
+                assert_eq!(d.remaining(), 7 - i, "{what}: the real policy counts");
+            }
+            // The peek tells the same story without counting.
+            assert!(l.peek("s", 1).await.unwrap().would_deny(), "{what}");
+        });
+    })
+    .await;
+    server.assert_every_key_expires().await;
+}
+
+#[tokio::test]
+async fn a_shadow_policy_keeps_the_enforced_key_and_state_format() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let store = RedisStore::new(server.pool());
+    let policy = Policy::fixed_window("trial", 5, Duration::from_secs(3_600)).unwrap();
+    let shadow = Limiter::new(store.clone(), policy.clone().shadow());
+    shadow.check("s", 2).await.unwrap();
+    let key = store.key(&Subject::new("s"), &policy);
+    assert_eq!(key, store.key(&Subject::new("s"), &policy.clone().shadow()));
+    let state: String = conn.get(&key).await.unwrap();
+    assert!(state.ends_with(":2"), "{state:?}");
+    // Switched on, it carries on from the shadow's state.
+    let enforced = Limiter::new(store, policy);
+    assert_eq!(enforced.check("s", 3).await.unwrap().remaining(), 0);
+    assert!(!enforced.check("s", 1).await.unwrap().is_allowed());
+    server.assert_every_key_expires().await;
+}
+
+/// A `tracing` writer into a shared buffer, to read the log lines a test caused.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_shadow_denial_is_logged_at_info() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let limiter = Limiter::new(
+        MemoryStore::with_clock(FakeClock::new(0)),
+        Policy::fixed_window("trial", 1, S).unwrap().shadow(),
+    );
+    assert!(!limiter.check("s", 1).await.unwrap().would_deny());
+    assert!(captured.0.lock().unwrap().is_empty(), "nothing to say yet");
+    assert!(limiter.check("s", 1).await.unwrap().is_allowed());
+    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        log.contains("INFO") && log.contains("shadow policy would have denied"),
+        "{log}"
+    );
+    assert!(
+        log.contains("policy=\"trial\"") || log.contains("policy=trial"),
+        "{log}"
+    );
+}
+
+/// `AdminStore` is implemented by `Arc<S>` too, so a shared store keeps the admin
+/// operations.
+#[tokio::test]
+async fn a_shared_store_keeps_the_admin_operations() {
+    fn admin<S: AdminStore>(_: &S) {}
+    let store = Arc::new(MemoryStore::with_clock(FakeClock::new(0)));
+    admin(&store);
+    let limiter = Limiter::new(store, Policy::fixed_window("p", 1, S).unwrap());
+    limiter.check("a", 1).await.unwrap();
+    assert!(!limiter.peek("a", 1).await.unwrap().is_allowed());
+    limiter.reset("a").await.unwrap();
+    assert!(limiter.peek("a", 1).await.unwrap().is_allowed());
+}

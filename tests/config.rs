@@ -1,0 +1,302 @@
+//! Configuration from TOML: a good file builds rules that behave as written; each kind
+//! of bad input is refused with its line and field.
+
+use std::net::SocketAddr;
+
+use http::{Request, Response, StatusCode};
+use redlimit::clock::FakeClock;
+use redlimit::config::Config;
+use redlimit::{MemoryStore, RateLimitLayer};
+use tower::{service_fn, ServiceExt};
+
+const GOOD: &str = r#"
+trusted_proxies = ["10.0.0.0/8", "192.0.2.1"]
+ipv6_prefix = 48
+
+[[policies]]
+name = "login"
+algorithm = "fixed_window"
+limit = 3
+window = "1m"
+
+[[policies]]
+name = "api-burst"
+algorithm = "token_bucket"
+capacity = 5
+refill = 1
+window = "500ms"
+
+[[policies]]
+name = "api-hour"
+algorithm = "sliding_window"
+limit = 100
+window = "1h"
+
+[[policies]]
+name = "site"
+algorithm = "sliding_log"
+limit = 2
+window = "10s"
+
+[[rules]]
+method = "post"
+path = "/login"
+policy = "login"
+key = "ip"
+
+[[rules]]
+path = "/api/{*rest}"
+policies = ["api-burst", "api-hour"]
+key = "header:x-api-key"
+
+[[rules]]
+grpc = "shop.v1.Orders"
+policy = "login"
+key = "ip+route"
+
+[default]
+policy = "site"
+key = "ip"
+"#;
+
+fn request(method: &str, path: &str, peer: [u8; 4], headers: &[(&str, &str)]) -> Request<String> {
+    let mut request = Request::builder().method(method).uri(path);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let mut request = request.body(String::new()).unwrap();
+    request
+        .extensions_mut()
+        .insert(SocketAddr::from((peer, 40000)));
+    request
+}
+
+#[tokio::test]
+async fn a_good_file_builds_rules_that_behave_as_written() {
+    let config = Config::from_toml_str(GOOD).unwrap();
+    assert_eq!(config.policy("api-hour").unwrap().limit(), 100);
+    let clock = FakeClock::new(0);
+    let rules = config.rules(MemoryStore::with_clock(clock.clone()));
+    assert_eq!(rules.len(), 3);
+    let service = tower::ServiceBuilder::new()
+        .layer(RateLimitLayer::rules(rules))
+        .service(service_fn(|_req: Request<String>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+        }));
+    let send = |req| {
+        let service = service.clone();
+        async move { service.oneshot(req).await.unwrap() }
+    };
+
+    // /login: 3 a minute per client address (the method matched in any case).
+    for _ in 0..3 {
+        let ok = send(request("POST", "/login", [203, 0, 113, 1], &[])).await;
+        assert_eq!(ok.status(), StatusCode::OK);
+    }
+    let denied = send(request("POST", "/login", [203, 0, 113, 1], &[])).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.headers()["ratelimit-policy"], r#""login";q=3;w=60"#);
+
+    // Behind a trusted proxy, the forwarded address is the client: a fresh quota.
+    let forwarded = [("x-forwarded-for", "203.0.113.2")];
+    let via_proxy = send(request("POST", "/login", [10, 1, 2, 3], &forwarded)).await;
+    assert_eq!(via_proxy.status(), StatusCode::OK);
+    assert_eq!(via_proxy.headers()["ratelimit"], r#""login";r=2;t=60"#);
+    // The same header from an untrusted peer is ignored: that peer is the client.
+    let spoofed = [("x-forwarded-for", "203.0.113.1")];
+    let direct = send(request("POST", "/login", [198, 51, 100, 9], &spoofed)).await;
+    assert_eq!(direct.headers()["ratelimit"], r#""login";r=2;t=60"#);
+
+    // /api: both policies, keyed by API key; the burst of 5 binds first.
+    let key = [("x-api-key", "k1")];
+    for _ in 0..5 {
+        let ok = send(request("GET", "/api/items/1", [203, 0, 113, 1], &key)).await;
+        assert_eq!(ok.status(), StatusCode::OK);
+        assert_eq!(
+            ok.headers()["ratelimit-policy"],
+            r#""api-burst";q=5;w=3, "api-hour";q=100;w=3600"#
+        );
+    }
+    let denied = send(request("GET", "/api/items/1", [203, 0, 113, 1], &key)).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    let anonymous = send(request("GET", "/api/items/1", [203, 0, 113, 1], &[])).await;
+    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+    clock.advance(std::time::Duration::from_millis(500));
+    let refilled = send(request("GET", "/api/items/1", [203, 0, 113, 1], &key)).await;
+    assert_eq!(refilled.status(), StatusCode::OK);
+
+    // gRPC: the whole service, per address and method.
+    let grpc = [("content-type", "application/grpc")];
+    for method in ["Place", "Cancel"] {
+        let path = format!("/shop.v1.Orders/{method}");
+        for _ in 0..3 {
+            let ok = send(request("POST", &path, [203, 0, 113, 5], &grpc)).await;
+            assert_eq!(ok.status(), StatusCode::OK, "{path}");
+        }
+        let denied = send(request("POST", &path, [203, 0, 113, 5], &grpc)).await;
+        assert_eq!(denied.headers()["ratelimit-policy"], r#""login";q=3;w=60"#);
+        // A 429, or RESOURCE_EXHAUSTED where the layer answers gRPC in kind.
+        let exhausted = denied
+            .headers()
+            .get("grpc-status")
+            .is_some_and(|s| s == "8");
+        assert!(
+            denied.status() == StatusCode::TOO_MANY_REQUESTS || exhausted,
+            "{path}"
+        );
+    }
+
+    // Everything else: the default, 2 per 10 s per address.
+    for _ in 0..2 {
+        let ok = send(request("GET", "/about", [203, 0, 113, 7], &[])).await;
+        assert_eq!(ok.status(), StatusCode::OK);
+    }
+    let denied = send(request("GET", "/about", [203, 0, 113, 7], &[])).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.headers()["retry-after"], "10");
+}
+
+/// A small valid file with `line` replaced, for one mistake at a time.
+fn with(replace: &str, by: &str) -> String {
+    let text = GOOD.replacen(replace, by, 1);
+    assert_ne!(text, GOOD, "{replace:?} is not in the good file");
+    text
+}
+
+fn error_of(text: &str) -> String {
+    Config::from_toml_str(text).unwrap_err().to_string()
+}
+
+#[test]
+fn each_kind_of_bad_input_names_its_line_and_field() {
+    let cases = [
+        // An unknown policy name in a rule.
+        (
+            with("policy = \"login\"\nkey = \"ip\"", "policy = \"logn\"\nkey = \"ip\""),
+            r#"line 33, rules[0].policy: unknown policy "logn""#,
+        ),
+        // ... and in a list.
+        (
+            with(r#"["api-burst", "api-hour"]"#, r#"["api-burst", "api-day"]"#),
+            r#"line 38, rules[1].policies[1]: unknown policy "api-day""#,
+        ),
+        // A window that is not a duration.
+        (
+            with(r#"window = "1m""#, r#"window = "1 minute""#),
+            r#"line 9, policies[0].window: "1 minute" is not a duration such as "500ms", "10s", "1m", "1h" or "1d""#,
+        ),
+        // An unknown algorithm.
+        (
+            with(r#"algorithm = "sliding_log""#, r#"algorithm = "leaky_bucket""#),
+            r#"line 26, policies[3].algorithm: unknown algorithm "leaky_bucket": use fixed_window, sliding_window, sliding_log or token_bucket"#,
+        ),
+        // A value of the wrong type.
+        (
+            with("limit = 3", "limit = \"three\""),
+            "line 8, policies[0].limit: invalid type: string \"three\", expected u32",
+        ),
+        // A negative number.
+        (
+            with("limit = 3", "limit = -3"),
+            "line 8, policies[0].limit: invalid value: integer `-3`, expected u32",
+        ),
+        // A limit of zero, refused by the policy itself.
+        (
+            with("limit = 3", "limit = 0"),
+            r#"line 8, policies[0].limit: policy "login": the limit must be at least 1"#,
+        ),
+        // A misspelt field.
+        (
+            with("capacity = 5", "capacty = 5"),
+            "line 14, policies[1].capacty: unknown field `capacty`, expected one of `name`, `algorithm`, `limit`, `window`, `capacity`, `refill`",
+        ),
+        // A token bucket given a limit.
+        (
+            with("capacity = 5", "capacity = 5\nlimit = 5"),
+            r#"line 15, policies[1].limit: a token_bucket has a `capacity` (its burst) and a `refill` per `window`, not a `limit`"#,
+        ),
+        // A bad path pattern.
+        (
+            with(r#"path = "/api/{*rest}""#, r#"path = "api/{*rest}""#),
+            r#"line 37, rules[1].path: pattern "api/{*rest}" must start with '/'"#,
+        ),
+        // An unknown method.
+        (
+            with(r#"method = "post""#, r#"method = "PSOT""#),
+            r#"line 31, rules[0].method: unknown HTTP method "PSOT""#,
+        ),
+        // An unknown key.
+        (
+            with(r#"key = "ip+route""#, r#"key = "ip+path""#),
+            r#"line 44, rules[2].key: unknown key "path": use "ip", "global", "route", "header:NAME", or several joined by '+'"#,
+        ),
+        // A bad gRPC name.
+        (
+            with(r#"grpc = "shop.v1.Orders""#, r#"grpc = "shop.v1.Orders/""#),
+            r#"line 42, rules[2].grpc: "shop.v1.Orders/" has a method that is not a gRPC method name; write "package.Service" or "package.Service/Method""#,
+        ),
+        // A proxy network that is not one.
+        (
+            with(r#""10.0.0.0/8""#, r#""10.0.0.0/33""#),
+            r#"line 2, trusted_proxies[0]: "10.0.0.0/33" is not an IP network such as "10.0.0.0/8" or an address"#,
+        ),
+        // An IPv6 prefix out of range.
+        (
+            with("ipv6_prefix = 48", "ipv6_prefix = 129"),
+            "line 3, ipv6_prefix: 129 is not a prefix length from 1 to 128",
+        ),
+        // A policy defined twice.
+        (
+            with(r#"name = "site""#, r#"name = "login""#),
+            r#"line 25, policies[3].name: policy "login" is defined twice"#,
+        ),
+        // A rule without a key.
+        (
+            with("policy = \"site\"\nkey = \"ip\"", "policy = \"site\""),
+            r#"line 46, default.key: needs `key`: "ip", "global", "route", "header:NAME" or a combination such as "ip+route""#,
+        ),
+        // A TOML syntax error.
+        (
+            with("limit = 100", "limit = = 100"),
+            "line 21: ",
+        ),
+    ];
+    for (text, expected) in cases {
+        let error = error_of(&text);
+        assert!(
+            error.starts_with(expected),
+            "expected: {expected}\n     got: {error}"
+        );
+    }
+}
+
+#[test]
+fn errors_expose_line_and_field_apart() {
+    let error = Config::from_toml_str(&with(
+        "policy = \"login\"\nkey = \"ip\"",
+        "policy = \"logn\"\nkey = \"ip\"",
+    ))
+    .unwrap_err();
+    assert_eq!(error.line(), Some(33));
+    assert_eq!(error.field(), "rules[0].policy");
+    assert_eq!(error.message(), r#"unknown policy "logn""#);
+}
+
+#[test]
+fn files_are_read_and_named_in_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("limits.toml");
+    std::fs::write(&good, GOOD).unwrap();
+    assert!(Config::from_path(&good).is_ok());
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, with("limit = 3", "limit = 0")).unwrap();
+    let error = Config::from_path(&bad).unwrap_err();
+    assert_eq!(error.path(), Some(bad.as_path()));
+    assert!(error
+        .to_string()
+        .starts_with(&format!("{}: line 8, policies[0].limit", bad.display())));
+
+    let missing = Config::from_path(dir.path().join("none.toml")).unwrap_err();
+    assert_eq!(missing.line(), None);
+}

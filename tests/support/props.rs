@@ -1,0 +1,182 @@
+//! The memory store and the Redis store run side by side on one fake clock, for the
+//! conformance suite and the property tests.
+//!
+//! Redis counts key TTLs in real time, not on the fake clock, so after each step the
+//! runner stretches the subject's keys' TTLs: state then disappears only as the fake
+//! clock says (the memory store drops it; Redis keeps stale state, which every
+//! algorithm reads as unused). TTL values themselves are checked in redis_store.rs.
+//!
+//! One race remains: a key written with a TTL of a millisecond or two (an admission in
+//! the last milliseconds of a window) can expire in real time before the stretch
+//! reaches Redis. The runner sees it (the stretch finds a key that the admission has
+//! just written missing) and reports it in [`Pair::lost_state`], so a caller can tell
+//! that race from a disagreement between the stores.
+
+use std::time::Duration;
+
+use deadpool_redis::redis;
+use redlimit::clock::FakeClock;
+use redlimit::{Decision, Limiter, MemoryStore, Policy, RedisStore, Store, Subject};
+
+use super::RedisServer;
+
+/// A limiter on `store` with all of `policies`, in order.
+pub fn limiter<S: Store>(store: S, policies: &[Policy]) -> Limiter<S> {
+    let mut policies = policies.iter().cloned();
+    let first = policies
+        .next()
+        .expect("a limiter needs at least one policy");
+    policies.fold(Limiter::new(store, first), Limiter::policy)
+}
+
+/// One step's decisions from both stores.
+#[derive(Debug)]
+pub struct Pair {
+    /// The memory store's decision.
+    pub memory: Decision,
+    /// The Redis store's decision.
+    pub redis: Decision,
+    /// A key this step wrote expired in real time before its TTL was stretched: Redis
+    /// has lost state the memory store still holds, and later steps may differ for
+    /// that reason alone.
+    pub lost_state: bool,
+}
+
+/// An admin operation run on both stores between checks.
+#[derive(Debug, Clone, Copy)]
+pub enum Admin {
+    /// `Limiter::peek` with this cost.
+    Peek(u32),
+    /// `Limiter::refund` of this cost.
+    Refund(u32),
+    /// `Limiter::reset`.
+    Reset,
+}
+
+/// The memory and Redis stores on one fake clock, deciding for one subject.
+pub struct SideBySide {
+    clock: FakeClock,
+    memory: Limiter<MemoryStore>,
+    redis: Limiter<RedisStore>,
+    subject: Subject,
+    keys: Vec<String>,
+    conn: redis::aio::MultiplexedConnection,
+    lost_state: bool,
+}
+
+impl SideBySide {
+    /// Fresh stores for `subject` (use a subject no other run uses on `server`).
+    pub async fn new(
+        server: &RedisServer,
+        policies: &[Policy],
+        start_ms: u64,
+        subject: impl Into<Subject>,
+    ) -> Self {
+        let subject = subject.into();
+        let clock = FakeClock::new(start_ms);
+        let store = RedisStore::new(server.pool())
+            .client_clock(clock.clone())
+            .timeout(Duration::from_secs(5));
+        let keys = policies.iter().map(|p| store.key(&subject, p)).collect();
+        Self {
+            memory: limiter(MemoryStore::with_clock(clock.clone()), policies),
+            redis: limiter(store, policies),
+            clock,
+            subject,
+            keys,
+            conn: server.conn().await,
+            lost_state: false,
+        }
+    }
+
+    /// One step at `now`: both decisions, then the TTL stretch. `Err` when a call
+    /// failed (the message says which).
+    pub async fn step(&mut self, now: u64, cost: u32) -> Result<Pair, String> {
+        self.clock.set_ms(now);
+        let memory = self
+            .memory
+            .check(self.subject.clone(), cost)
+            .await
+            .map_err(|e| format!("the memory store failed: {e}"))?;
+        let redis = self
+            .redis
+            .check(self.subject.clone(), cost)
+            .await
+            .map_err(|e| format!("the Redis store failed: {e}"))?;
+        let mut stretch = redis::pipe();
+        for key in &self.keys {
+            stretch.cmd("PEXPIRE").arg(key).arg(600_000);
+        }
+        let stretched: Vec<i64> = stretch
+            .query_async(&mut self.conn)
+            .await
+            .map_err(|e| format!("PEXPIRE failed: {e}"))?;
+        // An admission (by Redis) writes every key: each must still be there.
+        let lost_state = redis.is_allowed() && stretched.contains(&0);
+        self.lost_state |= lost_state;
+        Ok(Pair {
+            memory,
+            redis,
+            lost_state,
+        })
+    }
+
+    /// [`SideBySide::step`] that fails the test unless both decisions are identical;
+    /// `what` names the step in failure messages.
+    pub async fn step_checked(
+        &mut self,
+        now: u64,
+        cost: u32,
+        what: &str,
+        server: &RedisServer,
+    ) -> Decision {
+        let lost_before = self.lost_state;
+        let pair = match self.step(now, cost).await {
+            Ok(pair) => pair,
+            Err(e) => panic!("{what}: {e}\n{}", server.log_tail()),
+        };
+        let note = if lost_before {
+            " (Redis lost state to a real-time expiry at an earlier step)"
+        } else {
+            ""
+        };
+        assert_eq!(
+            pair.redis, pair.memory,
+            "{what}: Redis (left) and memory (right) differ{note}"
+        );
+        pair.memory
+    }
+
+    /// An admin operation at `now` on both stores: the same answer, and (checked by
+    /// the steps that follow) the same state.
+    pub async fn admin(&mut self, now: u64, op: Admin, what: &str, server: &RedisServer) {
+        self.clock.set_ms(now);
+        let subject = &self.subject;
+        let (memory, redis) = match op {
+            Admin::Peek(cost) => (
+                self.memory.peek(subject.clone(), cost).await.map(Some),
+                self.redis.peek(subject.clone(), cost).await.map(Some),
+            ),
+            Admin::Refund(cost) => (
+                self.memory.refund(subject.clone(), cost).await.map(Some),
+                self.redis.refund(subject.clone(), cost).await.map(Some),
+            ),
+            Admin::Reset => (
+                self.memory.reset(subject.clone()).await.map(|()| None),
+                self.redis.reset(subject.clone()).await.map(|()| None),
+            ),
+        };
+        let memory = match memory {
+            Ok(d) => d,
+            Err(e) => panic!("{what}: the memory store failed {op:?}: {e}"),
+        };
+        let redis = match redis {
+            Ok(d) => d,
+            Err(e) => panic!("{what}: Redis failed {op:?}: {e}\n{}", server.log_tail()),
+        };
+        assert_eq!(
+            redis, memory,
+            "{what}: {op:?}: Redis (left) and memory (right) differ"
+        );
+    }
+}
