@@ -261,7 +261,8 @@ fn code(algorithm: Algorithm) -> &'static str {
 
 /// Exactly the `EVALSHA` the store sends for one subject and one policy (see
 /// `src/store/redis/script.rs`): one key, then the clock ("s" for Redis `TIME`, or
-/// ms), the cost, and the policy's code, limit, window and emission interval.
+/// ms), the cost, the operation (`c`, a check), and the policy's code, limit, window,
+/// emission interval and shadow flag.
 fn store_command(
     store: &RedisStore,
     subject: &Subject,
@@ -274,10 +275,12 @@ fn store_command(
         .arg(store.key(subject, policy))
         .arg(clock)
         .arg(1)
+        .arg("c")
         .arg(code(policy.algorithm()))
         .arg(policy.limit())
         .arg(policy.window_ms())
-        .arg(policy.emission_interval_us());
+        .arg(policy.emission_interval_us())
+        .arg(if policy.is_shadow() { "1" } else { "0" });
     cmd
 }
 
