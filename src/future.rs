@@ -15,7 +15,7 @@ use tower_service::Service;
 use crate::decision::Decision;
 use crate::error::Error;
 use crate::headers::{HeaderStyle, PolicyHeaders, Snapshot};
-use crate::layer::{Config, FailureMode, Limit, Plan, Shared};
+use crate::layer::{Config, FailureMode, Limit, PendingRefund, Plan, Shared};
 use crate::limiter::CheckFuture;
 use crate::response::{self, Answer, ResponseBody};
 use crate::store::{Store, StoreError};
@@ -37,14 +37,14 @@ pin_project! {
         Inner: Service<Request<ReqBody>>,
     {
         #[pin]
-        state: State<S::Future, Inner, Inner::Future, ReqBody, Arc<Shared<S, K>>>,
+        state: State<S::Future, Inner, Inner::Future, ReqBody, Arc<Shared<S, K>>, PendingRefund<S>>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
     #[project_replace = StateOwned]
-    enum State<C, Inner, F, ReqBody, Sh> {
+    enum State<C, Inner, F, ReqBody, Sh, R> {
         /// Waiting for the limiter; the request and the readied inner service wait too.
         Checking {
             #[pin]
@@ -53,14 +53,17 @@ pin_project! {
             inner: Inner,
             shared: Sh,
             headers: Arc<PolicyHeaders>,
+            refund: Option<R>,
         },
         /// Allowed: the inner service runs; `headers` says what to add to its response
         /// (absent when allowed responses carry no headers, the store failed open, or
-        /// no limit applied).
+        /// no limit applied), `refund` what to give back if the response is a failure
+        /// the layer refunds.
         Calling {
             #[pin]
             future: F,
             headers: Option<Headers>,
+            refund: Option<R>,
         },
         /// The layer answers by itself: a key rejection, a denial, a 503.
         Answered { answer: Option<Answer> },
@@ -89,6 +92,7 @@ where
         inner: Inner,
         shared: Arc<Shared<S, K>>,
         headers: Arc<PolicyHeaders>,
+        refund: Option<PendingRefund<S>>,
     ) -> Self {
         Self {
             state: State::Checking {
@@ -97,6 +101,7 @@ where
                 inner,
                 shared,
                 headers,
+                refund,
             },
         }
     }
@@ -109,9 +114,26 @@ where
         inner: &mut Inner,
         shared: &Shared<S, K>,
         limit: &Limit<S>,
+        refund: Option<PendingRefund<S>>,
     ) -> Self {
-        let state = match decided(checked, request, inner, &shared.config, &limit.headers) {
-            Next::Call { future, headers } => State::Calling { future, headers },
+        let next = decided(
+            checked,
+            request,
+            inner,
+            &shared.config,
+            &limit.headers,
+            refund,
+        );
+        let state = match next {
+            Next::Call {
+                future,
+                headers,
+                refund,
+            } => State::Calling {
+                future,
+                headers,
+                refund,
+            },
             Next::Answer(answer) => State::Answered {
                 answer: Some(answer),
             },
@@ -125,6 +147,7 @@ where
             state: State::Calling {
                 future,
                 headers: None,
+                refund: None,
             },
         }
     }
@@ -158,25 +181,42 @@ where
                         mut inner,
                         shared,
                         headers,
+                        refund,
                         ..
                     } = state.as_mut().project_replace(State::Done)
                     else {
                         unreachable!("the state was Checking a moment ago");
                     };
-                    match decided(checked, request, &mut inner, &shared.config, &headers) {
-                        Next::Call { future, headers } => {
-                            state.set(State::Calling { future, headers });
+                    let config = &shared.config;
+                    match decided(checked, request, &mut inner, config, &headers, refund) {
+                        Next::Call {
+                            future,
+                            headers,
+                            refund,
+                        } => {
+                            state.set(State::Calling {
+                                future,
+                                headers,
+                                refund,
+                            });
                         }
                         Next::Answer(answer) => {
                             return Poll::Ready(Ok(answer.map(ResponseBody::full)));
                         }
                     }
                 }
-                StateProj::Calling { future, headers } => {
+                StateProj::Calling {
+                    future,
+                    headers,
+                    refund,
+                } => {
                     let result = ready!(future.poll(cx));
-                    let headers = headers.take();
+                    let (headers, refund) = (headers.take(), refund.take());
                     state.set(State::Done);
                     let mut response = result?.map(ResponseBody::inner);
+                    if let Some(refund) = refund {
+                        refund.settle(response.status(), response.headers());
+                    }
                     if let Some(headers) = headers {
                         headers.policies.write(
                             headers.style,
@@ -200,24 +240,30 @@ where
 }
 
 /// What follows a check: the inner call, or an answer of the layer's own.
-enum Next<F> {
-    Call { future: F, headers: Option<Headers> },
+enum Next<F, R> {
+    Call {
+        future: F,
+        headers: Option<Headers>,
+        refund: Option<R>,
+    },
     Answer(Answer),
 }
 
 /// Acts on the limiter's answer: calls `inner` when allowed (with the [`Decision`] in the
-/// request's extensions) or when the failure mode is open; answers otherwise.
-fn decided<Inner, ReqBody>(
+/// request's extensions) or when the failure mode is open; answers otherwise. `refund`
+/// is kept only for a request the store allowed (one that failed open consumed nothing).
+fn decided<Inner, ReqBody, R>(
     checked: Result<Decision, Error>,
     mut request: Request<ReqBody>,
     inner: &mut Inner,
     config: &Config,
     policies: &Arc<PolicyHeaders>,
-) -> Next<Inner::Future>
+    refund: Option<R>,
+) -> Next<Inner::Future, R>
 where
     Inner: Service<Request<ReqBody>>,
 {
-    let headers = match checked {
+    let (headers, refund) = match checked {
         Ok(decision) if decision.is_allowed() => {
             let headers =
                 (config.headers_on_allowed && !config.header_style.is_none()).then(|| Headers {
@@ -226,7 +272,7 @@ where
                     policies: Arc::clone(policies),
                 });
             request.extensions_mut().insert(decision);
-            headers
+            (headers, refund)
         }
         Ok(decision) => {
             let (head, _body) = request.into_parts();
@@ -240,12 +286,13 @@ where
                 let (head, _body) = request.into_parts();
                 return Next::Answer(response::unavailable(&head, config));
             }
-            None
+            (None, None)
         }
     };
     Next::Call {
         future: inner.call(request),
         headers,
+        refund,
     }
 }
 

@@ -60,18 +60,21 @@ use std::fmt;
 use std::sync::Arc;
 
 use http::request::Parts;
+use http::{HeaderMap, StatusCode};
 use tower_layer::Layer;
 
 use crate::key::KeyExtractor;
 use crate::limiter::Limiter;
 use crate::rules::Rules;
-use crate::store::Store;
+use crate::store::{AdminStore, Store};
 use crate::tiers::Tiers;
 
 mod plan;
+mod refund;
 
 pub use plan::Plan;
 pub(crate) use plan::{Limit, Select, Selected};
+pub(crate) use refund::{PendingRefund, Refund};
 
 pub use crate::future::ResponseFuture;
 pub use crate::headers::HeaderStyle;
@@ -106,6 +109,8 @@ pub struct RateLimitLayer<S, K: Plan<S>> {
 pub(crate) struct Shared<S, P: Plan<S>> {
     pub(crate) plan: Arc<Planned<S, P>>,
     pub(crate) config: Config,
+    /// When to give back an allowed request's cost ([`RateLimitLayer::refund_on`]).
+    pub(crate) refund: Option<Refund<S>>,
 }
 
 /// The plan and what the layer keeps for it (the one limiter of a key extractor).
@@ -174,6 +179,7 @@ impl<S, P: Plan<S>> Clone for Shared<S, P> {
         Self {
             plan: Arc::clone(&self.plan),
             config: self.config.clone(),
+            refund: self.refund.clone(),
         }
     }
 }
@@ -191,6 +197,7 @@ impl<S: Store, K: Plan<S>> fmt::Debug for RateLimitLayer<S, K> {
         f.debug_struct("RateLimitLayer")
             .field("plan", &std::any::type_name::<K>())
             .field("config", &self.shared.config)
+            .field("refund", &self.shared.refund)
             .finish()
     }
 }
@@ -243,6 +250,7 @@ impl<S: Store, K: Plan<S>> RateLimitLayer<S, K> {
                     failure_mode: FailureMode::default(),
                     cost: Cost::Fixed(1),
                 },
+                refund: None,
             }),
         }
     }
@@ -288,6 +296,51 @@ impl<S: Store, K: Plan<S>> RateLimitLayer<S, K> {
 
     fn config_mut(&mut self) -> &mut Config {
         &mut Arc::make_mut(&mut self.shared).config
+    }
+}
+
+impl<S: AdminStore, K: Plan<S>> RateLimitLayer<S, K> {
+    /// Gives back an allowed request's cost when the inner service answers with a
+    /// status `when` picks: a client should not lose its budget to the server's own
+    /// failures.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use redlimit::{key::Global, Limiter, MemoryStore, Policy, RateLimitLayer};
+    /// # let limiter = Limiter::new(MemoryStore::new(), Policy::fixed_window("api", 5, Duration::from_secs(1)).unwrap());
+    /// let layer = RateLimitLayer::new(limiter, Global).refund_on(|status| status.is_server_error());
+    /// ```
+    ///
+    /// The refund is [`Limiter::refund`] of the request's subject and cost, after the
+    /// response head is known; it never delays the response. The memory store refunds
+    /// at once; a Redis refund runs as a Tokio task, and its failure is logged. Not
+    /// refunded: a request whose response future is dropped before the inner service
+    /// answers, or whose inner service returns an error instead of a response.
+    pub fn refund_on(self, when: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
+        self.refund_when(move |status, _| when(status))
+    }
+
+    /// Like [`RateLimitLayer::refund_on`], deciding on the response's headers as well.
+    ///
+    /// For gRPC, whose errors come with HTTP 200: a tonic error answered at once (a
+    /// trailers-only response) carries its `grpc-status` in the headers.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use redlimit::{key::Global, Limiter, MemoryStore, Policy, RateLimitLayer};
+    /// # let limiter = Limiter::new(MemoryStore::new(), Policy::fixed_window("api", 5, Duration::from_secs(1)).unwrap());
+    /// // UNAVAILABLE (14) and INTERNAL (13) are the server's fault, not the caller's.
+    /// let layer = RateLimitLayer::new(limiter, Global).refund_when(|status, headers| {
+    ///     status.is_server_error()
+    ///         || matches!(headers.get("grpc-status").map(|v| v.as_bytes()), Some(b"13" | b"14"))
+    /// });
+    /// ```
+    pub fn refund_when(
+        mut self,
+        when: impl Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        Arc::make_mut(&mut self.shared).refund = Some(Refund::new(when));
+        self
     }
 }
 

@@ -97,12 +97,23 @@ where
             }
         };
         let cost = shared.config.cost.of(&parts);
+        let refund = shared
+            .refund
+            .as_ref()
+            .map(|refund| refund.keep(&limit.limiter, &subject, cost));
         let mut check = limit.limiter.check(subject, cost);
         let request = Request::from_parts(parts, body);
         if let Some(checked) = ready_now(&mut check) {
             // Decided already (the memory store): the service `poll_ready` readied is
             // called right away.
-            return ResponseFuture::decided(checked, request, &mut self.inner, shared, limit);
+            return ResponseFuture::decided(
+                checked,
+                request,
+                &mut self.inner,
+                shared,
+                limit,
+                refund,
+            );
         }
         // Otherwise the readied service is taken into the future and called when the
         // check completes; the clone stays for the next request and will be readied in
@@ -110,6 +121,6 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let headers = Arc::clone(&limit.headers);
-        ResponseFuture::checking(check, request, inner, Arc::clone(shared), headers)
+        ResponseFuture::checking(check, request, inner, Arc::clone(shared), headers, refund)
     }
 }

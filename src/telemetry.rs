@@ -11,8 +11,10 @@
 //! | `redlimit_decisions_total` | counter | `outcome` (allowed, denied), `origin` (store, block_cache, fallback), `policy` |
 //! | `redlimit_store_errors_total` | counter | `kind` (timeout, unavailable, protocol), `handled` (fallback or not) |
 //! | `redlimit_shadow_denials_total` | counter | `policy` (the shadow policy that would have denied) |
+//! | `redlimit_refunds_total` | counter | `outcome` (done, failed): refunds the layer made for [`refund_on`](crate::RateLimitLayer::refund_on) |
 
 use crate::decision::Decision;
+use crate::error::Error;
 use crate::store::{StoreError, StoreErrorKind};
 
 pub(crate) fn decided(decision: &Decision) {
@@ -78,4 +80,23 @@ fn kind_name(kind: StoreErrorKind) -> &'static str {
         StoreErrorKind::Unavailable => "unavailable",
         StoreErrorKind::Protocol => "protocol",
     }
+}
+
+/// The layer gave back a request's cost (`refund_on`). A failed refund only costs the
+/// client budget, so it is a warning, not an error.
+pub(crate) fn layer_refunded(result: &Result<Decision, Error>) {
+    match result {
+        Ok(decision) => tracing::debug!(
+            remaining = decision.remaining(),
+            policy = decision.policy().name(),
+            "rate-limit cost refunded"
+        ),
+        Err(error) => tracing::warn!(%error, "rate-limit refund failed"),
+    }
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "redlimit_refunds_total",
+        "outcome" => if result.is_ok() { "done" } else { "failed" },
+    )
+    .increment(1);
 }

@@ -349,3 +349,60 @@ async fn a_shared_store_keeps_the_admin_operations() {
     limiter.reset("a").await.unwrap();
     assert!(limiter.peek("a", 1).await.unwrap().is_allowed());
 }
+
+/// The layer's `refund_on` against a real Redis: the refund runs in a task after the
+/// response, so the test waits (bounded) until the store shows it.
+#[tokio::test]
+async fn the_layer_refunds_server_errors_on_redis() {
+    use http::{Request, Response, StatusCode};
+    use redlimit::key::Global;
+    use redlimit::RateLimitLayer;
+    use tower::{ServiceBuilder, ServiceExt};
+
+    let server = RedisServer::start();
+    let clock = FakeClock::new(1_000_000);
+    // An hour's window: Redis expires keys in real time whatever the fake clock says, so
+    // a short one could empty the state while the test waits, refund or not.
+    let hour = Duration::from_secs(3600);
+    let limiter = Limiter::new(
+        redis_store(&server, &clock),
+        Policy::fixed_window("fw", 2, hour).unwrap(),
+    )
+    .policy(Policy::sliding_window("sw", 2, hour).unwrap())
+    .policy(Policy::token_bucket("tb", 2, 2, hour).unwrap())
+    .policy(Policy::sliding_log("sl", 2, hour).unwrap());
+    let limiter = Arc::new(limiter);
+    let layer = RateLimitLayer::from_shared(Arc::clone(&limiter), Global)
+        .refund_on(|status| status.is_server_error());
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(|req: Request<String>| async move {
+            let status = StatusCode::from_bytes(req.body().as_bytes()).unwrap();
+            let mut response = Response::new(String::new());
+            *response.status_mut() = status;
+            Ok::<_, std::convert::Infallible>(response)
+        });
+    let call = |status: &'static str| svc.clone().oneshot(Request::new(status.to_owned()));
+
+    for _ in 0..5 {
+        assert_eq!(
+            call("503").await.unwrap().status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        // Back to the whole budget of 2 (a peek of 1 leaves 1), within 5 s.
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while limiter.peek("global", 1).await.unwrap().remaining() != 1 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the refund reached Redis");
+    }
+    assert_eq!(call("404").await.unwrap().status(), StatusCode::NOT_FOUND);
+    assert_eq!(call("200").await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        call("200").await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    server.assert_every_key_expires().await;
+}
