@@ -50,7 +50,10 @@
 //! key = "ip"
 //! "#)?;
 //!
-//! let layer = RateLimitLayer::rules(config.rules(MemoryStore::new()));
+//! // API keys are hashed with a secret kept out of the file (read it from the
+//! // environment or a secret store).
+//! # let secret = "not in the file";
+//! let layer = RateLimitLayer::rules(config.header_secret(secret).rules(MemoryStore::new()));
 //! # let _ = layer;
 //!
 //! let typo = Config::from_toml_str("[[policies]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1 min\"\n");
@@ -68,7 +71,7 @@
 //! [`Limiter`] per rule. The store keeps state by policies and subject, so rules with the
 //! same policies whose keys give the same subject share one count; add `+route` to the
 //! key for a count per route. API keys named by `header:NAME` are kept only as keyed
-//! hashes (see [`Header`]).
+//! hashes (see [`Header`]), keyed by [`Config::header_secret`].
 
 use std::fmt;
 use std::net::IpAddr;
@@ -96,6 +99,17 @@ pub struct Config {
     rules: Vec<RuleSpec>,
     default: Option<TargetSpec>,
     client_ip: ClientIp,
+    header_secret: Option<HeaderSecret>,
+}
+
+/// The server-side secret `header:NAME` keys hash with; never shown by `Debug`.
+#[derive(Clone)]
+struct HeaderSecret(Arc<[u8]>);
+
+impl fmt::Debug for HeaderSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("HeaderSecret(<redacted>)")
+    }
 }
 
 /// Why a configuration was refused: where (file, line) and which field, and what is
@@ -298,6 +312,17 @@ impl Config {
         }
     }
 
+    /// The server-side secret that `header:NAME` keys hash their values with (see
+    /// [`Header::secret`]); the same on every instance that shares a Redis.
+    ///
+    /// Not read from the file, so the file can be checked in: pass it from the
+    /// environment or a secret store. Without it the crate's public default key is used,
+    /// and anyone who can read Redis keys can test a guessed API key against them.
+    pub fn header_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.header_secret = Some(HeaderSecret(Arc::from(secret.as_ref())));
+        self
+    }
+
     /// The policy named `name`.
     pub fn policy(&self, name: &str) -> Option<&Policy> {
         self.policies.iter().find(|p| p.name() == name)
@@ -315,7 +340,10 @@ impl Config {
                 KeyPart::Ip => self.client_ip.clone().boxed(),
                 KeyPart::Global => Global.boxed(),
                 KeyPart::Route => Route::new().boxed(),
-                KeyPart::Header(name) => Header::new(name.clone()).boxed(),
+                KeyPart::Header(name) => match &self.header_secret {
+                    Some(HeaderSecret(secret)) => Header::new(name.clone()).secret(secret).boxed(),
+                    None => Header::new(name.clone()).boxed(),
+                },
             }
         };
         let mut parts = parts.iter();
@@ -501,6 +529,7 @@ fn validate(source: &Source<'_>, raw: RawConfig) -> Result<Config, ConfigError> 
         rules,
         default,
         client_ip,
+        header_secret: None,
     })
 }
 

@@ -300,3 +300,40 @@ fn files_are_read_and_named_in_errors() {
     let missing = Config::from_path(dir.path().join("none.toml")).unwrap_err();
     assert_eq!(missing.line(), None);
 }
+
+#[tokio::test]
+async fn header_keys_hash_with_the_secret_given_in_code() {
+    let config = Config::from_toml_str(GOOD).unwrap();
+    assert!(!format!("{:?}", config.clone().header_secret("hunter2")).contains("hunter2"));
+    // One memory store under three layers: a shared count means the same subject.
+    let store = MemoryStore::with_clock(FakeClock::new(0));
+    let layer = |config: Config| {
+        tower::ServiceBuilder::new()
+            .layer(RateLimitLayer::rules(config.rules(store.clone())))
+            .service(service_fn(|_req: Request<String>| async {
+                Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+            }))
+    };
+    let first = layer(config.clone().header_secret("s1"));
+    let same = layer(config.clone().header_secret("s1"));
+    let other = layer(config.clone().header_secret("s2"));
+    let default = layer(config);
+    let key = [("x-api-key", "k1")];
+    let api = || request("GET", "/api/x", [203, 0, 113, 1], &key);
+    // The burst of 5 spent under secret s1 ...
+    for _ in 0..5 {
+        assert_eq!(
+            first.clone().oneshot(api()).await.unwrap().status(),
+            StatusCode::OK
+        );
+    }
+    // ... is spent for every instance with the same secret,
+    let shared = same.oneshot(api()).await.unwrap();
+    assert_eq!(shared.status(), StatusCode::TOO_MANY_REQUESTS);
+    // and untouched under another secret or the default one: other subjects.
+    assert_eq!(other.oneshot(api()).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        default.oneshot(api()).await.unwrap().status(),
+        StatusCode::OK
+    );
+}
