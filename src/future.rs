@@ -281,7 +281,7 @@ where
             ));
         }
         Err(error) => {
-            log_failure(&error, config.failure_mode);
+            crate::telemetry::layer_failed(&error, config.failure_mode);
             if config.failure_mode == FailureMode::Closed {
                 let (head, _body) = request.into_parts();
                 return Next::Answer(response::unavailable(&head, config));
@@ -308,23 +308,6 @@ pub(crate) fn ready_now<F: 'static>(check: &mut CheckFuture<F>) -> Option<Result
     match Pin::new(check).poll(&mut Context::from_waker(Waker::noop())) {
         Poll::Ready(result) => Some(result),
         Poll::Pending => None,
-    }
-}
-
-/// Store failures are the operator's concern (warn); a cost no policy can take is a bug
-/// in the configuration (error). Neither is the client's fault.
-fn log_failure(error: &Error, mode: FailureMode) {
-    let action = match mode {
-        FailureMode::Open => "letting the request through",
-        FailureMode::Closed => "answering 503",
-    };
-    match error {
-        Error::Store(error) => {
-            tracing::warn!(%error, kind = ?error.kind(), "rate-limit store failed; {action}");
-        }
-        Error::ZeroCost | Error::CostTooHigh { .. } => {
-            tracing::error!(%error, "rate-limit cost misconfigured; {action}");
-        }
     }
 }
 

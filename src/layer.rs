@@ -86,7 +86,8 @@ pub use crate::service::RateLimit;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum FailureMode {
-    /// Let the request through unlimited and log a warning: availability over limits.
+    /// Let the request through unlimited and log a warning (at most one a second):
+    /// availability over limits.
     #[default]
     Open,
     /// Answer `503 Service Unavailable` with `Retry-After: 1`: for limits that protect

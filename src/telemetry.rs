@@ -1,7 +1,9 @@
 //! Logs and metrics of decisions, in one place.
 //!
 //! Decisions are `tracing` events at debug level, requests a shadow policy would have
-//! denied at info (the point of shadow mode is to read them), store failures at warn.
+//! denied at info (the point of shadow mode is to read them), store failures at warn, at
+//! most one line a second per kind of failure (with the count of those left out), so an
+//! outage under load does not flood the logs.
 //! With the
 //! `metrics` feature, counters and a histogram go through the `metrics` facade, so any
 //! exporter (Prometheus, StatsD) the application installs receives them:
@@ -13,8 +15,13 @@
 //! | `redlimit_shadow_denials_total` | counter | `policy` (the shadow policy that would have denied) |
 //! | `redlimit_refunds_total` | counter | `outcome` (done, failed): refunds the layer made for [`refund_on`](crate::RateLimitLayer::refund_on) |
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
+
 use crate::decision::Decision;
 use crate::error::Error;
+use crate::layer::FailureMode;
 use crate::store::{StoreError, StoreErrorKind};
 
 pub(crate) fn decided(decision: &Decision) {
@@ -99,4 +106,93 @@ pub(crate) fn layer_refunded(result: &Result<Decision, Error>) {
         "outcome" => if result.is_ok() { "done" } else { "failed" },
     )
     .increment(1);
+}
+
+/// The layer could not decide a request: a store failure is the operator's concern
+/// (warn), a cost no policy can take is a bug in the configuration (error). Neither is
+/// the client's fault.
+pub(crate) fn layer_failed(error: &Error, mode: FailureMode) {
+    static STORE: LogThrottle = LogThrottle::new();
+    static COST: LogThrottle = LogThrottle::new();
+    let action = match mode {
+        FailureMode::Open => "letting the request through",
+        FailureMode::Closed => "answering 503",
+    };
+    match error {
+        Error::Store(error) => {
+            if let Some(suppressed) = STORE.admit(uptime_ms()) {
+                tracing::warn!(%error, kind = ?error.kind(), suppressed, "rate-limit store failed; {action}");
+            }
+        }
+        Error::ZeroCost | Error::CostTooHigh { .. } => {
+            if let Some(suppressed) = COST.admit(uptime_ms()) {
+                tracing::error!(%error, suppressed, "rate-limit cost misconfigured; {action}");
+            }
+        }
+    }
+}
+
+/// Milliseconds since the first call, for the log throttles.
+fn uptime_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    let elapsed = START.get_or_init(Instant::now).elapsed();
+    u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Lets one event a second through, and counts the others.
+struct LogThrottle {
+    /// When the next event may be logged (ms on `uptime_ms`'s clock).
+    next_ms: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl LogThrottle {
+    const INTERVAL_MS: u64 = 1_000;
+
+    const fn new() -> Self {
+        Self {
+            next_ms: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(events left out since the last one logged)` when this one is to be logged.
+    fn admit(&self, now_ms: u64) -> Option<u64> {
+        let next = self.next_ms.load(Ordering::Relaxed);
+        let claimed = now_ms >= next
+            && self
+                .next_ms
+                .compare_exchange(
+                    next,
+                    now_ms + Self::INTERVAL_MS,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok();
+        if claimed {
+            Some(self.suppressed.swap(0, Ordering::Relaxed))
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LogThrottle;
+
+    #[test]
+    fn one_line_a_second_with_the_count_of_those_left_out() {
+        let throttle = LogThrottle::new();
+        assert_eq!(throttle.admit(5), Some(0));
+        for now in [5, 6, 500, 1_004] {
+            assert_eq!(throttle.admit(now), None, "{now}");
+        }
+        assert_eq!(throttle.admit(1_005), Some(4));
+        assert_eq!(throttle.admit(1_006), None);
+        // A quiet spell: the next failure is logged at once.
+        assert_eq!(throttle.admit(60_000), Some(1));
+        assert_eq!(throttle.admit(60_001), None);
+    }
 }
