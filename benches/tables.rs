@@ -217,14 +217,24 @@ mod reference {
 /// Loads every script the bare loops and `redis-benchmark` send by SHA: they cannot
 /// recover from `NOSCRIPT` as the store does. `FLUSHALL` keeps them.
 async fn load_scripts(conn: &mut MultiplexedConnection) {
-    let ours: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(RedisStore::script_source())
-        .query_async(conn)
-        .await
-        .expect("SCRIPT LOAD of the store's script");
-    assert_eq!(ours, RedisStore::script_sha1());
     for algorithm in Algorithm::ALL {
+        // The store's script for a limiter of this one algorithm.
+        let minute = Duration::from_secs(60);
+        let policy = match algorithm {
+            Algorithm::FixedWindow => Policy::fixed_window("p", 1, minute),
+            Algorithm::SlidingWindow => Policy::sliding_window("p", 1, minute),
+            Algorithm::TokenBucket => Policy::token_bucket("p", 1, 1, minute),
+            _ => Policy::sliding_log("p", 1, minute),
+        }
+        .expect("policy");
+        let policies = [policy];
+        let ours: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(RedisStore::script_source(&policies))
+            .query_async(conn)
+            .await
+            .expect("SCRIPT LOAD of the store's script");
+        assert_eq!(ours, RedisStore::script_sha1(&policies));
         let script = reference::script(algorithm);
         script
             .prepare_invoke()
@@ -270,7 +280,7 @@ fn store_command(
     clock: &str,
 ) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(RedisStore::script_sha1())
+    cmd.arg(RedisStore::script_sha1(std::slice::from_ref(policy)))
         .arg(1)
         .arg(store.key(subject, policy))
         .arg(clock)

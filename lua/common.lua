@@ -1,9 +1,15 @@
 -- redlimit: helpers shared by the four algorithms. The store concatenates
--- common.lua, fixed_window.lua, sliding_window.lua, token_bucket.lua,
--- sliding_log.lua and main.lua, in that order, into one script.
+-- common.lua, the files of the algorithms a limiter's policies use (of
+-- fixed_window.lua, sliding_window.lua, token_bucket.lua and sliding_log.lua,
+-- in that order) and main.lua into one script per call shape: every call
+-- defines the functions of its script, so a limiter pays only for its own
+-- algorithms. Each algorithm file registers itself in ALGORITHMS.
 --
 -- Lua numbers are doubles: every integer below stays under 2^53 (the policies
 -- are checked for that), where doubles are exact.
+
+-- The algorithms of this script by code: { decide, refund }.
+local ALGORITHMS = {}
 
 -- Floor division of non-negative integers, exact: fmod is exact in IEEE
 -- arithmetic, so a - fmod(a, b) is an exact multiple of b.

@@ -48,3 +48,5 @@ local function fixed_window_refund(_limit, w, _emission, now, cost, raw)
   end
   return nil
 end
+
+ALGORITHMS.fw = { fixed_window, fixed_window_refund }

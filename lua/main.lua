@@ -25,12 +25,6 @@ local EXACT = 9007199254740992 -- 2^53
 local MAX_CLOCK = 9000000000000 -- ms; now * 1000 (us) must stay exact
 local MAX_LOG = 100000 -- sliding log stamps, as MAX_SLIDING_LOG_LIMIT in Rust
 local PER_POLICY = 5
-local ALGORITHMS = {
-  fw = { fixed_window, fixed_window_refund },
-  sw = { sliding_window, sliding_window_refund },
-  tb = { token_bucket, token_bucket_refund },
-  sl = { sliding_log, sliding_log_refund },
-}
 local OPERATIONS = { c = true, p = true, r = true, x = true }
 
 local nkeys = #KEYS
@@ -94,7 +88,13 @@ for i = 1, nkeys do
   local algorithm = ALGORITHMS[code]
   if algorithm == nil then
     algorithm = {}
-    fail(at, "algorithm of policy " .. i, "must be fw, sw, tb or sl, got " .. string.format("%q", string.sub(code, 1, 32)))
+    local known = {}
+    for name in pairs(ALGORITHMS) do
+      known[#known + 1] = name
+    end
+    table.sort(known)
+    fail(at, "algorithm of policy " .. i, "must be one of this script's algorithms ("
+      .. table.concat(known, ", ") .. "), got " .. string.format("%q", string.sub(code, 1, 32)))
   end
   local limit = argument(at + 1, "limit", 1, i)
   local window = argument(at + 2, "window_ms", 1, i)

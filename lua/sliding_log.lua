@@ -137,3 +137,5 @@ local function sliding_log_refund(limit, w, _emission, now, cost, raw)
   end
   return struct.pack(">I4", 0) .. sl_copy(raw, n, head, base, 0, len - drop)
 end
+
+ALGORITHMS.sl = { sliding_log, sliding_log_refund }

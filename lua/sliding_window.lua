@@ -78,3 +78,5 @@ local function sliding_window_refund(_limit, w, _emission, now, cost, raw)
   end
   return nil
 end
+
+ALGORITHMS.sw = { sliding_window, sliding_window_refund }

@@ -57,3 +57,5 @@ local function token_bucket_refund(limit, _w, t, now_ms, cost, raw)
   end
   return nil
 end
+
+ALGORITHMS.tb = { token_bucket, token_bucket_refund }

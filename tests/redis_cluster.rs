@@ -95,14 +95,16 @@ async fn limits_hold_in_every_slot_and_keys_spread_over_every_master_with_ttls()
         ),
     ];
 
-    // Warm up: every master caches the script (a burst of first calls would each
-    // meet NOSCRIPT and be resent as EVAL), then forget the warm-up's keys and stats.
-    for i in 0..30 {
-        let (limiter, _, _) = &limiters[0];
-        limiter
-            .check(format!("warm:{i}").as_str(), 1)
-            .await
-            .unwrap();
+    // Warm up: every master caches each limiter's script (one per set of algorithms;
+    // a burst of first calls would each meet NOSCRIPT and be resent as EVAL), then
+    // forget the warm-up's keys and stats.
+    for (limiter, _, _) in &limiters {
+        for i in 0..30 {
+            limiter
+                .check(format!("warm:{i}").as_str(), 1)
+                .await
+                .unwrap();
+        }
     }
     for master in &masters {
         let mut conn = cluster.node(master.port).conn().await;

@@ -366,14 +366,27 @@ async fn hostile_subjects_reach_only_their_own_state() {
     server.assert_every_key_expires().await;
 }
 
-/// Sends the script by hand with `args` after KEYS, and returns the error message.
+/// One policy of each algorithm: their script holds all four.
+fn every_algorithm() -> Vec<Policy> {
+    let s = Duration::from_secs(1);
+    vec![
+        Policy::fixed_window("fw", 10, s).unwrap(),
+        Policy::sliding_window("sw", 10, s).unwrap(),
+        Policy::token_bucket("tb", 10, 10, s).unwrap(),
+        Policy::sliding_log("sl", 10, s).unwrap(),
+    ]
+}
+
+/// Sends the script of `policies` by hand with `args` after KEYS, and returns the
+/// error message.
 async fn script_error(
     conn: &mut redis::aio::MultiplexedConnection,
+    policies: &[Policy],
     keys: &[&str],
     args: &[&str],
 ) -> String {
     let result: redis::RedisResult<redis::Value> = redis::cmd("EVALSHA")
-        .arg(RedisStore::script_sha1())
+        .arg(RedisStore::script_sha1(policies))
         .arg(keys.len())
         .arg(keys)
         .arg(args)
@@ -389,13 +402,17 @@ async fn script_error(
 async fn bad_arguments_fail_with_an_error_that_names_them() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(RedisStore::script_source())
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(sha, RedisStore::script_sha1());
+    let every = every_algorithm();
+    let fixed_only = &every[..1];
+    for policies in [&every[..], fixed_only] {
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(RedisStore::script_source(policies))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(sha, RedisStore::script_sha1(policies));
+    }
 
     let one = ["rl:{s}:p:fw"];
     let two = ["rl:{s}:p:fw", "rl:{s}:q:sl"];
@@ -491,12 +508,21 @@ async fn bad_arguments_fail_with_an_error_that_names_them() {
         ),
     ];
     for (keys, args, expected) in cases {
-        let message = script_error(&mut conn, keys, args).await;
+        let message = script_error(&mut conn, &every, keys, args).await;
         assert!(
             message.contains(&format!("redlimit: {expected}")),
             "{args:?}: {message:?} does not contain {expected:?}"
         );
     }
+    // A fixed window's script knows no other algorithm, and says which it knows.
+    let args = ["s", "1", "c", "sl", "10", "1000", "0", "0"];
+    let message = script_error(&mut conn, fixed_only, &["rl:{s}:p:sl"], &args).await;
+    assert!(
+        message.contains(
+            r#"redlimit: ARGV[4] (algorithm of policy 1) must be one of this script's algorithms (fw), got "sl""#
+        ),
+        "{message:?}"
+    );
     let size: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
     assert_eq!(size, 0, "a refused call writes nothing");
 }

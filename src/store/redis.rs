@@ -28,7 +28,9 @@
 //! Redis `TIME` (by default), decides every policy, and writes state only if all
 //! admit. The script is sent in full (`EVAL`, which also caches it) only when the
 //! server answers `NOSCRIPT`, after a restart or a `SCRIPT FLUSH`; no call fails
-//! for it.
+//! for it. The script holds the code of the algorithms the limiter's policies use,
+//! and no other (Lua defines a script's functions anew on every call), so limiters
+//! of different algorithms run different scripts; each server caches each one.
 //!
 //! The store does not check a connection out of the pool per call: deadpool-redis
 //! recycles each checked-out connection with an `UNWATCH` + `PING` round trip of its
@@ -280,15 +282,16 @@ impl RedisStore {
         self
     }
 
-    /// The Lua source of the script every call runs, for operators who pre-load it
-    /// and benchmarks that run it bare.
-    pub fn script_source() -> &'static str {
-        script::SOURCE
+    /// The Lua source of the script a limiter with `policies` runs, for operators who
+    /// pre-load it and benchmarks that run it bare. It holds the code of the algorithms
+    /// `policies` use, so limiters of different algorithms run different scripts.
+    pub fn script_source(policies: &[Policy]) -> &'static str {
+        script::Shape::of(policies).script().source()
     }
 
     /// The SHA-1 of [`RedisStore::script_source`], as `EVALSHA` takes it.
-    pub fn script_sha1() -> &'static str {
-        script::SCRIPT.get_hash()
+    pub fn script_sha1(policies: &[Policy]) -> &'static str {
+        script::Shape::of(policies).script().sha1()
     }
 
     /// The Redis key that holds `subject`'s state for `policy`.
@@ -515,19 +518,45 @@ mod tests {
     }
 
     #[test]
-    fn the_script_is_one_piece_with_every_algorithm() {
-        let source = RedisStore::script_source();
-        for name in [
-            "fixed_window",
-            "sliding_window",
-            "token_bucket",
-            "sliding_log",
-        ] {
-            assert!(
-                source.contains(&format!("local function {name}(")),
-                "{name}"
+    fn each_script_holds_the_algorithms_of_its_policies_only() {
+        use crate::policy::Algorithm;
+        let policy = |algorithm, name: &str| {
+            let w = std::time::Duration::from_secs(1);
+            match algorithm {
+                Algorithm::FixedWindow => Policy::fixed_window(name, 5, w),
+                Algorithm::SlidingWindow => Policy::sliding_window(name, 5, w),
+                Algorithm::TokenBucket => Policy::token_bucket(name, 5, 5, w),
+                Algorithm::SlidingLog => Policy::sliding_log(name, 5, w),
+            }
+            .unwrap()
+        };
+        let defines = |source: &str, a: Algorithm| {
+            source.contains(&format!("local function {}(", a.as_str()))
+        };
+        let mut hashes = std::collections::HashSet::new();
+        for shape in 1..16u8 {
+            let policies: Vec<Policy> = Algorithm::ALL
+                .into_iter()
+                .enumerate()
+                .filter(|(i, _)| shape & (1 << i) != 0)
+                .map(|(i, a)| policy(a, &format!("p{i}")))
+                .collect();
+            let source = RedisStore::script_source(&policies);
+            for a in Algorithm::ALL {
+                let used = policies.iter().any(|p| p.algorithm() == a);
+                assert_eq!(defines(source, a), used, "{a} in shape {shape:04b}");
+            }
+            // Two policies of one algorithm, in any order, share the script.
+            let mut twice = policies.clone();
+            twice.push(policy(policies[0].algorithm(), "again"));
+            twice.reverse();
+            assert_eq!(
+                RedisStore::script_sha1(&twice),
+                RedisStore::script_sha1(&policies)
             );
+            assert_eq!(RedisStore::script_sha1(&policies).len(), 40);
+            hashes.insert(RedisStore::script_sha1(&policies));
         }
-        assert_eq!(RedisStore::script_sha1().len(), 40);
+        assert_eq!(hashes.len(), 15);
     }
 }

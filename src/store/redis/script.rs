@@ -1,25 +1,91 @@
-//! The one Lua script, composed at compile time from `lua/`, and how a call becomes
-//! an `EVALSHA`.
+//! The Lua script of a call, composed from `lua/` for the algorithms its policies use,
+//! and how a call becomes an `EVALSHA`.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, OnceLock};
 
 use deadpool_redis::redis::{Cmd, Script};
 
 use crate::policy::{Algorithm, Policy};
 use crate::store::Operation;
 
-/// The whole script: the helpers, the four algorithms, then the entry point.
-pub(super) const SOURCE: &str = concat!(
-    include_str!("../../../lua/common.lua"),
+/// The helpers every script starts with.
+const COMMON: &str = include_str!("../../../lua/common.lua");
+/// The entry point every script ends with.
+const MAIN: &str = include_str!("../../../lua/main.lua");
+
+/// The file of each algorithm, in the order of [`Algorithm::ALL`].
+const ALGORITHM_FILES: [&str; 4] = [
     include_str!("../../../lua/fixed_window.lua"),
     include_str!("../../../lua/sliding_window.lua"),
     include_str!("../../../lua/token_bucket.lua"),
     include_str!("../../../lua/sliding_log.lua"),
-    include_str!("../../../lua/main.lua"),
-);
+];
 
-/// The script with its SHA-1, hashed once per process.
-pub(super) static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
+/// Which algorithms a call's policies use: one bit per [`Algorithm::ALL`] position.
+///
+/// Lua defines a script's functions again on every call, so one script of all four
+/// algorithms made each call pay for creating the closures of the three it does not
+/// use. One script per shape (at most 15, each built and hashed once per process) is
+/// still one `EVALSHA` per call, and a limiter with one algorithm pays for that one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Shape(u8);
+
+impl Shape {
+    /// The shape of `policies`.
+    pub(super) fn of(policies: &[Policy]) -> Self {
+        Self(
+            policies
+                .iter()
+                .fold(0, |bits, p| bits | 1 << index(p.algorithm())),
+        )
+    }
+
+    /// The script of this shape.
+    pub(super) fn script(self) -> &'static ShapeScript {
+        static SCRIPTS: [OnceLock<ShapeScript>; 16] = [const { OnceLock::new() }; 16];
+        SCRIPTS[usize::from(self.0 & 0xf)].get_or_init(|| ShapeScript::compose(self))
+    }
+}
+
+/// The position of an algorithm in [`Algorithm::ALL`].
+const fn index(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::FixedWindow => 0,
+        Algorithm::SlidingWindow => 1,
+        Algorithm::TokenBucket => 2,
+        Algorithm::SlidingLog => 3,
+    }
+}
+
+/// One shape's source and SHA-1.
+pub(super) struct ShapeScript {
+    source: String,
+    script: Script,
+}
+
+impl ShapeScript {
+    fn compose(shape: Shape) -> Self {
+        let mut source = String::from(COMMON);
+        for (i, file) in ALGORITHM_FILES.iter().enumerate() {
+            if shape.0 & (1 << i) != 0 {
+                source.push_str(file);
+            }
+        }
+        source.push_str(MAIN);
+        let script = Script::new(&source);
+        Self { source, script }
+    }
+
+    /// The Lua source, as `EVAL` and `SCRIPT LOAD` take it.
+    pub(super) fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The SHA-1 of the source, as `EVALSHA` takes it.
+    pub(super) fn sha1(&self) -> &str {
+        self.script.get_hash()
+    }
+}
 
 /// The two-letter code of an algorithm, in keys and in the script's arguments.
 pub(super) const fn code(algorithm: Algorithm) -> &'static str {
@@ -57,13 +123,14 @@ pub(super) struct Call {
 impl Call {
     /// The command: `EVALSHA sha` normally, `EVAL source` when the script is missing.
     pub(super) fn command(&self, with_source: bool) -> Cmd {
+        let script = Shape::of(&self.policies).script();
         let mut cmd = if with_source {
             let mut cmd = deadpool_redis::redis::cmd("EVAL");
-            cmd.arg(SOURCE);
+            cmd.arg(script.source());
             cmd
         } else {
             let mut cmd = deadpool_redis::redis::cmd("EVALSHA");
-            cmd.arg(SCRIPT.get_hash());
+            cmd.arg(script.sha1());
             cmd
         };
         cmd.arg(self.policies.len());
