@@ -16,6 +16,8 @@
 
 use std::fmt::{self, Write as _};
 
+use smallvec::SmallVec;
+
 /// Subjects longer than this are stored as a 128-bit hash of their bytes.
 pub(crate) const MAX_RAW_LEN: usize = 128;
 
@@ -32,7 +34,10 @@ const LONG_CONTEXT: &str = "redlimit 2026 long subject";
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Subject {
     /// A tag byte (raw, hashed or secret), then the value or its 16-byte hash.
-    bytes: Box<[u8]>,
+    ///
+    /// Inline up to 32 bytes (an address, a user id, a hashed secret): making and
+    /// cloning a subject, once per request, then needs no allocation.
+    bytes: SmallVec<[u8; 32]>,
 }
 
 impl Subject {
@@ -76,12 +81,10 @@ impl Subject {
     }
 
     fn tagged(tag: u8, value: &[u8]) -> Self {
-        let mut bytes = Vec::with_capacity(value.len() + 1);
+        let mut bytes = SmallVec::with_capacity(value.len() + 1);
         bytes.push(tag);
         bytes.extend_from_slice(value);
-        Self {
-            bytes: bytes.into_boxed_slice(),
-        }
+        Self { bytes }
     }
 
     /// The subject's stored bytes (a tag byte, then the value or its hash).
