@@ -1443,7 +1443,10 @@ mod flood {
         let flooder = Subject::new("flooder");
         // Over the limit before the turn starts.
         for _ in 0..=LIMIT {
-            limiter.check(flooder.clone(), 1).await.expect("fill the flooder");
+            limiter
+                .check(flooder.clone(), 1)
+                .await
+                .expect("fill the flooder");
         }
         let done = Arc::new(AtomicBool::new(false));
         let (others, flood) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
@@ -1456,7 +1459,10 @@ mod flood {
             tasks.spawn(async move {
                 let mut i = t * (SUBJECTS / OTHERS);
                 while !done.load(Ordering::Relaxed) {
-                    let d = limiter.check(subject(i % SUBJECTS), 1).await.expect("check");
+                    let d = limiter
+                        .check(subject(i % SUBJECTS), 1)
+                        .await
+                        .expect("check");
                     assert!(d.is_allowed(), "everyone else stays under the limit");
                     i += 1;
                     others.fetch_add(1, Ordering::Relaxed);
@@ -1568,7 +1574,12 @@ mod flood {
                     .collect(),
             );
             let flood = median(turns[v].iter().map(|t| rate(t.flood, t.time)).collect());
-            let redis = median(turns[v].iter().map(|t| rate(t.redis_calls, t.time)).collect());
+            let redis = median(
+                turns[v]
+                    .iter()
+                    .map(|t| rate(t.redis_calls, t.time))
+                    .collect(),
+            );
             if variant.times > 0 && variant.block_cache {
                 targets.push((variant.times, ratio));
             }

@@ -107,17 +107,19 @@ impl Link {
     /// caller's timeout bounds the wait). Once one has existed, a call that finds it
     /// being replaced fails at once: during an outage calls must not queue.
     pub(super) async fn lend(self: &Arc<Self>) -> Result<Lent, StoreError> {
+        // The path of every call while connected: a read lock, no waiter. (Enabling a
+        // `Notified` first would take the `Notify`'s mutex twice per call, shared by
+        // every task.)
+        if let Some(lent) = self.current() {
+            return Ok(lent);
+        }
         loop {
             let mut settled = pin!(self.settled.notified());
             settled.as_mut().enable();
-            {
-                let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
-                if let Some(conn) = &state.conn {
-                    return Ok(Lent {
-                        conn: conn.clone(),
-                        generation: state.generation,
-                    });
-                }
+            // Checked again once registered, so a connection that settles in between
+            // is not missed.
+            if let Some(lent) = self.current() {
+                return Ok(lent);
             }
             let (started, wait) = {
                 let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
@@ -141,6 +143,15 @@ impl Link {
             }
             settled.await;
         }
+    }
+
+    /// The connection, if there is one now.
+    fn current(&self) -> Option<Lent> {
+        let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
+        state.conn.as_ref().map(|conn| Lent {
+            conn: conn.clone(),
+            generation: state.generation,
+        })
     }
 
     /// Sends one call on a lent connection: `EVALSHA`, and `EVAL` only if the server
