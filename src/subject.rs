@@ -31,13 +31,22 @@ const LONG_CONTEXT: &str = "redlimit 2026 long subject";
 ///
 /// Equal subjects share limits; the constructors keep different kinds of input apart
 /// (a raw value can never equal a hashed one).
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(PartialEq, Eq, Hash)]
 pub struct Subject {
     /// A tag byte (raw, hashed or secret), then the value or its 16-byte hash.
     ///
     /// Inline up to 32 bytes (an address, a user id, a hashed secret): making and
     /// cloning a subject, once per request, then needs no allocation.
     bytes: SmallVec<[u8; 32]>,
+}
+
+// By hand: `SmallVec`'s own `Clone` copies element by element; bytes copy as one block.
+impl Clone for Subject {
+    fn clone(&self) -> Self {
+        Self {
+            bytes: SmallVec::from_slice(&self.bytes),
+        }
+    }
 }
 
 impl Subject {

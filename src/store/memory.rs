@@ -58,7 +58,7 @@ struct Inner {
 
 #[derive(Debug)]
 struct Entry {
-    states: SmallVec<[Option<State>; 2]>,
+    states: SmallVec<[Option<State>; 1]>,
     expires_at_ms: u64,
 }
 
@@ -138,7 +138,7 @@ impl MemoryStore {
             _ => match inner.map.get_mut(&key) {
                 Some(entry) => entry,
                 None => {
-                    let states: SmallVec<[Option<State>; 2]> =
+                    let states: SmallVec<[Option<State>; 1]> =
                         SmallVec::from_elem(None, policies.len());
                     return peek(policies, &states, now, cost);
                 }
@@ -160,7 +160,7 @@ impl MemoryStore {
             }
             _ => return peek(policies, &entry.states, now, cost),
         }
-        let mut steps: SmallVec<[algorithm::Step; 2]> = policies
+        let mut steps: SmallVec<[algorithm::Step; 1]> = policies
             .iter()
             .zip(entry.states.iter())
             .map(|(policy, state)| algorithm::decide(policy, state.as_ref(), now, cost))
