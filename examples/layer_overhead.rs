@@ -5,6 +5,7 @@
 //! cargo run --release --example layer_overhead            # in-process, then over HTTP
 //! SERVE_ONE=layer PER_CONN=1500 valgrind --tool=callgrind \
 //!     target/release/examples/layer_overhead              # one variant, for instruction counts
+//! CALL_ONE=layer REQUESTS=3000000 perf record -g target/release/examples/layer_overhead
 //! ```
 //!
 //! Variants: bare, noop, layer, noheaders, governor, governor-headers. The policy admits
@@ -198,6 +199,17 @@ fn main() {
             .build()
             .unwrap();
         rt.block_on(client(addr, env_usize("CONNS"), env_usize("PER_CONN")));
+        return;
+    }
+    if let Ok(name) = std::env::var("CALL_ONE") {
+        // One variant in process, for a profiler (`perf record`).
+        let (_, router) = VARIANTS.iter().find(|(n, _)| *n == name).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let ns = rt.block_on(in_process(router(), env_usize("REQUESTS") as u32));
+        println!("{}: {ns:.0} ns per Router::call", describe(&name));
         return;
     }
     if let Ok(name) = std::env::var("SERVE_ONE") {

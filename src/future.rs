@@ -25,7 +25,9 @@ pin_project! {
     ///
     /// A state machine, not a box. The memory store decides inside `call`, so its
     /// requests go straight to the inner call: no clone of the inner service, and no
-    /// allocation of the layer's own beyond the response headers.
+    /// allocation of the layer's own beyond the response headers (and a refund's, when
+    /// [`refund_on`](crate::RateLimitLayer::refund_on) is set). A store that answers
+    /// later (Redis) keeps the request in one box while it waits.
     ///
     /// # Panics
     ///
@@ -37,7 +39,7 @@ pin_project! {
         Inner: Service<Request<ReqBody>>,
     {
         #[pin]
-        state: State<S::Future, Inner, Inner::Future, ReqBody, Arc<Shared<S, K>>, PendingRefund<S>>,
+        state: State<S::Future, Inner, Inner::Future, ReqBody, Arc<Shared<S, K>>, Box<PendingRefund<S>>>,
     }
 }
 
@@ -45,15 +47,14 @@ pin_project! {
     #[project = StateProj]
     #[project_replace = StateOwned]
     enum State<C, Inner, F, ReqBody, Sh, R> {
-        /// Waiting for the limiter; the request and the readied inner service wait too.
+        /// Waiting for the limiter; the request and the readied inner service wait
+        /// too, boxed: this state only exists for stores that answer later (Redis,
+        /// where a box is nothing beside the round trip), and without it the future
+        /// of every request would be as large as the request, and moved as often.
         Checking {
             #[pin]
             check: CheckFuture<C>,
-            request: Request<ReqBody>,
-            inner: Inner,
-            shared: Sh,
-            headers: Arc<PolicyHeaders>,
-            refund: Option<R>,
+            waiting: Box<Waiting<Inner, ReqBody, Sh, R>>,
         },
         /// Allowed: the inner service runs; `headers` says what to add to its response
         /// (absent when allowed responses carry no headers, the store failed open, or
@@ -69,6 +70,15 @@ pin_project! {
         Answered { answer: Option<Answer> },
         Done,
     }
+}
+
+/// What waits beside a pending check.
+struct Waiting<Inner, ReqBody, Sh, R> {
+    request: Request<ReqBody>,
+    inner: Inner,
+    shared: Sh,
+    headers: Arc<PolicyHeaders>,
+    refund: Option<R>,
 }
 
 /// What to add to an allowed response once the inner service answers.
@@ -92,16 +102,18 @@ where
         inner: Inner,
         shared: Arc<Shared<S, K>>,
         headers: Arc<PolicyHeaders>,
-        refund: Option<PendingRefund<S>>,
+        refund: Option<Box<PendingRefund<S>>>,
     ) -> Self {
         Self {
             state: State::Checking {
                 check,
-                request,
-                inner,
-                shared,
-                headers,
-                refund,
+                waiting: Box::new(Waiting {
+                    request,
+                    inner,
+                    shared,
+                    headers,
+                    refund,
+                }),
             },
         }
     }
@@ -114,7 +126,7 @@ where
         inner: &mut Inner,
         shared: &Shared<S, K>,
         limit: &Limit<S>,
-        refund: Option<PendingRefund<S>>,
+        refund: Option<Box<PendingRefund<S>>>,
     ) -> Self {
         let next = decided(
             checked,
@@ -176,17 +188,18 @@ where
             match state.as_mut().project() {
                 StateProj::Checking { check, .. } => {
                     let checked = ready!(check.poll(cx));
-                    let StateOwned::Checking {
+                    let StateOwned::Checking { waiting, .. } =
+                        state.as_mut().project_replace(State::Done)
+                    else {
+                        unreachable!("the state was Checking a moment ago");
+                    };
+                    let Waiting {
                         request,
                         mut inner,
                         shared,
                         headers,
                         refund,
-                        ..
-                    } = state.as_mut().project_replace(State::Done)
-                    else {
-                        unreachable!("the state was Checking a moment ago");
-                    };
+                    } = *waiting;
                     let config = &shared.config;
                     match decided(checked, request, &mut inner, config, &headers, refund) {
                         Next::Call {

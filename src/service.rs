@@ -100,7 +100,7 @@ where
         let refund = shared
             .refund
             .as_ref()
-            .map(|refund| refund.keep(&limit.limiter, &subject, cost));
+            .map(|refund| Box::new(refund.keep(&limit.limiter, &subject, cost)));
         let mut check = limit.limiter.check(subject, cost);
         let request = Request::from_parts(parts, body);
         if let Some(checked) = ready_now(&mut check) {
