@@ -1412,15 +1412,10 @@ mod flood {
     }
 
     async fn evalsha_calls(conn: &mut MultiplexedConnection) -> u64 {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(conn)
+        support::command_calls(conn)
             .await
-            .expect("INFO commandstats");
-        info.lines()
-            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
+            .get("evalsha")
+            .copied()
             .unwrap_or(0)
     }
 

@@ -68,8 +68,12 @@ local function sliding_log(limit, w, _emission, now, cost, raw)
     deciding = stamp(len - k)
   end
   local allowed = deciding == nil or deciding + w <= now
-  -- The first stamp still in the window, by binary search (partition_point).
+  -- The first stamp still in the window, by binary search (partition_point);
+  -- none to search when the oldest stamp is still in it, the common case.
   local lo, hi = 0, len
+  if len > 0 and stamp(0) + w > now then
+    hi = 0
+  end
   while lo < hi do
     local mid = idiv(lo + hi, 2)
     if stamp(mid) + w <= now then

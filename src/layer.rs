@@ -312,6 +312,11 @@ impl<S: AdminStore, K: Plan<S>> RateLimitLayer<S, K> {
     /// let layer = RateLimitLayer::new(limiter, Global).refund_on(|status| status.is_server_error());
     /// ```
     ///
+    /// Pick statuses a client cannot cause at will: a refunded request is free, so if
+    /// malformed input makes the handler answer 500, refunding every 5xx lets a client
+    /// bypass the limit by sending it. `502..=504` (an upstream failed) is the safer
+    /// rule when handlers can answer 500 to bad input.
+    ///
     /// The refund is [`Limiter::refund`] of the request's subject and cost, after the
     /// response head is known; it never delays the response. The memory store refunds
     /// at once; a Redis refund runs as a Tokio task, and its failure is logged. Not
