@@ -1,4 +1,6 @@
-//! Where limit state lives: [`MemoryStore`] for one process, Redis for many.
+//! Where limit state lives: [`MemoryStore`] for one process, [`RedisStore`] for many.
+//! Their modules, [`memory`] and [`redis`], say how each keeps its state: the sharded
+//! map and its sweeping, the one connection, the keys, Redis Cluster and failures.
 //!
 //! A store decides all of a request's policies at once, atomically: if one denies,
 //! none consumes. Both stores fold their per-policy outcomes with the same code, so the
@@ -14,8 +16,8 @@ use crate::decision::Decision;
 use crate::policy::Policy;
 use crate::subject::Subject;
 
-mod memory;
-mod redis;
+pub mod memory;
+pub mod redis;
 
 pub use self::redis::{InvalidPrefix, RedisStore};
 pub use memory::MemoryStore;
