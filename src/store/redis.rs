@@ -362,9 +362,13 @@ impl AdminStore for RedisStore {
         let timeout = self.settings.timeout;
         Box::pin(async move {
             let deadline = tokio::time::Instant::now() + timeout;
-            let mut lent = tokio::time::timeout_at(deadline, link.lend())
-                .await
-                .map_err(|_| StoreError::timeout())??;
+            // While connected, the connection is lent at once: no timer for that.
+            let mut lent = match link.current() {
+                Some(lent) => lent,
+                None => tokio::time::timeout_at(deadline, link.lend())
+                    .await
+                    .map_err(|_| StoreError::timeout())??,
+            };
             let reply = match tokio::time::timeout_at(deadline, link.eval(&mut lent, &call)).await {
                 Ok(reply) => reply?,
                 Err(_) => {

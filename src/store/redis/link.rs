@@ -146,7 +146,7 @@ impl Link {
     }
 
     /// The connection, if there is one now.
-    fn current(&self) -> Option<Lent> {
+    pub(super) fn current(&self) -> Option<Lent> {
         let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
         state.conn.as_ref().map(|conn| Lent {
             conn: conn.clone(),
