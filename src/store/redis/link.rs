@@ -101,18 +101,13 @@ impl Link {
         }
     }
 
-    /// The current connection (a cheap clone sharing its socket).
+    /// The connection when [`Link::current`] found none (a cheap clone sharing its
+    /// socket).
     ///
     /// Before the first connection exists, waits for the attempt in flight (the
     /// caller's timeout bounds the wait). Once one has existed, a call that finds it
     /// being replaced fails at once: during an outage calls must not queue.
     pub(super) async fn lend(self: &Arc<Self>) -> Result<Lent, StoreError> {
-        // The path of every call while connected: a read lock, no waiter. (Enabling a
-        // `Notified` first would take the `Notify`'s mutex twice per call, shared by
-        // every task.)
-        if let Some(lent) = self.current() {
-            return Ok(lent);
-        }
         loop {
             let mut settled = pin!(self.settled.notified());
             settled.as_mut().enable();
@@ -145,7 +140,9 @@ impl Link {
         }
     }
 
-    /// The connection, if there is one now.
+    /// The connection, if there is one now: the path of every call while connected,
+    /// a read lock and no waiter (enabling a `Notified` first would take the
+    /// `Notify`'s mutex twice per call, shared by every task).
     pub(super) fn current(&self) -> Option<Lent> {
         let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
         state.conn.as_ref().map(|conn| Lent {
