@@ -516,20 +516,19 @@ fn with_items(user: &str, items: u32) -> Request<Empty<Bytes>> {
 async fn impossible_client_costs_are_refused_in_every_failure_mode() {
     let clock = FakeClock::new(0);
     let memory = MemoryStore::with_clock(clock.clone());
-    let modes: [(&str, fn(RateLimitLayer<MemoryStore, UserHeader>) -> _); 3] = [
-        ("open", |l| l),
-        ("closed", |l| l.failure_mode(FailureMode::Closed)),
-        ("fallback", |l| l),
+    let modes = [
+        ("open", FailureMode::Open),
+        ("closed", FailureMode::Closed),
+        ("fallback", FailureMode::Open),
     ];
-    for (mode, configure) in modes {
+    for (mode, failure_mode) in modes {
         let mut limiter = Limiter::new(memory.clone(), fixed(mode, 5, 10_000));
         if mode == "fallback" {
             limiter = limiter.fallback(MemoryStore::with_clock(clock.clone()));
         }
+        let layer = RateLimitLayer::new(limiter, UserHeader).failure_mode(failure_mode);
         let svc = ServiceBuilder::new()
-            .layer(configure(cost_from_header(RateLimitLayer::new(
-                limiter, UserHeader,
-            ))))
+            .layer(cost_from_header(layer))
             .service_fn(hello);
         // Exhaust the limit, then try every impossible cost.
         let first = svc.clone().oneshot(with_items("a", 5)).await.unwrap();
