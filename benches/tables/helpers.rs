@@ -1,0 +1,270 @@
+//! What every section shares: the machine, the reference scripts, connections, formatting.
+
+pub(crate) use std::time::Duration;
+
+use crate::support::RedisServer;
+pub(crate) use deadpool_redis::redis::{self, aio::MultiplexedConnection, Value};
+pub(crate) use redlimit::{Algorithm, Policy, RedisStore, Subject};
+pub(crate) use std::time::Instant;
+
+/// The machine facts every table is read against.
+pub(crate) mod machine {
+    use super::*;
+    use std::process::Command;
+
+    fn command(program: &str, args: &[&str]) -> String {
+        Command::new(program)
+            .args(args)
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| format!("({program} unavailable)"))
+    }
+
+    pub(crate) fn load() -> String {
+        std::fs::read_to_string("/proc/loadavg")
+            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_else(|_| "unknown".to_owned())
+    }
+
+    /// CPU time of this whole process (every thread), in ns, from /proc.
+    pub(crate) fn process_cpu_ns() -> u64 {
+        std::fs::read_dir("/proc/self/task")
+            .map(|tasks| {
+                tasks
+                    .filter_map(|task| {
+                        let stat =
+                            std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+                        stat.split_whitespace().next()?.parse::<u64>().ok()
+                    })
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+
+    pub(crate) fn print_load() {
+        println!("\nload average (1, 5, 15 min): {}", load());
+    }
+
+    pub(crate) async fn print(conn: &mut MultiplexedConnection) {
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(conn)
+            .await
+            .expect("INFO server");
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .unwrap_or("?")
+                .trim()
+                .to_owned()
+        };
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|c| {
+                c.lines()
+                    .find_map(|l| l.strip_prefix("model name")?.split(':').nth(1))
+                    .map(|s| s.trim().to_owned())
+            })
+            .unwrap_or_else(|| "unknown CPU".to_owned());
+        println!("## Machine");
+        println!();
+        println!(
+            "- date: {}",
+            command("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
+        );
+        println!(
+            "- cores: {} ({cpu})",
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        );
+        println!(
+            "- Redis {} ({}-bit), loopback, no persistence",
+            field("redis_version"),
+            field("arch_bits"),
+        );
+        println!("- {}", command("redis-benchmark", &["--version"]));
+        println!("- {}", command("rustc", &["--version"]));
+        println!("- load average (1, 5, 15 min) at start: {}", load());
+    }
+}
+
+/// Our own scripts of the seed's layouts and the smallest fixed-window script (see
+/// `benches/reference/`): the references the store is measured against.
+pub(crate) mod reference {
+    use super::*;
+    use std::sync::LazyLock;
+
+    macro_rules! script {
+        ($name:ident, $file:literal) => {
+            pub(crate) static $name: LazyLock<redis::Script> =
+                LazyLock::new(|| redis::Script::new(include_str!(concat!("../reference/", $file))));
+        };
+    }
+    script!(FIXED_WINDOW, "fixed_window.lua");
+    script!(SLIDING_WINDOW, "sliding_window.lua");
+    script!(TOKEN_BUCKET, "token_bucket.lua");
+    script!(SLIDING_LOG, "sliding_log.lua");
+    script!(SMALLEST_FIXED_WINDOW, "smallest_fixed_window.lua");
+    script!(
+        SLIDING_WINDOW_TOKEN_BUCKET,
+        "sliding_window_token_bucket.lua"
+    );
+
+    /// Every reference script, for `SCRIPT LOAD`.
+    pub(crate) fn all() -> [&'static redis::Script; 6] {
+        [
+            &FIXED_WINDOW,
+            &SLIDING_WINDOW,
+            &TOKEN_BUCKET,
+            &SLIDING_LOG,
+            &SMALLEST_FIXED_WINDOW,
+            &SLIDING_WINDOW_TOKEN_BUCKET,
+        ]
+    }
+
+    /// The seed's layout of `algorithm`: hash-tag-free names, as the seed wrote them.
+    pub(crate) fn script(algorithm: Algorithm) -> &'static redis::Script {
+        match algorithm {
+            Algorithm::FixedWindow => &FIXED_WINDOW,
+            Algorithm::SlidingWindow => &SLIDING_WINDOW,
+            Algorithm::TokenBucket => &TOKEN_BUCKET,
+            _ => &SLIDING_LOG,
+        }
+    }
+
+    pub(crate) fn name(algorithm: Algorithm) -> &'static str {
+        match algorithm {
+            Algorithm::FixedWindow => "INCR on a key per window",
+            Algorithm::SlidingWindow => "two keys (previous, current window)",
+            Algorithm::TokenBucket => "hash (tokens, ts)",
+            _ => "sorted set of timestamps",
+        }
+    }
+
+    /// `EVALSHA` of the seed's script for one call: the same key as ours (the window
+    /// number is appended to it by the fixed and sliding window scripts), then clock,
+    /// cost, limit (capacity) and window (refill period) in ms, and a request id for
+    /// the sorted set's unique members.
+    pub(crate) fn command(
+        algorithm: Algorithm,
+        key: &str,
+        clock: &str,
+        cost: u64,
+        policy: &Policy,
+        id: u64,
+    ) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script(algorithm).get_hash())
+            .arg(1)
+            .arg(key)
+            .arg(clock)
+            .arg(cost)
+            .arg(policy.limit())
+            .arg(policy.window_ms());
+        if algorithm == Algorithm::SlidingLog {
+            cmd.arg(id);
+        }
+        cmd
+    }
+
+    /// `EVALSHA` of the smallest fixed-window script: Redis `TIME`, `INCR` of
+    /// `key:<window number>`, `PEXPIRE` when new; the reply is the count.
+    pub(crate) fn smallest_fixed_window(key: &str, window_ms: u64) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(SMALLEST_FIXED_WINDOW.get_hash())
+            .arg(1)
+            .arg(key)
+            .arg(window_ms);
+        cmd
+    }
+
+    /// `EVALSHA` of the seed's sliding window and token bucket in one script, on Redis
+    /// `TIME`, cost 1.
+    pub(crate) fn sliding_window_token_bucket(
+        window_key: &str,
+        bucket_key: &str,
+        window: &Policy,
+        bucket: &Policy,
+    ) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(SLIDING_WINDOW_TOKEN_BUCKET.get_hash())
+            .arg(2)
+            .arg(window_key)
+            .arg(bucket_key)
+            .arg("s")
+            .arg(1)
+            .arg(window.limit())
+            .arg(window.window_ms())
+            .arg(bucket.limit())
+            .arg(bucket.window_ms());
+        cmd
+    }
+}
+
+/// Loads the reference scripts, which the bare loops, the HTTP handler and
+/// `redis-benchmark` send by SHA: they cannot recover from `NOSCRIPT` as the store
+/// does. `FLUSHALL` keeps them. (The store's scripts are loaded by the sections that
+/// send them bare, through `RedisStore::command`'s `EVAL` form.)
+pub(crate) async fn load_scripts(conn: &mut MultiplexedConnection) {
+    for script in reference::all() {
+        script
+            .prepare_invoke()
+            .load_async(conn)
+            .await
+            .expect("SCRIPT LOAD of a reference script");
+    }
+}
+
+/// A connection for the bench's own commands: long answers (a `FLUSHALL` of a
+/// gigabyte of sorted sets, a fill of 1000 entries) must not time out.
+pub(crate) async fn connect(server: &RedisServer) -> MultiplexedConnection {
+    let mut conn = server.conn().await;
+    conn.set_response_timeout(Duration::from_secs(120));
+    conn
+}
+
+pub(crate) async fn flushall(conn: &mut MultiplexedConnection) {
+    redis::cmd("FLUSHALL")
+        .query_async::<()>(conn)
+        .await
+        .expect("FLUSHALL");
+}
+
+/// The subjects: 12-digit numbers, as `redis-benchmark -r` writes `__rand_int__`.
+pub(crate) fn subject(i: usize) -> Subject {
+    Subject::new(format!("{i:012}"))
+}
+
+/// A script reply's first integer: 1 admitted, 0 denied.
+pub(crate) fn admitted(reply: &Value) -> bool {
+    match reply {
+        Value::Array(items) => matches!(items.first(), Some(Value::Int(1))),
+        other => panic!("unexpected script reply {other:?}"),
+    }
+}
+
+pub(crate) fn thousands(x: f64) -> String {
+    let n = x.round() as i64;
+    let digits = n.abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 {
+        format!("-{out}")
+    } else {
+        out
+    }
+}
+
+pub(crate) fn met(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "NOT met"
+    }
+}

@@ -1,0 +1,82 @@
+//! The tables of BENCHMARKS.md, every figure measured in one run beside its reference.
+//!
+//! ```text
+//! cargo bench --bench tables                      # every section
+//! cargo bench --bench tables -- throughput memory # some of: throughput, memory, http
+//! ```
+//!
+//! Starts its own `redis-server` on a free loopback port (the test harness in
+//! `tests/support`), and needs `redis-benchmark` on PATH for the throughput
+//! references (Debian: package `redis-tools`). Prints the machine, then markdown
+//! tables: paste them into BENCHMARKS.md with the command that made them.
+//!
+//! - `throughput`: each algorithm through `Limiter::check` on a `RedisStore`, beside a
+//!   bare redis-rs `EVALSHA` loop of the same script with the same keys and
+//!   arguments on the same kind of connection, `redis-benchmark` running that
+//!   `EVALSHA`, and our own scripts of the seed's layouts (`benches/reference/`):
+//!   one client, then 64 tasks against `redis-benchmark -c 50`. Contenders take turns
+//!   in rounds so a noisy neighbour hurts them alike.
+//! - `memory`: Redis `used_memory` delta per subject for each algorithm, beside the
+//!   seed's layouts on the same server, and the seed's "1 million users at 1,000 per
+//!   minute" table recomputed from those figures.
+//! - `http`: see [`http`].
+
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+mod flood;
+mod helpers;
+mod http;
+mod memory;
+mod throughput;
+
+use std::time::Instant;
+
+use helpers::{connect, load_scripts, machine};
+use support::RedisServer;
+
+const SECTIONS: [&str; 4] = ["throughput", "memory", "flood", "http"];
+
+fn main() {
+    // `cargo bench` appends `--bench`; anything else not starting with '-' is a section.
+    let asked: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    for a in &asked {
+        assert!(
+            SECTIONS.contains(&a.as_str()),
+            "unknown section {a:?}: choose among {SECTIONS:?}"
+        );
+    }
+    let wanted = |s: &str| asked.is_empty() || asked.iter().any(|a| a == s);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let server = RedisServer::start();
+    let started = Instant::now();
+    rt.block_on(async {
+        let mut conn = connect(&server).await;
+        machine::print(&mut conn).await;
+        load_scripts(&mut conn).await;
+        if wanted("throughput") {
+            throughput::run(&server).await;
+            machine::print_load();
+        }
+        if wanted("memory") {
+            memory::run(&server).await;
+            machine::print_load();
+        }
+        if wanted("flood") {
+            flood::run(&server).await;
+            machine::print_load();
+        }
+    });
+    // The HTTP section runs its own runtimes (server, load generator).
+    if wanted("http") {
+        http::run(&server);
+        machine::print_load();
+    }
+    println!("\nwhole run: {:.0} s", started.elapsed().as_secs_f64());
+}

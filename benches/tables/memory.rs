@@ -1,0 +1,316 @@
+//! Redis memory per subject for each algorithm beside the seed's layouts.
+
+use crate::helpers::*;
+use crate::support::RedisServer;
+use redlimit::clock::FakeClock;
+use redlimit::Limiter;
+use std::sync::Arc;
+use tokio::task::JoinSet;
+
+/// 2026-01-01T00:00:00Z: realistic numbers in the states, aligned to every window.
+const START_MS: u64 = 1_767_225_600_000;
+const SUBJECTS: usize = 100_000;
+const LOG_SUBJECTS: usize = 10_000;
+/// The seed's sorted sets: 2 000 subjects of 1 000 entries. The figure per subject
+/// does not depend on the count (a key costs under 100 B of the 96 KB), and
+/// 10 000 took 90 s to fill on a 2-core machine: Redis inserts each entry.
+const SEED_LOG_SUBJECTS: usize = 2_000;
+const WORKERS: usize = 32;
+/// `MB` as the seed counts it (its 53.4 MB is 56 B x 1 million in MiB).
+const MB: f64 = 1_048_576.0;
+
+async fn used_memory(conn: &mut MultiplexedConnection) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(conn)
+        .await
+        .expect("INFO memory");
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("INFO memory has used_memory")
+}
+
+async fn dbsize(conn: &mut MultiplexedConnection) -> usize {
+    redis::cmd("DBSIZE")
+        .query_async(conn)
+        .await
+        .expect("DBSIZE")
+}
+
+/// Bytes and keys per subject after each pass (pass k one window after pass k-1).
+#[derive(Debug, Clone, Copy)]
+struct Figure {
+    bytes: f64,
+    keys: f64,
+}
+
+/// Which layout is measured.
+#[derive(Clone, Copy, PartialEq)]
+enum Layout {
+    Ours,
+    Seed,
+}
+
+/// `subjects` subjects each spend `cost` under `policy`, `passes` times one window
+/// apart, on a client clock starting at a window boundary: every key lives at
+/// least a window in real time, so none expires while the figures are taken.
+async fn measure(
+    server: &RedisServer,
+    layout: Layout,
+    policy: &Policy,
+    cost: u64,
+    subjects: usize,
+    passes: u64,
+) -> Vec<Figure> {
+    let mut conn = connect(server).await;
+    let clock = FakeClock::new(START_MS);
+    let store = RedisStore::new(server.pool())
+        .timeout(Duration::from_secs(30))
+        .client_clock(clock.clone());
+    let limiter = Limiter::new(store.clone(), policy.clone());
+    let seed_conn = connect(server).await;
+    // Open the store's connection before the baseline.
+    limiter.check("warm-up", 1).await.expect("warm-up");
+    flushall(&mut conn).await;
+    let before = used_memory(&mut conn).await;
+    let mut figures = Vec::new();
+    let next_id = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    for pass in 0..passes {
+        let now = START_MS + pass * policy.window_ms();
+        clock.set_ms(now);
+        let mut tasks = JoinSet::new();
+        for w in 0..WORKERS {
+            let limiter = limiter.clone();
+            let mut seed_conn = seed_conn.clone();
+            let policy = policy.clone();
+            let store = store.clone();
+            let next_id = Arc::clone(&next_id);
+            tasks.spawn(async move {
+                for i in (w..subjects).step_by(WORKERS) {
+                    let allowed = match layout {
+                        Layout::Ours => limiter
+                            .check(subject(i), u32::try_from(cost).expect("small cost"))
+                            .await
+                            .expect("store call")
+                            .is_allowed(),
+                        Layout::Seed => {
+                            let id = next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let cmd = reference::command(
+                                policy.algorithm(),
+                                &store.key(&subject(i), &policy),
+                                &now.to_string(),
+                                cost,
+                                &policy,
+                                id,
+                            );
+                            let reply: Value =
+                                cmd.query_async(&mut seed_conn).await.expect("seed call");
+                            admitted(&reply)
+                        }
+                    };
+                    assert!(allowed, "every fill call is admitted");
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.expect("fill task");
+        }
+        let after = used_memory(&mut conn).await;
+        let keys = dbsize(&mut conn).await;
+        figures.push(Figure {
+            bytes: (after - before) as f64 / subjects as f64,
+            keys: keys as f64 / subjects as f64,
+        });
+    }
+    flushall(&mut conn).await;
+    figures
+}
+
+struct Row {
+    label: &'static str,
+    subjects: usize,
+    seed_subjects: usize,
+    ours: Figure,
+    seed: Figure,
+    seed_layout: &'static str,
+}
+
+pub(crate) async fn run(server: &RedisServer) {
+    let started = Instant::now();
+    let minute = Duration::from_secs(60);
+    let fixed = Policy::fixed_window("api", 1_000, minute).expect("policy");
+    let sliding = Policy::sliding_window("api", 1_000, minute).expect("policy");
+    let bucket = Policy::token_bucket("api", 1_000, 1_000, minute).expect("policy");
+    let log = Policy::sliding_log("api", 1_000, minute).expect("policy");
+
+    let mut rows = Vec::new();
+    for (policy, label_one, label_two) in [
+        (
+            &fixed,
+            "fixed window, one window",
+            "fixed window, two consecutive windows",
+        ),
+        (
+            &sliding,
+            "sliding window, one window",
+            "sliding window, two consecutive windows",
+        ),
+    ] {
+        let ours = measure(server, Layout::Ours, policy, 1, SUBJECTS, 2).await;
+        let seed = measure(server, Layout::Seed, policy, 1, SUBJECTS, 2).await;
+        let layout = reference::name(policy.algorithm());
+        rows.push(Row {
+            label: label_one,
+            subjects: SUBJECTS,
+            seed_subjects: SUBJECTS,
+            ours: ours[0],
+            seed: seed[0],
+            seed_layout: layout,
+        });
+        rows.push(Row {
+            label: label_two,
+            subjects: SUBJECTS,
+            seed_subjects: SUBJECTS,
+            ours: ours[1],
+            seed: seed[1],
+            seed_layout: layout,
+        });
+        eprintln!(
+            "memory: {label_two} done at {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    // An emptied bucket (cost 1000): its state lives the minute it takes to refill.
+    let ours = measure(server, Layout::Ours, &bucket, 1_000, SUBJECTS, 1).await;
+    let seed = measure(server, Layout::Seed, &bucket, 1_000, SUBJECTS, 1).await;
+    rows.push(Row {
+        label: "token bucket, emptied (cost 1000)",
+        subjects: SUBJECTS,
+        seed_subjects: SUBJECTS,
+        ours: ours[0],
+        seed: seed[0],
+        seed_layout: reference::name(Algorithm::TokenBucket),
+    });
+    eprintln!(
+        "memory: token bucket done at {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    // A full log: 1 000 admitted requests in the window.
+    let ours = measure(server, Layout::Ours, &log, 1_000, LOG_SUBJECTS, 1).await;
+    eprintln!(
+        "memory: our sliding log done at {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    let seed = measure(server, Layout::Seed, &log, 1_000, SEED_LOG_SUBJECTS, 1).await;
+    rows.push(Row {
+        label: "sliding log, full (1000 admitted in the window)",
+        subjects: LOG_SUBJECTS,
+        seed_subjects: SEED_LOG_SUBJECTS,
+        ours: ours[0],
+        seed: seed[0],
+        seed_layout: reference::name(Algorithm::SlidingLog),
+    });
+    eprintln!(
+        "memory: sliding log done at {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    report(&rows);
+}
+
+fn report(rows: &[Row]) {
+    println!();
+    println!("## Redis memory per subject");
+    println!();
+    println!(
+        "`used_memory` delta / subjects, one policy per subject at 1000 per minute, `FLUSHALL` between \
+         measurements; keys named `rl:{{<12-digit subject>}}:api:<code>` for both layouts (the seed's \
+         window scripts append the window number)."
+    );
+    println!();
+    println!("| state | subjects | redlimit B/subject | keys/subject | seed's layout | subjects | B/subject | keys/subject | redlimit / seed's |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        println!(
+            "| {} | {} | {:.1} | {:.0} | {} | {} | {:.1} | {:.0} | {:.2}x |",
+            r.label,
+            thousands(r.subjects as f64),
+            r.ours.bytes,
+            r.ours.keys,
+            r.seed_layout,
+            thousands(r.seed_subjects as f64),
+            r.seed.bytes,
+            r.seed.keys,
+            r.ours.bytes / r.seed.bytes,
+        );
+    }
+    let find = |label: &str| {
+        rows.iter()
+            .find(|r| r.label.starts_with(label))
+            .expect("row")
+    };
+    let fixed = find("fixed window, one").ours.bytes;
+    let sliding = find("sliding window, one").ours.bytes;
+    let bucket = find("token bucket").ours.bytes;
+    let log = find("sliding log").ours.bytes;
+    println!();
+    println!("### Targets");
+    println!();
+    // `used_memory` moves by a few bytes per 100 000 keys between identical runs.
+    let jitter = 1.0;
+    println!(
+        "- token bucket {bucket:.1} B <= fixed window {fixed:.1} B (within {jitter} B of jitter): {}",
+        met(bucket <= fixed + jitter)
+    );
+    println!(
+        "- sliding window {sliding:.1} B <= fixed window {fixed:.1} B (within {jitter} B of jitter): {}",
+        met(sliding <= fixed + jitter)
+    );
+    println!(
+        "- sliding log at limit 1000 {} B < 8,500 B: {} ({:.1} B per admitted request; the seed's sorted set here: {:.1} B)",
+        thousands(log),
+        met(log < 8_500.0),
+        log / 1_000.0,
+        find("sliding log").seed.bytes / 1_000.0
+    );
+
+    println!();
+    println!("## 1 million users at 1,000 per minute");
+    println!();
+    println!("The per-subject figures above x 1,000,000, in MB as the seed counts them (MiB).");
+    println!();
+    println!("| algorithm | the seed's document | seed's layout, measured here | redlimit, measured here | redlimit / seed's layout |");
+    println!("|---|---|---|---|---|");
+    let mb = |b: f64| {
+        let v = b * 1e6 / MB;
+        if v >= 1_000.0 {
+            thousands(v)
+        } else {
+            format!("{v:.1}")
+        }
+    };
+    for (label, row, doc) in [
+        ("fixed window (one window)", "fixed window, one", "53.4"),
+        (
+            "fixed window (steady: two windows)",
+            "fixed window, two",
+            "—",
+        ),
+        ("sliding window (one window)", "sliding window, one", "—"),
+        (
+            "sliding window (steady: two windows)",
+            "sliding window, two",
+            "—",
+        ),
+        ("token bucket", "token bucket", "68.7"),
+        ("sliding log (full)", "sliding log", "87,913.5"),
+    ] {
+        let r = find(row);
+        println!(
+            "| {label} | {doc} | {} | {} | {:.2}x |",
+            mb(r.seed.bytes),
+            mb(r.ours.bytes),
+            r.ours.bytes / r.seed.bytes
+        );
+    }
+}

@@ -1,0 +1,443 @@
+//! 64 tasks over 100,000 subjects on one multiplexed connection: `Limiter::check`, the
+//! bare loop of the store's own command, and the smallest script of each algorithm, with
+//! the Redis CPU per decision of every turn, all against the smallest fixed-window
+//! script of the same run (issue 11). Then `redis-benchmark -c 20 -P 16` of each script:
+//! the server's cost per call with the network nearly out of the picture.
+
+use super::*;
+use redlimit::store::Operation;
+use redlimit::Limiter;
+
+const SUBJECTS: usize = 100_000;
+const TASKS: usize = 64;
+/// Each contender's turn, and how many turns each takes.
+const TURN: Duration = Duration::from_millis(250);
+const ROUNDS: u32 = 7;
+/// The server's cost per call: `redis-benchmark` runs of each script, in rotation.
+const BENCH: BenchRun = BenchRun {
+    clients: 20,
+    requests: 100_000,
+    keyspace: SUBJECTS,
+    pipeline: 16,
+};
+const BENCH_ROUNDS: u32 = 3;
+/// Decisions/s of every algorithm against the smallest fixed-window script (issue 11).
+const THROUGHPUT_TARGET: f64 = 0.75;
+
+/// The smallest script that makes a case's decision.
+#[derive(Clone, Copy, PartialEq)]
+enum Smallest {
+    /// `TIME`, `INCR` of a key per window, `PEXPIRE` when new: the reference of every ratio.
+    FixedWindow,
+    /// The seed's layout of the algorithm (`benches/reference/<algorithm>.lua`).
+    Seed(Algorithm),
+    /// The seed's sliding window and token bucket in one script.
+    SlidingWindowTokenBucket,
+}
+
+struct Case {
+    label: &'static str,
+    policies: Vec<Policy>,
+    smallest: Smallest,
+    /// What the smallest script of the case is, for the table.
+    smallest_label: &'static str,
+    /// Redis CPU per decision, at most this times the smallest fixed-window script's.
+    cpu_target: f64,
+}
+
+fn cases() -> Vec<Case> {
+    let minute = Duration::from_secs(60);
+    let p = |r: Result<Policy, redlimit::PolicyError>| r.expect("valid bench policy");
+    vec![
+        Case {
+            label: "fixed window",
+            policies: vec![p(Policy::fixed_window("bench", 1_000_000, minute))],
+            smallest: Smallest::FixedWindow,
+            smallest_label: "`TIME` + `INCR` + `PEXPIRE` when new",
+            cpu_target: 1.3,
+        },
+        Case {
+            label: "sliding window",
+            policies: vec![p(Policy::sliding_window("bench", 1_000_000, minute))],
+            smallest: Smallest::Seed(Algorithm::SlidingWindow),
+            smallest_label: "seed's two keys",
+            cpu_target: 1.6,
+        },
+        Case {
+            label: "token bucket",
+            policies: vec![p(Policy::token_bucket(
+                "bench", 1_000_000, 1_000_000, minute,
+            ))],
+            smallest: Smallest::Seed(Algorithm::TokenBucket),
+            smallest_label: "seed's hash",
+            cpu_target: 1.3,
+        },
+        Case {
+            label: "sliding log (limit 100)",
+            policies: vec![p(Policy::sliding_log("bench", 100, minute))],
+            smallest: Smallest::Seed(Algorithm::SlidingLog),
+            smallest_label: "seed's sorted set",
+            cpu_target: 1.6,
+        },
+        Case {
+            label: "sliding window + token bucket, one call",
+            policies: vec![
+                p(Policy::sliding_window("minute", 1_000_000, minute)),
+                p(Policy::token_bucket("burst", 1_000_000, 1_000_000, minute)),
+            ],
+            smallest: Smallest::SlidingWindowTokenBucket,
+            smallest_label: "seed's two layouts in one script",
+            cpu_target: 2.2,
+        },
+    ]
+}
+
+impl Case {
+    /// The smallest script's command for one subject (`id`: the sorted set's request id).
+    fn smallest_command(&self, store: &RedisStore, subject: &Subject, id: u64) -> redis::Cmd {
+        let first = &self.policies[0];
+        let key = store.key(subject, first);
+        match self.smallest {
+            Smallest::FixedWindow => reference::smallest_fixed_window(&key, first.window_ms()),
+            Smallest::Seed(algorithm) => reference::command(algorithm, &key, "s", 1, first, id),
+            Smallest::SlidingWindowTokenBucket => {
+                let second = &self.policies[1];
+                reference::sliding_window_token_bucket(
+                    &key,
+                    &store.key(subject, second),
+                    first,
+                    second,
+                )
+            }
+        }
+    }
+}
+
+impl Smallest {
+    /// Checks a reply of the smallest script: every call is admitted.
+    fn assert_admitted(self, reply: &Value) {
+        match (self, reply) {
+            (Smallest::FixedWindow, Value::Int(count)) => assert!(*count >= 1, "a count"),
+            (Smallest::FixedWindow, other) => panic!("unexpected reply {other:?}"),
+            _ => assert!(admitted(reply), "the reference admits every call"),
+        }
+    }
+}
+
+/// Who sends the decisions in a turn.
+#[derive(Clone, Copy, PartialEq)]
+enum Contender {
+    Store,
+    Bare,
+    Smallest,
+}
+
+const CONTENDERS: [Contender; 3] = [Contender::Store, Contender::Bare, Contender::Smallest];
+
+/// Everything one case's turns need, built once.
+struct Setup {
+    limiter: Limiter<RedisStore>,
+    /// The store's own command for each subject (`RedisStore::command`).
+    store_cmds: Arc<Vec<redis::Cmd>>,
+    /// The smallest script's command for each subject.
+    smallest_cmds: Arc<Vec<redis::Cmd>>,
+    /// redis-benchmark's arguments for the store's command and the smallest script's.
+    store_args: Vec<String>,
+    smallest_args: Vec<String>,
+}
+
+async fn setup(
+    server: &RedisServer,
+    conn: &mut MultiplexedConnection,
+    case: &Case,
+    subjects: &[Subject],
+) -> Setup {
+    let store = RedisStore::new(server.pool()).timeout(Duration::from_secs(5));
+    let mut limiter = Limiter::new(store.clone(), case.policies[0].clone());
+    for policy in &case.policies[1..] {
+        limiter = limiter.policy(policy.clone());
+    }
+    let set = limiter.policy_set();
+    let store_cmds: Vec<redis::Cmd> = subjects
+        .iter()
+        .map(|s| store.command(Operation::Check, s, set, 1, false))
+        .collect();
+    let smallest_cmds: Vec<redis::Cmd> = subjects
+        .iter()
+        .zip(0..)
+        .map(|(s, id)| case.smallest_command(&store, s, id))
+        .collect();
+    // `EVAL` of the source loads the script the bare loop and redis-benchmark send by SHA.
+    let _: Value = store
+        .command(Operation::Check, &subjects[0], set, 1, true)
+        .query_async(conn)
+        .await
+        .expect("EVAL of the store's script");
+    // A first call opens the store's connection.
+    limiter.check(subject(0), 1).await.expect("first call");
+    let mut smallest_args = bench_args(&smallest_cmds[0]);
+    if case.smallest == Smallest::Seed(Algorithm::SlidingLog) {
+        if let Some(id) = smallest_args.last_mut() {
+            *id = "__rand_int__".to_owned();
+        }
+    }
+    Setup {
+        store_args: bench_args(&store_cmds[0]),
+        smallest_args,
+        limiter,
+        store_cmds: Arc::new(store_cmds),
+        smallest_cmds: Arc::new(smallest_cmds),
+    }
+}
+
+/// One case's tallies, by contender; `bench_*`: the redis-benchmark runs.
+#[derive(Default)]
+struct Rates {
+    store: Tally,
+    bare: Tally,
+    smallest: Tally,
+    bench_store: Tally,
+    bench_smallest: Tally,
+}
+
+impl Rates {
+    fn of(&mut self, contender: Contender) -> &mut Tally {
+        match contender {
+            Contender::Store => &mut self.store,
+            Contender::Bare => &mut self.bare,
+            Contender::Smallest => &mut self.smallest,
+        }
+    }
+}
+
+/// One turn of `contender` on `case`: decisions, time, client CPU (ns).
+async fn turn(
+    case: &Case,
+    s: &Setup,
+    bare_conn: &MultiplexedConnection,
+    subjects: &Arc<Vec<Subject>>,
+    contender: Contender,
+) -> (u64, Duration, u64) {
+    match contender {
+        Contender::Store => {
+            let (limiter, subjects) = (s.limiter.clone(), Arc::clone(subjects));
+            concurrent_turn(TASKS, SUBJECTS, TURN, move |i| {
+                let check = limiter.check(subjects[i].clone(), 1);
+                async move {
+                    let d = check.await.expect("store call");
+                    assert!(d.is_allowed(), "every call is admitted");
+                }
+            })
+            .await
+        }
+        Contender::Bare => {
+            let (conn, cmds) = (bare_conn.clone(), Arc::clone(&s.store_cmds));
+            concurrent_turn(TASKS, SUBJECTS, TURN, move |i| {
+                let (mut conn, cmds) = (conn.clone(), Arc::clone(&cmds));
+                async move {
+                    let reply: Value = cmds[i].query_async(&mut conn).await.expect("bare EVALSHA");
+                    assert!(admitted(&reply), "every call is admitted");
+                }
+            })
+            .await
+        }
+        Contender::Smallest => {
+            let (conn, cmds, smallest) = (
+                bare_conn.clone(),
+                Arc::clone(&s.smallest_cmds),
+                case.smallest,
+            );
+            concurrent_turn(TASKS, SUBJECTS, TURN, move |i| {
+                let (mut conn, cmds) = (conn.clone(), Arc::clone(&cmds));
+                async move {
+                    let reply: Value = cmds[i]
+                        .query_async(&mut conn)
+                        .await
+                        .expect("smallest script");
+                    smallest.assert_admitted(&reply);
+                }
+            })
+            .await
+        }
+    }
+}
+
+/// Redis CPU per call, in µs, of `redis-benchmark` sending `args`; and its rate.
+async fn bench_cpu(
+    server: &RedisServer,
+    conn: &mut MultiplexedConnection,
+    args: &[String],
+    tally: &mut Tally,
+) {
+    flushall(conn).await;
+    let before = redis_cpu_s(conn).await;
+    let (n, t) = redis_benchmark(server.port(), BENCH, args.to_vec()).await;
+    let after = redis_cpu_s(conn).await;
+    tally.add(n, t);
+    tally.redis_cpu.push((after - before) * 1e6 / n as f64);
+}
+
+pub(super) async fn run(server: &RedisServer) {
+    let mut conn = connect(server).await;
+    let bare_conn = connect(server).await;
+    let subjects: Arc<Vec<Subject>> = Arc::new((0..SUBJECTS).map(subject).collect());
+    let cases = cases();
+    let mut setups = Vec::new();
+    for case in &cases {
+        setups.push(setup(server, &mut conn, case, &subjects).await);
+    }
+    let mut rates: Vec<Rates> = cases.iter().map(|_| Rates::default()).collect();
+
+    for round in 0..ROUNDS as usize {
+        for ((case, s), r) in cases.iter().zip(&setups).zip(&mut rates) {
+            // In rotation, starting from a different contender each round.
+            for k in 0..CONTENDERS.len() {
+                let contender = CONTENDERS[(k + round) % CONTENDERS.len()];
+                flushall(&mut conn).await;
+                let before = redis_cpu_s(&mut conn).await;
+                let (n, t, cpu) = turn(case, s, &bare_conn, &subjects, contender).await;
+                let after = redis_cpu_s(&mut conn).await;
+                let tally = r.of(contender);
+                tally.add(n, t);
+                tally.cpu(n, cpu);
+                tally.redis_cpu.push((after - before) * 1e6 / n as f64);
+            }
+        }
+        eprintln!(
+            "throughput: {TASKS} tasks, round {} of {ROUNDS} done",
+            round + 1
+        );
+    }
+
+    for round in 0..BENCH_ROUNDS {
+        for (s, r) in setups.iter().zip(&mut rates) {
+            bench_cpu(server, &mut conn, &s.store_args, &mut r.bench_store).await;
+            bench_cpu(server, &mut conn, &s.smallest_args, &mut r.bench_smallest).await;
+        }
+        eprintln!(
+            "throughput: redis-benchmark, round {} of {BENCH_ROUNDS} done",
+            round + 1
+        );
+    }
+    flushall(&mut conn).await;
+    report(&cases, &setups, &rates);
+}
+
+fn report(cases: &[Case], setups: &[Setup], rates: &[Rates]) {
+    let fw = &rates[0].smallest;
+    let bench_fw = &rates[0].bench_smallest;
+    println!();
+    println!("## Decisions/s and Redis CPU per decision, {TASKS} tasks, against the smallest fixed-window script");
+    println!();
+    println!(
+        "{TASKS} tokio tasks over {} subjects (task t starts at subject t x {}), every decision admitted, \
+         Redis flushed before every turn. Contenders: redlimit `Limiter::check` on one `RedisStore` (one \
+         multiplexed connection); a bare loop sending the store's own command (`RedisStore::command`, \
+         prebuilt per subject) on one redis-rs `MultiplexedConnection`; the smallest script of the \
+         algorithm on that same connection (`benches/reference/`; the fixed window's: `TIME`, `INCR` of \
+         `<key>:<window number>`, `PEXPIRE` when new, the count as reply). {ROUNDS} turns of {} ms per \
+         contender in rotation; figures are medians of turns, ratios the median of each round's ratio to \
+         that round's smallest fixed-window turn. Redis CPU: the main thread's `used_cpu_sys_main_thread` + \
+         `used_cpu_user_main_thread` delta over the turn / decisions. Client CPU: this process's CPU time \
+         (every thread) per decision over the turns.",
+        thousands(SUBJECTS as f64),
+        SUBJECTS / TASKS,
+        TURN.as_millis()
+    );
+    println!();
+    println!("| algorithm | contender | decisions/s | / smallest fixed window (target >= {THROUGHPUT_TARGET}x) | Redis CPU per decision | / smallest fixed window (target) | client CPU per decision |");
+    println!("|---|---|---|---|---|---|---|");
+    for (case, r) in cases.iter().zip(rates) {
+        for (contender, tally) in [
+            ("redlimit `Limiter::check`", &r.store),
+            ("bare loop, the store's command", &r.bare),
+            (case.smallest_label, &r.smallest),
+        ] {
+            let is_store = std::ptr::eq(tally, &r.store);
+            let (rate_ratio, cpu_ratio) = (tally.ratio(fw), tally.redis_cpu_ratio(fw));
+            let (rate_target, cpu_target) = if is_store {
+                (
+                    format!(": {}", met(rate_ratio >= THROUGHPUT_TARGET)),
+                    format!(
+                        " (<= {}x: {})",
+                        case.cpu_target,
+                        met(cpu_ratio <= case.cpu_target)
+                    ),
+                )
+            } else {
+                (String::new(), String::new())
+            };
+            println!(
+                "| {} | {contender} | {} | {rate_ratio:.3}x{rate_target} | {:.2} µs | {cpu_ratio:.2}x{cpu_target} | {:.1} µs |",
+                case.label,
+                thousands(tally.rate()),
+                tally.redis_cpu_us(),
+                tally.cpu_us(),
+            );
+        }
+    }
+
+    println!();
+    println!("## Redis CPU per call, `{}`", BENCH.describe());
+    println!();
+    println!(
+        "Each script's command with its subjects as `__rand_int__` (`redis-benchmark` draws each on its \
+         own, so the two keys of the two-policy call belong to two subjects), Redis flushed before each \
+         run, {BENCH_ROUNDS} runs of each in rotation: the main thread's CPU (user + sys) delta / calls, \
+         the median run, ratios the median of each round's ratio to that round's smallest fixed-window \
+         script. Pipelined from 20 connections, so little of it is network: the server's cost of the \
+         script itself. redlimit's command:"
+    );
+    println!();
+    for (case, s) in cases.iter().zip(setups) {
+        println!(
+            "- {}: `EVALSHA {}`",
+            case.label,
+            s.store_args[1..].join(" ")
+        );
+    }
+    println!();
+    println!("| algorithm | redlimit's script | smallest script of the algorithm | redlimit / smallest fixed window (target) | smallest of the algorithm / smallest fixed window | redlimit / smallest of the algorithm |");
+    println!("|---|---|---|---|---|---|");
+    for (case, r) in cases.iter().zip(rates) {
+        let ratio = r.bench_store.redis_cpu_ratio(bench_fw);
+        println!(
+            "| {} | {:.2} µs | {:.2} µs ({}) | {ratio:.2}x (<= {}x: {}) | {:.2}x | {:.2}x |",
+            case.label,
+            r.bench_store.redis_cpu_us(),
+            r.bench_smallest.redis_cpu_us(),
+            case.smallest_label,
+            case.cpu_target,
+            met(ratio <= case.cpu_target),
+            r.bench_smallest.redis_cpu_ratio(bench_fw),
+            r.bench_store.redis_cpu_ratio(&r.bench_smallest),
+        );
+    }
+
+    println!();
+    println!("### Targets");
+    println!();
+    for (case, r) in cases.iter().zip(rates) {
+        let (rate, cpu, bench) = (
+            r.store.ratio(fw),
+            r.store.redis_cpu_ratio(fw),
+            r.bench_store.redis_cpu_ratio(bench_fw),
+        );
+        println!(
+            "- {}: {rate:.3}x the smallest fixed-window script's decisions/s at {TASKS} tasks (target >= {THROUGHPUT_TARGET}x: {}); \
+             Redis CPU per decision {cpu:.2}x at {TASKS} tasks, {bench:.2}x under redis-benchmark (target <= {}x: {}, {})",
+            case.label,
+            met(rate >= THROUGHPUT_TARGET),
+            case.cpu_target,
+            met(cpu <= case.cpu_target),
+            met(bench <= case.cpu_target),
+        );
+    }
+    let single: Vec<f64> = rates[..4].iter().map(|r| r.store.rate()).collect();
+    let spread = single.iter().cloned().fold(f64::MIN, f64::max)
+        / single.iter().cloned().fold(f64::MAX, f64::min);
+    println!(
+        "- fastest / slowest algorithm at {TASKS} tasks (the four single-policy rows): {spread:.2}x (target <= 1.15x: {}; the seed: 1.42x)",
+        met(spread <= 1.15)
+    );
+}
