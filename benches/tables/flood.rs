@@ -45,7 +45,7 @@ struct Turn {
 }
 
 async fn evalsha_calls(conn: &mut MultiplexedConnection) -> u64 {
-    support::command_calls(conn)
+    crate::support::command_calls(conn)
         .await
         .get("evalsha")
         .copied()
