@@ -48,18 +48,8 @@ pub(crate) mod machine {
     }
 
     pub(crate) async fn print(conn: &mut MultiplexedConnection) {
-        let info: String = redis::cmd("INFO")
-            .arg("server")
-            .query_async(conn)
-            .await
-            .expect("INFO server");
-        let field = |name: &str| {
-            info.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-                .unwrap_or("?")
-                .trim()
-                .to_owned()
-        };
+        let info = info(conn, "server").await;
+        let field = |name: &str| info_field(&info, name).unwrap_or("?").to_owned();
         let cpu = std::fs::read_to_string("/proc/cpuinfo")
             .ok()
             .and_then(|c| {
@@ -214,6 +204,22 @@ pub(crate) async fn load_scripts(conn: &mut MultiplexedConnection) {
             .await
             .expect("SCRIPT LOAD of a reference script");
     }
+}
+
+/// One section of `INFO`.
+pub(crate) async fn info(conn: &mut MultiplexedConnection, section: &str) -> String {
+    redis::cmd("INFO")
+        .arg(section)
+        .query_async(conn)
+        .await
+        .unwrap_or_else(|e| panic!("INFO {section}: {e}"))
+}
+
+/// The value of `name` in an `INFO` answer.
+pub(crate) fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(str::trim)
 }
 
 /// A connection for the bench's own commands: long answers (a `FLUSHALL` of a

@@ -20,14 +20,8 @@ const WORKERS: usize = 32;
 const MB: f64 = 1_048_576.0;
 
 async fn used_memory(conn: &mut MultiplexedConnection) -> i64 {
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(conn)
-        .await
-        .expect("INFO memory");
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
+    info_field(&info(conn, "memory").await, "used_memory")
+        .and_then(|v| v.parse().ok())
         .expect("INFO memory has used_memory")
 }
 

@@ -221,16 +221,8 @@ fn resp_args(packed: &[u8]) -> Vec<String> {
 
 /// The Redis main thread's CPU time (user + system), in seconds.
 async fn redis_cpu_s(conn: &mut MultiplexedConnection) -> f64 {
-    let info: String = redis::cmd("INFO")
-        .arg("cpu")
-        .query_async(conn)
-        .await
-        .expect("INFO cpu");
-    let field = |name: &str| -> Option<f64> {
-        info.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-            .and_then(|v| v.trim().parse().ok())
-    };
+    let info = info(conn, "cpu").await;
+    let field = |name: &str| -> Option<f64> { info_field(&info, name)?.parse().ok() };
     let main_thread = field("used_cpu_user_main_thread")
         .zip(field("used_cpu_sys_main_thread"))
         .map(|(u, s)| u + s);
