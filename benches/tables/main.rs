@@ -2,24 +2,27 @@
 //!
 //! ```text
 //! cargo bench --bench tables                      # every section
-//! cargo bench --bench tables -- throughput memory # some of: throughput, memory, http
+//! cargo bench --bench tables -- throughput memory # some of: throughput, memory, flood, http
 //! ```
 //!
 //! Starts its own `redis-server` on a free loopback port (the test harness in
 //! `tests/support`), and needs `redis-benchmark` on PATH for the throughput
 //! references (Debian: package `redis-tools`). Prints the machine, then markdown
-//! tables: paste them into BENCHMARKS.md with the command that made them.
+//! tables: paste them into BENCHMARKS.md with the command that made them. Contenders
+//! take turns in rounds so a noisy neighbour hurts them alike.
 //!
-//! - `throughput`: each algorithm through `Limiter::check` on a `RedisStore`, beside a
-//!   bare redis-rs `EVALSHA` loop of the same script with the same keys and
-//!   arguments on the same kind of connection, `redis-benchmark` running that
-//!   `EVALSHA`, and our own scripts of the seed's layouts (`benches/reference/`):
-//!   one client, then 64 tasks against `redis-benchmark -c 50`. Contenders take turns
-//!   in rounds so a noisy neighbour hurts them alike.
-//! - `memory`: Redis `used_memory` delta per subject for each algorithm, beside the
+//! - [`throughput`]: each algorithm through `Limiter::check` on a `RedisStore`, beside a
+//!   bare redis-rs loop sending the store's own command (`RedisStore::command`) and the
+//!   smallest script of each algorithm (`benches/reference/`), with Redis CPU per
+//!   decision against the smallest fixed-window script of the same run.
+//! - [`memory`]: Redis `used_memory` delta per subject for each algorithm, beside the
 //!   seed's layouts on the same server, and the seed's "1 million users at 1,000 per
 //!   minute" table recomputed from those figures.
-//! - `http`: see [`http`].
+//! - [`flood`]: everyone else's rate under a flood from one subject.
+//! - [`http`]: hello world over HTTP, bare, behind the layer, and behind a handler that
+//!   sends the smallest script.
+//!
+//! [`helpers`] holds what the sections share.
 
 #[path = "../../tests/support/mod.rs"]
 mod support;
