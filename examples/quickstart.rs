@@ -111,10 +111,20 @@ fn app<S: Store + Clone>(store: S) -> Result<Router, BoxError> {
         ))
 }
 
+// Every request the layer lets through carries a `Decision`, also while the store is
+// down and the layer fails open: then nothing was counted, and `is_checked` says so.
 async fn root(Extension(decision): Extension<Decision>) -> String {
-    format!("hello from redlimit: {} of 5 left\n", decision.remaining())
+    format!("hello from redlimit: {}\n", left(&decision))
 }
 
 async fn hello(Extension(decision): Extension<Decision>) -> String {
-    format!("hello, API client: {} of 10 left\n", decision.remaining())
+    format!("hello, API client: {}\n", left(&decision))
+}
+
+fn left(decision: &Decision) -> String {
+    if decision.is_checked() {
+        format!("{} of {} left", decision.remaining(), decision.limit())
+    } else {
+        "not counted (the rate limiter's store is unavailable)".to_owned()
+    }
 }

@@ -16,6 +16,11 @@ pub enum Origin {
     BlockCache,
     /// The local fallback store, deciding while the main store fails.
     Fallback,
+    /// Nobody: the store failed (or timed out) with no fallback, and
+    /// [`FailureMode::Open`](crate::FailureMode::Open) let the request through
+    /// unchecked. Such a decision is allowed and knows no figures: see
+    /// [`Decision::is_checked`].
+    FailOpen,
 }
 
 impl Origin {
@@ -25,6 +30,7 @@ impl Origin {
             Origin::Store => "store",
             Origin::BlockCache => "block_cache",
             Origin::Fallback => "fallback",
+            Origin::FailOpen => "fail_open",
         }
     }
 }
@@ -137,6 +143,26 @@ impl Decision {
         self.origin = origin;
     }
 
+    /// The decision of a request let through because the store could not decide: allowed,
+    /// nothing consumed, and no figure known (remaining, reset and retry read 0, the
+    /// limit is the first policy's).
+    pub(crate) fn fail_open(policies: &Arc<[Policy]>) -> Self {
+        Self {
+            allowed: true,
+            origin: Origin::FailOpen,
+            index: 0,
+            outcome: PolicyOutcome {
+                allowed: true,
+                limit: policies.first().map_or(0, Policy::limit),
+                remaining: 0,
+                reset_after_ms: 0,
+                retry_after_ms: 0,
+            },
+            shadow_denier: None,
+            policies: Arc::clone(policies),
+        }
+    }
+
     pub(crate) fn with_origin(mut self, origin: Origin) -> Self {
         self.origin = origin;
         self
@@ -150,6 +176,27 @@ impl Decision {
     /// Whether the request may pass.
     pub fn is_allowed(&self) -> bool {
         self.allowed
+    }
+
+    /// Whether a store (or the block cache, or the fallback) decided this request.
+    ///
+    /// `false` only for [`Origin::FailOpen`]: the store failed and the layer let the
+    /// request through unchecked. Then [`remaining`](Decision::remaining),
+    /// [`reset_after`](Decision::reset_after) and [`outcome`](Decision::outcome) say
+    /// nothing about the subject (they read 0), so a handler that shows them checks
+    /// this first:
+    ///
+    /// ```
+    /// # fn show(decision: &redlimit::Decision) -> String {
+    /// if decision.is_checked() {
+    ///     format!("{} left", decision.remaining())
+    /// } else {
+    ///     "not counted: the rate limiter is unavailable".to_owned()
+    /// }
+    /// # }
+    /// ```
+    pub fn is_checked(&self) -> bool {
+        self.origin != Origin::FailOpen
     }
 
     /// The policy this decision describes: the denier, or the tightest one.
@@ -177,7 +224,8 @@ impl Decision {
         self.outcome.limit
     }
 
-    /// Units left in the binding policy.
+    /// Units left in the binding policy (0, meaning unknown, when not
+    /// [checked](Decision::is_checked)).
     pub fn remaining(&self) -> u64 {
         self.outcome.remaining
     }

@@ -39,7 +39,7 @@ pin_project! {
         Inner: Service<Request<ReqBody>>,
     {
         #[pin]
-        state: State<S::Future, Inner, Inner::Future, ReqBody, Arc<Shared<S, K>>, Box<PendingRefund<S>>>,
+        state: State<S::Future, Inner, Inner::Future, ReqBody, Scope<S, K>, Box<PendingRefund<S>>>,
     }
 }
 
@@ -73,12 +73,18 @@ pin_project! {
 }
 
 /// What waits beside a pending check.
-struct Waiting<Inner, ReqBody, Sh, R> {
+struct Waiting<Inner, ReqBody, Sc, R> {
     request: Request<ReqBody>,
     inner: Inner,
-    shared: Sh,
-    headers: Arc<PolicyHeaders>,
+    scope: Sc,
     refund: Option<R>,
+}
+
+/// The layer's options and the limit that checks the request: what deciding needs
+/// once a pending check completes.
+struct Scope<S, K: Plan<S>> {
+    shared: Arc<Shared<S, K>>,
+    limit: Limit<S>,
 }
 
 /// What to add to an allowed response once the inner service answers.
@@ -94,14 +100,14 @@ where
     K: Plan<S>,
     Inner: Service<Request<ReqBody>>,
 {
-    /// A check still pending: `inner` is the service `poll_ready` readied; `headers`
-    /// are the checked limiter's.
+    /// A check still pending: `inner` is the service `poll_ready` readied; `limit` is
+    /// the one checking.
     pub(crate) fn checking(
         check: CheckFuture<S::Future>,
         request: Request<ReqBody>,
         inner: Inner,
         shared: Arc<Shared<S, K>>,
-        headers: Arc<PolicyHeaders>,
+        limit: Limit<S>,
         refund: Option<Box<PendingRefund<S>>>,
     ) -> Self {
         Self {
@@ -110,8 +116,7 @@ where
                 waiting: Box::new(Waiting {
                     request,
                     inner,
-                    shared,
-                    headers,
+                    scope: Scope { shared, limit },
                     refund,
                 }),
             },
@@ -128,14 +133,7 @@ where
         limit: &Limit<S>,
         refund: Option<Box<PendingRefund<S>>>,
     ) -> Self {
-        let next = decided(
-            checked,
-            request,
-            inner,
-            &shared.config,
-            &limit.headers,
-            refund,
-        );
+        let next = decided(checked, request, inner, &shared.config, limit, refund);
         let state = match next {
             Next::Call {
                 future,
@@ -196,12 +194,11 @@ where
                     let Waiting {
                         request,
                         mut inner,
-                        shared,
-                        headers,
+                        scope,
                         refund,
                     } = *waiting;
-                    let config = &shared.config;
-                    match decided(checked, request, &mut inner, config, &headers, refund) {
+                    let config = &scope.shared.config;
+                    match decided(checked, request, &mut inner, config, &scope.limit, refund) {
                         Next::Call {
                             future,
                             headers,
@@ -262,20 +259,23 @@ enum Next<F, R> {
     Answer(Answer),
 }
 
-/// Acts on the limiter's answer: calls `inner` when allowed (with the [`Decision`] in the
-/// request's extensions) or when the failure mode is open; answers otherwise. `refund`
-/// is kept only for a request the store allowed (one that failed open consumed nothing).
-fn decided<Inner, ReqBody, R>(
+/// Acts on the limiter's answer: calls `inner` when allowed or when the store failed and
+/// the failure mode is open, with the [`Decision`] in the request's extensions either
+/// way (so an `Extension<Decision>` handler runs as written during an outage); answers
+/// otherwise. `refund` is kept only for a request the store allowed (one that failed
+/// open consumed nothing).
+fn decided<S, Inner, ReqBody, R>(
     checked: Result<Decision, Error>,
     mut request: Request<ReqBody>,
     inner: &mut Inner,
     config: &Config,
-    policies: &Arc<PolicyHeaders>,
+    limit: &Limit<S>,
     refund: Option<R>,
 ) -> Next<Inner::Future, R>
 where
     Inner: Service<Request<ReqBody>>,
 {
+    let policies = &limit.headers;
     let (headers, refund) = match checked {
         Ok(decision) if decision.is_allowed() => {
             let headers =
@@ -293,13 +293,27 @@ where
                 &head, &decision, config, policies,
             ));
         }
-        Err(error) => {
-            crate::telemetry::layer_failed(&error, config.failure_mode);
-            if config.failure_mode == FailureMode::Closed {
+        Err(Error::Store(error)) => {
+            let open = config.failure_mode == FailureMode::Open;
+            crate::telemetry::layer_failed(&error, open);
+            if !open {
                 let (head, _body) = request.into_parts();
                 return Next::Answer(response::unavailable(&head, config));
             }
+            // No RateLimit headers: there are no figures to send, and made-up ones
+            // would mislead a client.
+            let policies = limit.limiter.policy_set().policies();
+            request
+                .extensions_mut()
+                .insert(Decision::fail_open(policies));
             (None, None)
+        }
+        Err(error @ (Error::ZeroCost | Error::CostTooHigh { .. })) => {
+            // The request's own cost, never the store's fault: the same answer in every
+            // failure mode, and nothing consumed.
+            crate::telemetry::impossible_cost(&error);
+            let (head, _body) = request.into_parts();
+            return Next::Answer(response::impossible_cost(&head, &error, config, policies));
         }
     };
     Next::Call {

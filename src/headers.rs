@@ -168,6 +168,14 @@ impl PolicyHeaders {
         }
     }
 
+    /// Adds only what the policies fix, `RateLimit-Policy` (for a request that was not
+    /// counted, so has no `RateLimit` of its own).
+    pub(crate) fn write_quota(&self, style: HeaderStyle, headers: &mut HeaderMap) {
+        if let Some(list) = self.policy_list.as_ref().filter(|_| style.ietf()) {
+            headers.append(RATELIMIT_POLICY, list.clone());
+        }
+    }
+
     /// Adds the headers of `style` for `snapshot` to `headers`.
     ///
     /// The structured fields are lists, so they are appended: an outer and an inner
@@ -175,10 +183,8 @@ impl PolicyHeaders {
     /// (from a limiter nearer the handler) is kept.
     pub(crate) fn write(&self, style: HeaderStyle, snapshot: &Snapshot, headers: &mut HeaderMap) {
         let policy = self.policies.get(snapshot.index);
+        self.write_quota(style, headers);
         if style.ietf() {
-            if let Some(list) = &self.policy_list {
-                headers.append(RATELIMIT_POLICY, list.clone());
-            }
             if let Some(value) = policy
                 .and_then(|p| p.item.as_deref())
                 .and_then(|item| ratelimit_value(item, snapshot))

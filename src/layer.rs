@@ -53,8 +53,11 @@
 //! user's plan. Both are [`Plan`]s, served by the same [`RateLimit`] service.
 //!
 //! Under axum the same layer goes on a `Router` with `.layer(..)` or `.route_layer(..)`;
-//! handlers read the [`Decision`](crate::Decision) with `Option<Extension<Decision>>`
-//! (it is absent when the store failed and [`FailureMode::Open`] let the request pass).
+//! handlers read the [`Decision`](crate::Decision) with `Extension<Decision>`. Every
+//! request the layer lets through carries one, also when the store failed and
+//! [`FailureMode::Open`] let it pass
+//! ([`Decision::is_checked`](crate::Decision::is_checked) is then `false`); only a
+//! request that a [`Rules`] or [`Tiers`] plan leaves unlimited carries none.
 
 use std::fmt;
 use std::sync::Arc;
@@ -63,6 +66,7 @@ use http::request::Parts;
 use http::{HeaderMap, StatusCode};
 use tower_layer::Layer;
 
+use crate::error::Error;
 use crate::key::KeyExtractor;
 use crate::limiter::Limiter;
 use crate::rules::Rules;
@@ -81,13 +85,15 @@ pub use crate::headers::HeaderStyle;
 pub use crate::response::{BodyStyle, ResponseBody};
 pub use crate::service::RateLimit;
 
-/// What the layer does when the store cannot decide (it failed, timed out, or the cost
-/// is misconfigured). Never a 429: that would blame the client for the server's fault.
+/// What the layer does when the store cannot decide (it failed or timed out). Never a
+/// 429: that would blame the client for the server's fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum FailureMode {
     /// Let the request through unlimited and log a warning (at most one a second):
-    /// availability over limits.
+    /// availability over limits. The request still carries a [`Decision`](crate::Decision) in its
+    /// extensions, of [`Origin::FailOpen`](crate::Origin::FailOpen), so handlers that
+    /// extract it run as written; its response gets no rate-limit headers.
     #[default]
     Open,
     /// Answer `503 Service Unavailable` with `Retry-After: 1`: for limits that protect
@@ -281,15 +287,39 @@ impl<S: Store, K: Plan<S>> RateLimitLayer<S, K> {
         self
     }
 
-    /// What every request costs (1 by default). A cost of 0, or above what a policy can
-    /// admit, is a configuration error: logged, and answered as the failure mode says.
-    pub fn cost(mut self, cost: u32) -> Self {
-        self.config_mut().cost = Cost::Fixed(cost);
-        self
+    /// What every request costs (1 by default).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZeroCost`] for 0, [`Error::CostTooHigh`] when some limiter of the layer
+    /// could never admit `cost`: found now, not at the first request.
+    pub fn cost(mut self, cost: u32) -> Result<Self, Error> {
+        let planned = &self.shared.plan;
+        let mut refused = None;
+        planned.plan.each_limit(&planned.limits, &mut |limit| {
+            if refused.is_none() {
+                refused = limit.limiter.valid_cost(cost).err();
+            }
+        });
+        match refused {
+            Some(error) => Err(error),
+            None => {
+                self.config_mut().cost = Cost::Fixed(cost);
+                Ok(self)
+            }
+        }
     }
 
     /// Computes each request's cost from its head (a bulk endpoint charging per item,
-    /// say). Same errors as [`RateLimitLayer::cost`].
+    /// say).
+    ///
+    /// The cost is then the client's input. A request whose cost no policy of its
+    /// limiter could ever admit is refused and counts nothing, whatever the
+    /// [`FailureMode`] and the store: a cost of 0 is answered `400 Bad Request`, a cost
+    /// above what a policy admits at once `429` without `Retry-After` (no wait makes
+    /// it fit); gRPC gets `INVALID_ARGUMENT` and `RESOURCE_EXHAUSTED`.
+    /// [`Limiter::check`] still returns [`Error::ZeroCost`] and
+    /// [`Error::CostTooHigh`] to callers outside HTTP.
     pub fn cost_fn(mut self, cost: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
         self.config_mut().cost = Cost::PerRequest(Arc::new(cost));
         self

@@ -119,16 +119,6 @@ impl<S: Store> Limiter<S> {
         self
     }
 
-    /// The policies checked, in order.
-    pub fn policies(&self) -> &[Policy] {
-        self.set.policies()
-    }
-
-    /// The policies with their fingerprint, as stores see them.
-    pub fn policy_set(&self) -> &PolicySet {
-        &self.set
-    }
-
     /// The store.
     pub fn store(&self) -> &S {
         &self.store
@@ -173,8 +163,18 @@ impl<S: Store> Limiter<S> {
 }
 
 impl<S> Limiter<S> {
+    /// The policies checked, in order.
+    pub fn policies(&self) -> &[Policy] {
+        self.set.policies()
+    }
+
+    /// The policies with their fingerprint, as stores see them.
+    pub fn policy_set(&self) -> &PolicySet {
+        &self.set
+    }
+
     /// `cost` as the stores take it, or why no policy set could ever admit it.
-    fn valid_cost(&self, cost: u32) -> Result<u64, Error> {
+    pub(crate) fn valid_cost(&self, cost: u32) -> Result<u64, Error> {
         let cost = u64::from(cost);
         if cost == 0 {
             return Err(Error::ZeroCost);

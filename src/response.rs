@@ -17,6 +17,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use crate::decision::Decision;
+use crate::error::Error;
 use crate::grpc;
 use crate::headers::{retry_after_secs, PolicyHeaders, Snapshot};
 use crate::key::KeyRejection;
@@ -181,6 +182,51 @@ pub(crate) fn unavailable(head: &Parts, config: &Config) -> Answer {
     response
         .headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+/// The answer to a request whose cost no policy could ever take ([`Error::ZeroCost`],
+/// [`Error::CostTooHigh`]).
+///
+/// A cost computed from the request (items in a batch, bytes, tokens) is the client's
+/// input, so this is the client's error, answered the same in every failure mode and on
+/// every store, and nothing is counted: a cost of 0 is `400 Bad Request` (counting
+/// nothing would let the request past an exhausted limit), a cost above what a policy
+/// admits at once is `429` without `Retry-After` (no wait makes it fit: the client must
+/// send less at a time). gRPC gets `INVALID_ARGUMENT` and `RESOURCE_EXHAUSTED` without a
+/// pushback.
+pub(crate) fn impossible_cost(
+    head: &Parts,
+    error: &Error,
+    config: &Config,
+    policy_headers: &PolicyHeaders,
+) -> Answer {
+    let (status, detail) = match error {
+        Error::CostTooHigh { cost, max, policy } => (
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "this request costs {cost}, more than rate limit '{policy}' ever admits at once ({max}); send less at a time"
+            ),
+        ),
+        _ => (
+            StatusCode::BAD_REQUEST,
+            "this request costs 0; every request must cost at least 1".to_owned(),
+        ),
+    };
+    let mut response = if grpc::is_grpc(head) {
+        grpc::trailers_only(head, grpc::code_for(status), &detail, None)
+    } else {
+        let body = match config.body_style {
+            BodyStyle::PlainText => {
+                format!("{}: {detail}", status.canonical_reason().unwrap_or("Error"))
+            }
+            BodyStyle::ProblemJson => problem_json(status, &detail, None),
+        };
+        answer(status, config, body)
+    };
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        policy_headers.write_quota(config.header_style, response.headers_mut());
+    }
     response
 }
 

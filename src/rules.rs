@@ -365,6 +365,14 @@ impl<S: Store> Select<S> for Rules<S> {
             None => Ok(None),
         }
     }
+
+    fn each_limit<'a>(&'a self, _: &'a (), visit: &mut dyn FnMut(&'a Limit<S>)) {
+        self.rules
+            .iter()
+            .map(|rule| &rule.target)
+            .chain(&self.default)
+            .for_each(|target| visit(&target.limit));
+    }
 }
 
 impl fmt::Debug for Pattern {

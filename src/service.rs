@@ -120,7 +120,7 @@ where
         // its turn.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let headers = Arc::clone(&limit.headers);
-        ResponseFuture::checking(check, request, inner, Arc::clone(shared), headers, refund)
+        let limit = limit.clone();
+        ResponseFuture::checking(check, request, inner, Arc::clone(shared), limit, refund)
     }
 }

@@ -13,6 +13,7 @@
 //! | `redlimit_decisions_total` | counter | `outcome` (allowed, denied), `origin` (store, block_cache, fallback), `policy` |
 //! | `redlimit_store_errors_total` | counter | `kind` (timeout, unavailable, protocol), `handled` (fallback or not) |
 //! | `redlimit_shadow_denials_total` | counter | `policy` (the shadow policy that would have denied) |
+//! | `redlimit_refused_costs_total` | counter | `reason` (zero, too_high): requests the layer refused because no policy can take their cost |
 //! | `redlimit_refunds_total` | counter | `outcome` (done, failed): refunds the layer made for [`refund_on`](crate::RateLimitLayer::refund_on) |
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,7 +22,6 @@ use std::time::Instant;
 
 use crate::decision::Decision;
 use crate::error::Error;
-use crate::layer::FailureMode;
 use crate::store::{StoreError, StoreErrorKind};
 
 pub(crate) fn decided(decision: &Decision) {
@@ -108,28 +108,31 @@ pub(crate) fn layer_refunded(result: &Result<Decision, Error>) {
     .increment(1);
 }
 
-/// The layer could not decide a request: a store failure is the operator's concern
-/// (warn), a cost no policy can take is a bug in the configuration (error). Neither is
-/// the client's fault.
-pub(crate) fn layer_failed(error: &Error, mode: FailureMode) {
+/// The store could not decide a request the layer checked: the operator's concern
+/// (warn, at most a line a second), never the client's fault. `let_through` says
+/// whether the request passed (fail open) or was answered 503.
+pub(crate) fn layer_failed(error: &StoreError, let_through: bool) {
     static STORE: LogThrottle = LogThrottle::new();
-    static COST: LogThrottle = LogThrottle::new();
-    let action = match mode {
-        FailureMode::Open => "letting the request through",
-        FailureMode::Closed => "answering 503",
+    let action = if let_through {
+        "letting the request through"
+    } else {
+        "answering 503"
     };
-    match error {
-        Error::Store(error) => {
-            if let Some(suppressed) = STORE.admit(uptime_ms()) {
-                tracing::warn!(%error, kind = ?error.kind(), suppressed, "rate-limit store failed; {action}");
-            }
-        }
-        Error::ZeroCost | Error::CostTooHigh { .. } => {
-            if let Some(suppressed) = COST.admit(uptime_ms()) {
-                tracing::error!(%error, suppressed, "rate-limit cost misconfigured; {action}");
-            }
-        }
+    if let Some(suppressed) = STORE.admit(uptime_ms()) {
+        tracing::warn!(%error, kind = ?error.kind(), suppressed, "rate-limit store failed; {action}");
     }
+}
+
+/// A request whose cost no policy can take was refused: the client's input (or a cost
+/// function's bug), so a debug line and a counter, never a warning per request.
+pub(crate) fn impossible_cost(error: &Error) {
+    tracing::debug!(%error, "rate-limit cost refused");
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "redlimit_refused_costs_total",
+        "reason" => if matches!(error, Error::ZeroCost) { "zero" } else { "too_high" },
+    )
+    .increment(1);
 }
 
 /// Milliseconds since the first call, for the log throttles.

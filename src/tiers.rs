@@ -124,6 +124,14 @@ impl<S: Store, K: KeyExtractor> Select<S> for Tiers<S, K> {
             None => Ok(None),
         }
     }
+
+    fn each_limit<'a>(&'a self, _: &'a (), visit: &mut dyn FnMut(&'a Limit<S>)) {
+        self.tiers
+            .iter()
+            .map(|(_, limit)| limit)
+            .chain(&self.default)
+            .for_each(visit);
+    }
 }
 
 impl<S: Store, K> fmt::Debug for Tiers<S, K> {

@@ -67,6 +67,9 @@ pub trait Select<S> {
 
     /// The limit and subject for this request.
     fn select<'a>(&'a self, limits: &'a Self::Limits, parts: &Parts) -> Selected<'a, S>;
+
+    /// Every limit this plan can pick, for checks made once when the layer is built.
+    fn each_limit<'a>(&'a self, limits: &'a Self::Limits, visit: &mut dyn FnMut(&'a Limit<S>));
 }
 
 impl<S: Store, K: KeyExtractor> Select<S> for K {
@@ -75,5 +78,9 @@ impl<S: Store, K: KeyExtractor> Select<S> for K {
     #[inline]
     fn select<'a>(&'a self, limit: &'a Limit<S>, parts: &Parts) -> Selected<'a, S> {
         self.extract(parts).map(|subject| Some((limit, subject)))
+    }
+
+    fn each_limit<'a>(&'a self, limit: &'a Limit<S>, visit: &mut dyn FnMut(&'a Limit<S>)) {
+        visit(limit);
     }
 }

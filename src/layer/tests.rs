@@ -400,15 +400,28 @@ fn broken_layer() -> RateLimitLayer<BrokenStore, UserHeader> {
 async fn a_failing_store_fails_open_by_default() {
     let svc = ServiceBuilder::new().layer(broken_layer()).service_fn(
         |req: Request<Empty<Bytes>>| async move {
-            let decided = req.extensions().get::<Decision>().is_some();
-            Ok::<_, Infallible>(Response::new(Full::from(format!("decided: {decided}"))))
+            let decision = req.extensions().get::<Decision>().map(|d| {
+                let policy = d.policy().name();
+                format!(
+                    "{:?} checked={} allowed={} {policy}",
+                    d.origin(),
+                    d.is_checked(),
+                    d.is_allowed()
+                )
+            });
+            Ok::<_, Infallible>(Response::new(Full::from(format!("{decision:?}"))))
         },
     );
     for _ in 0..3 {
         let ok = svc.clone().oneshot(request("a")).await.unwrap();
         assert_eq!(ok.status(), StatusCode::OK);
+        // No figures to send, so no made-up headers.
         assert!(ok.headers().get(RATELIMIT).is_none());
-        assert_eq!(body_text(ok).await, "decided: false");
+        assert!(ok.headers().get(RATELIMIT_POLICY).is_none());
+        assert_eq!(
+            body_text(ok).await,
+            r#"Some("FailOpen checked=false allowed=true default")"#
+        );
     }
 }
 
@@ -440,25 +453,150 @@ async fn a_failing_store_fails_closed_with_a_503_never_a_429() {
     );
 }
 
-#[tokio::test]
-async fn impossible_costs_follow_the_failure_mode() {
+#[test]
+fn a_fixed_cost_no_limiter_can_take_is_refused_when_the_layer_is_built() {
     let clock = FakeClock::new(0);
-    for layer in [
-        layer_on(&clock, vec![fixed("default", 5, 1_000)]).cost(0),
-        layer_on(&clock, vec![fixed("default", 5, 1_000)]).cost(6),
-    ] {
-        let open = ServiceBuilder::new().layer(layer.clone()).service_fn(hello);
-        assert_eq!(
-            open.oneshot(request("a")).await.unwrap().status(),
-            StatusCode::OK
-        );
-        let closed = ServiceBuilder::new()
-            .layer(layer.failure_mode(FailureMode::Closed))
+    let layer = || {
+        layer_on(
+            &clock,
+            vec![fixed("default", 5, 1_000), fixed("wide", 50, 1_000)],
+        )
+    };
+    assert!(matches!(layer().cost(0), Err(Error::ZeroCost)));
+    match layer().cost(6) {
+        Err(Error::CostTooHigh { cost, max, policy }) => {
+            assert_eq!((cost, max, policy.as_str()), (6, 5, "default"));
+        }
+        other => panic!("expected CostTooHigh, got {other:?}"),
+    }
+    assert!(layer().cost(5).is_ok());
+
+    // Every limiter a plan can pick is checked, the default included.
+    let store = MemoryStore::with_clock(clock.clone());
+    let small = Limiter::new(store.clone(), fixed("small", 2, 1_000));
+    let big = Limiter::new(store, fixed("big", 10, 1_000));
+    let rules = crate::rules::Rules::builder()
+        .path("/big", big.clone(), UserHeader)
+        .default(small.clone(), UserHeader)
+        .build()
+        .unwrap();
+    assert!(matches!(
+        RateLimitLayer::rules(rules).cost(3),
+        Err(Error::CostTooHigh { max: 2, .. })
+    ));
+    let tiers = crate::tiers::Tiers::new(UserHeader, |_| None)
+        .tier("pro", big)
+        .tier("free", small);
+    assert!(matches!(
+        RateLimitLayer::tiers(tiers).cost(3),
+        Err(Error::CostTooHigh { max: 2, .. })
+    ));
+}
+
+/// A layer whose cost is read from the client's `x-items` header (1 without one).
+fn cost_from_header<S: Store, K: Plan<S>>(layer: RateLimitLayer<S, K>) -> RateLimitLayer<S, K> {
+    layer.cost_fn(|parts| {
+        parts
+            .headers
+            .get("x-items")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(1)
+    })
+}
+
+fn with_items(user: &str, items: u32) -> Request<Empty<Bytes>> {
+    let mut request = request(user);
+    request.headers_mut().insert("x-items", items.into());
+    request
+}
+
+/// A client-chosen cost that no policy can take never passes and never counts, in every
+/// failure mode: 0 is a 400, above the limit a 429 that no wait cures.
+#[tokio::test]
+async fn impossible_client_costs_are_refused_in_every_failure_mode() {
+    let clock = FakeClock::new(0);
+    let memory = MemoryStore::with_clock(clock.clone());
+    let modes = [
+        ("open", FailureMode::Open),
+        ("closed", FailureMode::Closed),
+        ("fallback", FailureMode::Open),
+    ];
+    for (mode, failure_mode) in modes {
+        let mut limiter = Limiter::new(memory.clone(), fixed(mode, 5, 10_000));
+        if mode == "fallback" {
+            limiter = limiter.fallback(MemoryStore::with_clock(clock.clone()));
+        }
+        let layer = RateLimitLayer::new(limiter, UserHeader).failure_mode(failure_mode);
+        let svc = ServiceBuilder::new()
+            .layer(cost_from_header(layer))
             .service_fn(hello);
+        // Exhaust the limit, then try every impossible cost.
+        let first = svc.clone().oneshot(with_items("a", 5)).await.unwrap();
+        assert_eq!(first.status(), StatusCode::OK, "{mode}");
+        for _ in 0..3 {
+            let zero = svc.clone().oneshot(with_items("a", 0)).await.unwrap();
+            assert_eq!(zero.status(), StatusCode::BAD_REQUEST, "{mode}");
+            assert!(zero.headers().get("retry-after").is_none());
+            assert_eq!(
+                body_text(zero).await,
+                "Bad Request: this request costs 0; every request must cost at least 1"
+            );
+            for items in [6, u32::MAX] {
+                let big = svc.clone().oneshot(with_items("a", items)).await.unwrap();
+                assert_eq!(
+                    big.status(),
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "{mode} {items}"
+                );
+                assert!(big.headers().get("retry-after").is_none(), "no wait helps");
+                assert_eq!(
+                    header(big.headers(), RATELIMIT_POLICY),
+                    Some(format!("\"{mode}\";q=5;w=10").as_str())
+                );
+                assert!(big.headers().get(RATELIMIT).is_none());
+                assert_eq!(
+                    body_text(big).await,
+                    format!("Too Many Requests: this request costs {items}, more than rate limit '{mode}' ever admits at once (5); send less at a time")
+                );
+            }
+        }
+        // Still exhausted, and a fresh subject's impossible costs consumed nothing.
+        let denied = svc.clone().oneshot(request("a")).await.unwrap();
+        assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS, "{mode}");
+        assert!(denied.headers().get("retry-after").is_some());
+        for items in [0, 6] {
+            svc.clone().oneshot(with_items("b", items)).await.unwrap();
+        }
+        let fresh = svc.clone().oneshot(with_items("b", 5)).await.unwrap();
         assert_eq!(
-            closed.oneshot(request("a")).await.unwrap().status(),
-            StatusCode::SERVICE_UNAVAILABLE
+            fresh.status(),
+            StatusCode::OK,
+            "{mode}: b's budget is whole"
         );
+    }
+}
+
+/// The same on a store that has failed: the cost is refused before the store is asked,
+/// so an outage does not turn it into a pass (open) or a 503 (closed).
+#[tokio::test]
+async fn impossible_client_costs_are_refused_while_the_store_fails() {
+    for mode in [FailureMode::Open, FailureMode::Closed] {
+        let svc = ServiceBuilder::new()
+            .layer(cost_from_header(broken_layer()).failure_mode(mode))
+            .service_fn(hello);
+        let zero = svc.clone().oneshot(with_items("a", 0)).await.unwrap();
+        assert_eq!(zero.status(), StatusCode::BAD_REQUEST, "{mode:?}");
+        let big = svc.clone().oneshot(with_items("a", 2)).await.unwrap();
+        assert_eq!(big.status(), StatusCode::TOO_MANY_REQUESTS, "{mode:?}");
+        let grpc = Request::builder()
+            .header("x-user", "a")
+            .header("x-items", "0")
+            .header("content-type", "application/grpc")
+            .body(Empty::new())
+            .unwrap();
+        let grpc = svc.oneshot(grpc).await.unwrap();
+        assert_eq!(grpc.status(), StatusCode::OK);
+        assert_eq!(header(grpc.headers(), "grpc-status"), Some("3"));
     }
 }
 
@@ -805,6 +943,32 @@ mod axum_router {
         match decision {
             Some(Extension(d)) => format!("{} left", d.remaining()),
             None => "undecided".to_owned(),
+        }
+    }
+
+    /// The README's handler pattern: `Extension<Decision>`, no `Option`.
+    async fn readme_handler(Extension(decision): Extension<Decision>) -> String {
+        if decision.is_checked() {
+            format!("{} left", decision.remaining())
+        } else {
+            "unchecked".to_owned()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_readme_handler_runs_while_the_store_fails() {
+        let app = Router::new()
+            .route("/", get(readme_handler))
+            .layer(broken_layer())
+            .merge(
+                Router::new()
+                    .route("/route", get(readme_handler))
+                    .route_layer(broken_layer()),
+            );
+        for path in ["/", "/route"] {
+            let ok = app.clone().oneshot(get_as(path, "a")).await.unwrap();
+            assert_eq!(ok.status(), StatusCode::OK, "{path}");
+            assert_eq!(body_text(ok).await, "unchecked", "{path}");
         }
     }
 

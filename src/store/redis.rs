@@ -294,6 +294,35 @@ impl RedisStore {
         script::Shape::of(policies).script().sha1()
     }
 
+    /// The command this store sends for one call: `EVALSHA` of its script, with the
+    /// subject's keys and the call's arguments (`with_source`: `EVAL` of the source, as
+    /// after `NOSCRIPT`). The clock is this store's: Redis `TIME`, or its client clock
+    /// read now.
+    ///
+    /// For benchmarks that must send exactly what the store sends, without copying its
+    /// wire format: not a stable API.
+    #[doc(hidden)]
+    pub fn command(
+        &self,
+        op: Operation,
+        subject: &Subject,
+        set: &PolicySet,
+        cost: u64,
+        with_source: bool,
+    ) -> deadpool_redis::redis::Cmd {
+        self.call(op, subject, set, cost).command(with_source)
+    }
+
+    fn call(&self, op: Operation, subject: &Subject, set: &PolicySet, cost: u64) -> Call {
+        Call {
+            key_base: self.key_base(subject),
+            now_ms: self.settings.clock.as_ref().map(|c| c.now_ms()),
+            cost,
+            op,
+            policies: Arc::clone(set.policies()),
+        }
+    }
+
     /// The Redis key that holds `subject`'s state for `policy`.
     pub fn key(&self, subject: &Subject, policy: &Policy) -> String {
         let mut key = self.key_base(subject);
@@ -351,13 +380,7 @@ impl Store for RedisStore {
 /// arguments: the admin operations share the check's per-algorithm Lua.
 impl AdminStore for RedisStore {
     fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
-        let call = Call {
-            key_base: self.key_base(&subject),
-            now_ms: self.settings.clock.as_ref().map(|c| c.now_ms()),
-            cost,
-            op,
-            policies: Arc::clone(set.policies()),
-        };
+        let call = self.call(op, &subject, set, cost);
         let link = Arc::clone(&self.link);
         let timeout = self.settings.timeout;
         Box::pin(async move {
