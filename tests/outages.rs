@@ -93,11 +93,9 @@ const PHASES: [&str; 3] = ["healthy", "outage", "back"];
 /// What answered one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Answer {
-    /// 200: the handler ran with a decision from this origin (and, from the store,
-    /// the rate-limit headers).
+    /// 200: the handler ran with a decision from this origin: the store's with the
+    /// rate-limit headers, `FailOpen` for a request let through unchecked.
     Passed(Origin),
-    /// 200: the handler ran with the decision of a request let through unchecked.
-    PassedOpen,
     /// 429 with `Retry-After`.
     Denied,
     /// 503 with `Retry-After: 1`.
@@ -113,7 +111,7 @@ impl Answer {
     /// Whether the layer answered as `mode` says for a store that failed.
     fn is_failure_answer(self, mode: Mode) -> bool {
         match mode {
-            Mode::Open => self == Answer::PassedOpen,
+            Mode::Open => self == Answer::Passed(Origin::FailOpen),
             Mode::Closed => self == Answer::Unavailable,
             Mode::Fallback => self == Answer::Passed(Origin::Fallback),
         }
@@ -136,9 +134,9 @@ struct Sample {
 }
 
 /// The README's handler: it takes the decision from the request's extensions, and
-/// says where it came from.
-async fn handler(Extension(decision): Extension<Decision>) -> &'static str {
-    decision.origin().as_str()
+/// says where it came from and whether the request was checked.
+async fn handler(Extension(decision): Extension<Decision>) -> String {
+    format!("{} {}", decision.origin().as_str(), decision.is_checked())
 }
 
 fn app(store: RedisStore, mode: Mode) -> Router {
@@ -183,11 +181,12 @@ async fn classify(response: Response<Body>) -> Answer {
         .unwrap_or_default();
     match status {
         StatusCode::OK => match &body[..] {
-            b"store" if limit_headers => Answer::Passed(Origin::Store),
-            b"store" => Answer::Wrong(200, "a store decision without its headers"),
-            b"fallback" => Answer::Passed(Origin::Fallback),
-            b"block_cache" => Answer::Passed(Origin::BlockCache),
-            _ => Answer::PassedOpen,
+            b"store true" if limit_headers => Answer::Passed(Origin::Store),
+            b"store true" => Answer::Wrong(200, "a store decision without its headers"),
+            b"fallback true" => Answer::Passed(Origin::Fallback),
+            b"block_cache true" => Answer::Passed(Origin::BlockCache),
+            b"fail_open false" => Answer::Passed(Origin::FailOpen),
+            _ => Answer::Wrong(200, "an unknown origin, or checked wrongly"),
         },
         StatusCode::TOO_MANY_REQUESTS if retry_after.is_some() => Answer::Denied,
         StatusCode::TOO_MANY_REQUESTS => Answer::Wrong(429, "no Retry-After"),
@@ -445,11 +444,14 @@ async fn outage(shape: Shape, mode: Mode) {
             sample.latency
         );
     }
-    // Whoever decided, a subject is never admitted past the limit by one decider.
+    // Whoever decided (the store or the fallback; failing open decides nothing), a
+    // subject is never admitted past the limit by one decider.
     let mut admitted: HashMap<(&str, Origin), u32> = HashMap::new();
     for sample in &samples {
         if let Answer::Passed(origin) = sample.answer {
-            *admitted.entry((&sample.subject, origin)).or_default() += 1;
+            if origin != Origin::FailOpen {
+                *admitted.entry((&sample.subject, origin)).or_default() += 1;
+            }
         }
     }
     for ((subject, origin), admitted) in admitted {
