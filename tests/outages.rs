@@ -67,13 +67,20 @@ enum Mode {
 enum Shape {
     /// SIGKILL, 500 ms with nothing on the port, restarted.
     Stopped,
-    /// SIGSTOP for 1.5 s (past the store's 1 s stall detection), then SIGCONT.
+    /// SIGSTOP for 1.5 s (past the store's 1 s stall detection, so the store also
+    /// meets a reconnection that hangs), then SIGCONT. Not `DEBUG SLEEP`: Redis 7
+    /// refuses `DEBUG` unless started with `enable-debug-command`, and a stopped
+    /// process is what a client sees of a frozen host too: the kernel still accepts
+    /// connections, nothing answers.
     Paused,
     /// `maxmemory 1` with `noeviction` for 500 ms: every write refused with `-OOM`.
     OutOfMemory,
-    /// Five `SCRIPT FLUSH`es, 100 ms apart.
+    /// Five `SCRIPT FLUSH`es, 100 ms apart. The store meets `NOSCRIPT` and sends
+    /// the script in full (`EVAL`) in the same call, so no request should notice:
+    /// no failure answer at all, and at least one `EVAL` per flush.
     ScriptFlush,
-    /// Three `CLIENT KILL TYPE normal SKIPME yes`, 200 ms apart.
+    /// Three `CLIENT KILL TYPE normal SKIPME yes`, 200 ms apart: each must find
+    /// exactly one connection, the store's, reconnected since the last.
     ClientKill,
 }
 
