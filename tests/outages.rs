@@ -308,22 +308,24 @@ async fn break_and_mend(
     phase: &AtomicUsize,
 ) -> Instant {
     let enter = |next: usize| phase.store(next, Ordering::Relaxed);
-    let last_outage_request_answered = || tokio::time::sleep(TIMEOUT + MARGIN);
+    // Back, once every request sent during the outage has been answered.
+    let end_outage = || {
+        enter(BACK);
+        tokio::time::sleep(TIMEOUT + MARGIN)
+    };
     match shape {
         Shape::Stopped => {
             tokio::task::block_in_place(|| server.stop());
             enter(OUTAGE);
             tokio::time::sleep(Duration::from_millis(500)).await;
-            enter(BACK);
-            last_outage_request_answered().await;
+            end_outage().await;
             tokio::task::block_in_place(|| server.restart());
         }
         Shape::Paused => {
             let paused = tokio::task::block_in_place(|| server.pause());
             enter(OUTAGE);
             tokio::time::sleep(Duration::from_millis(1_500)).await;
-            enter(BACK);
-            last_outage_request_answered().await;
+            end_outage().await;
             tokio::task::block_in_place(|| paused.resume());
         }
         Shape::OutOfMemory => {
@@ -342,8 +344,7 @@ async fn break_and_mend(
                 other => panic!("a check refused by an out-of-memory Redis: {other:?}"),
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
-            enter(BACK);
-            last_outage_request_answered().await;
+            end_outage().await;
             config_set(&mut control, "maxmemory", "0").await;
         }
         Shape::ScriptFlush => {
