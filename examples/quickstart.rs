@@ -50,10 +50,10 @@ async fn run() -> Result<(), BoxError> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let redis =
         std::env::var_os("REDIS_CLUSTER").is_some() || std::env::var_os("REDIS_URL").is_some();
-    let secret = match Secret::from_env("REDLIMIT_SECRET") {
-        Ok(secret) => secret,
+    let (secret, hashed_with) = match Secret::from_env("REDLIMIT_SECRET") {
+        Ok(secret) => (secret, "REDLIMIT_SECRET"),
         Err(error) if redis => return Err(error.into()),
-        Err(_) => process_secret(),
+        Err(_) => (process_secret(), "a random secret of this process"),
     };
     let (app, store) = if let Ok(nodes) = std::env::var("REDIS_CLUSTER") {
         let urls: Vec<String> = nodes
@@ -94,6 +94,7 @@ async fn run() -> Result<(), BoxError> {
     println!(
         "  GET /api/hello  per x-api-key header (else client IP): token bucket, burst 10, 1/s"
     );
+    println!("  API keys are kept as hashes keyed by {hashed_with}");
     println!("try: for i in $(seq 7); do curl -si http://{addr}/ | head -1; done");
     axum::serve(
         listener,
