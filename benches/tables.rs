@@ -27,7 +27,7 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use deadpool_redis::redis::{self, aio::MultiplexedConnection, Value};
+use redlimit::redis::{self, aio::MultiplexedConnection, Value};
 use redlimit::{Algorithm, Policy, RedisStore, Subject};
 use support::RedisServer;
 
