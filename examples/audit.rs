@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::error::Error;
 
-use deadpool_redis::redis::{self, aio::MultiplexedConnection};
+use redlimit::redis::{self, aio::MultiplexedConnection};
 
 /// How many keys one `SCAN` step asks for, and how many are inspected per pipeline.
 const BATCH: usize = 1_000;

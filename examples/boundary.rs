@@ -34,8 +34,8 @@
 use std::error::Error;
 use std::time::{Duration, Instant};
 
-use deadpool_redis::redis;
 use redlimit::clock::{Clock, MonotonicClock};
+use redlimit::deadpool_redis::{self, redis};
 use redlimit::{Algorithm, Limiter, MemoryStore, Policy, RedisStore, Store, Subject};
 use tokio::runtime::Runtime;
 

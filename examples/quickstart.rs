@@ -12,7 +12,10 @@
 //!   at 1 per second; without the header, per client IP.
 //!
 //! With `REDIS_URL` (one server) or `REDIS_CLUSTER` (comma-separated node URLs) set,
-//! state lives in Redis: several instances share one budget.
+//! state lives in Redis: several instances share one budget. API keys are hashed with
+//! the secret in `REDLIMIT_SECRET`, which Redis mode requires (the same on every
+//! instance); with the memory store and no `REDLIMIT_SECRET`, a random secret is made
+//! for this process, whose counts no other process shares anyway.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -20,7 +23,8 @@ use std::time::Duration;
 
 use axum::routing::get;
 use axum::{Extension, Router};
-use redlimit::key::{ClientIp, Header, KeyExtractorExt};
+use redlimit::deadpool_redis;
+use redlimit::key::{ClientIp, Header, KeyExtractorExt, Secret};
 use redlimit::{Decision, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore, Store};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -44,6 +48,13 @@ async fn run() -> Result<(), BoxError> {
         Err(_) => 3000,
     };
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let redis =
+        std::env::var_os("REDIS_CLUSTER").is_some() || std::env::var_os("REDIS_URL").is_some();
+    let (secret, hashed_with) = match Secret::from_env("REDLIMIT_SECRET") {
+        Ok(secret) => (secret, "REDLIMIT_SECRET"),
+        Err(error) if redis => return Err(error.into()),
+        Err(_) => (process_secret(), "a random secret of this process"),
+    };
     let (app, store) = if let Ok(nodes) = std::env::var("REDIS_CLUSTER") {
         let urls: Vec<String> = nodes
             .split(',')
@@ -60,7 +71,7 @@ async fn run() -> Result<(), BoxError> {
                 .map_err(|e| format!("cannot reach the cluster {nodes}: {e}"))?,
         );
         let store = format!("redis cluster at {nodes}");
-        (app(RedisStore::cluster(pool))?, store)
+        (app(RedisStore::cluster(pool), &secret)?, store)
     } else if let Ok(url) = std::env::var("REDIS_URL") {
         let pool = deadpool_redis::Config::from_url(url.as_str())
             .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
@@ -69,10 +80,13 @@ async fn run() -> Result<(), BoxError> {
                 .await
                 .map_err(|e| format!("cannot reach {url}: {e}"))?,
         );
-        (app(RedisStore::new(pool))?, format!("redis at {url}"))
+        (
+            app(RedisStore::new(pool), &secret)?,
+            format!("redis at {url}"),
+        )
     } else {
         let store = "memory (this process only)".to_owned();
-        (app(MemoryStore::new())?, store)
+        (app(MemoryStore::new(), &secret)?, store)
     };
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("redlimit quickstart on http://{addr} (store: {store})");
@@ -80,6 +94,7 @@ async fn run() -> Result<(), BoxError> {
     println!(
         "  GET /api/hello  per x-api-key header (else client IP): token bucket, burst 10, 1/s"
     );
+    println!("  API keys are kept as hashes keyed by {hashed_with}");
     println!("try: for i in $(seq 7); do curl -si http://{addr}/ | head -1; done");
     axum::serve(
         listener,
@@ -89,8 +104,20 @@ async fn run() -> Result<(), BoxError> {
     Ok(())
 }
 
+/// A random secret for this process alone: enough for the memory store, whose counts
+/// live and die with the process (std's `RandomState` is seeded from the OS).
+fn process_secret() -> Secret {
+    use std::hash::{BuildHasher, Hasher};
+    let mut bytes = Vec::with_capacity(32);
+    for _ in 0..4 {
+        let hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        bytes.extend_from_slice(&hasher.finish().to_le_bytes());
+    }
+    Secret::new(bytes).expect("32 bytes are not empty")
+}
+
 /// The two routes, each with its own limiter on the same store.
-fn app<S: Store + Clone>(store: S) -> Result<Router, BoxError> {
+fn app<S: Store + Clone>(store: S, secret: &Secret) -> Result<Router, BoxError> {
     let index = Limiter::new(
         store.clone(),
         Policy::sliding_window("index", 5, Duration::from_secs(10))?,
@@ -99,7 +126,7 @@ fn app<S: Store + Clone>(store: S) -> Result<Router, BoxError> {
         store,
         Policy::token_bucket("api", 10, 1, Duration::from_secs(1))?,
     );
-    let api_key = Header::new("x-api-key").or(ClientIp::new());
+    let api_key = Header::new("x-api-key", secret).or(ClientIp::new());
     Ok(Router::new()
         .route(
             "/",

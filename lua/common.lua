@@ -3,13 +3,17 @@
 -- fixed_window.lua, sliding_window.lua, token_bucket.lua and sliding_log.lua,
 -- in that order) and main.lua into one script per call shape: every call
 -- defines the functions of its script, so a limiter pays only for its own
--- algorithms. Each algorithm file registers itself in ALGORITHMS.
+-- algorithms. Each algorithm file registers its decide function in DECIDE;
+-- the part of it after its "-- admin:" line (the refund function, registered in
+-- REFUND) goes only into the scripts of the admin operations, so a check does
+-- not define what it never runs.
 --
 -- Lua numbers are doubles: every integer below stays under 2^53 (the policies
 -- are checked for that), where doubles are exact.
 
--- The algorithms of this script by code: { decide, refund }.
-local ALGORITHMS = {}
+-- The algorithms of this script by code: their decide functions (REFUND, their
+-- refund functions, exists in the admin operations' scripts only).
+local DECIDE = {}
 
 -- Floor division of non-negative integers, exact: fmod is exact in IEEE
 -- arithmetic, so a - fmod(a, b) is an exact multiple of b.

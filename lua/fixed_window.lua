@@ -1,7 +1,7 @@
 -- Fixed window: one counter per window aligned to the epoch.
 -- Translation of fixed_window in src/algorithm.rs.
 -- State: "<window index>:<count>".
-local function fixed_window(limit, w, _emission, now, cost, raw)
+local function fixed_window(limit, w, now, cost, raw)
   local idx = idiv(now, w)
   local count = 0
   local window, c
@@ -37,10 +37,14 @@ local function fixed_window(limit, w, _emission, now, cost, raw)
   return allowed, remaining, reset, retry, reset, nxt
 end
 
+DECIDE.fw = fixed_window
+
+-- admin: what follows is only in the scripts of the admin operations.
+
 -- Refund: the current window's count goes down by cost, not below 0; a window
 -- that has changed since keeps nothing to refund. Translation of refund in
 -- src/algorithm.rs. Returns the new state, or nil when nothing changes.
-local function fixed_window_refund(_limit, w, _emission, now, cost, raw)
+local function fixed_window_refund(_limit, w, now, cost, raw)
   local a, b = string.match(raw, "^(%d+):(%d+)$")
   local window, c = field(a), field(b)
   if window and c and window >= idiv(now, w) and c > 0 then
@@ -49,4 +53,4 @@ local function fixed_window_refund(_limit, w, _emission, now, cost, raw)
   return nil
 end
 
-ALGORITHMS.fw = { fixed_window, fixed_window_refund }
+REFUND.fw = fixed_window_refund

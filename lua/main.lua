@@ -1,14 +1,17 @@
 -- redlimit: decide every policy of one subject in one call, all or nothing.
 --
--- KEYS[i]            the state key of policy i (all in the subject's hash tag)
--- ARGV[1]            the clock: "s" to read Redis TIME, or milliseconds
--- ARGV[2]            the cost of the request
--- ARGV[3]            the operation: c (check), p (peek), r (refund), x (reset)
--- ARGV[4 + 5(i-1)]   algorithm of policy i: fw, sw, tb or sl
--- ARGV[5 + 5(i-1)]   limit (capacity of a token bucket) of policy i
--- ARGV[6 + 5(i-1)]   window in ms of policy i
--- ARGV[7 + 5(i-1)]   emission interval in us of policy i (token bucket; else 0)
--- ARGV[8 + 5(i-1)]   1 if policy i is a shadow (decides, never denies), else 0
+-- The store puts a line before this file: `local op, first = "c", 2` in the
+-- check's script, `local op, first = ARGV[2], 3` in the admin operations' one.
+--
+-- KEYS[i]              the state key of policy i (all in the subject's hash tag)
+-- ARGV[1]              the cost of the request
+-- ARGV[2]              admin script only: p (peek), r (refund) or x (reset)
+-- ARGV[first + 3(i-1)] algorithm of policy i: fw, sw, tb or sl
+--     [first + 3(i-1) + 1] limit (capacity of a token bucket) of policy i,
+--                      negative for a shadow policy (decides, never denies)
+--     [first + 3(i-1) + 2] window in ms of policy i; for a token bucket its
+--                      emission interval in us
+-- ARGV[first + 3n]     optional: the client's clock in ms; without it, Redis TIME
 --
 -- Reply: per policy, allowed (0/1), remaining, reset after (ms), retry after (ms).
 -- A check decides every policy before any state is written, and writes policy
@@ -17,157 +20,99 @@
 -- have. Every check write sets a TTL of the time its state needs.
 --
 -- The admin operations run the same per-algorithm code: a peek decides and
--- writes nothing; a refund gives back the cost (the algorithm's _refund
+-- writes nothing; a refund gives back the cost (the algorithm's refund
 -- function; the state only shrinks, so its key keeps its TTL) then answers as a
 -- peek; a reset deletes the keys then answers as a peek on fresh state.
-
-local EXACT = 9007199254740992 -- 2^53
-local MAX_CLOCK = 9000000000000 -- ms; now * 1000 (us) must stay exact
-local MAX_LOG = 100000 -- sliding log stamps, as MAX_SLIDING_LOG_LIMIT in Rust
-local PER_POLICY = 5
-local OPERATIONS = { c = true, p = true, r = true, x = true }
+--
+-- The crate is this script's only caller and builds every policy and cost
+-- valid (positive integers whose products stay below 2^53, a cost no policy
+-- exceeds), so a call checks only what is cheap: the number of arguments, known
+-- algorithms and operation, numbers where numbers go. Everything else a call
+-- does is its decision. A script with another argument layout has another
+-- SHA-1, so instances of an older release keep calling their own script on the
+-- same state.
 
 local nkeys = #KEYS
-if nkeys == 0 then
-  return redis.error_reply("ERR redlimit: KEYS must hold one state key per policy, got none")
-end
-if #ARGV ~= 3 + PER_POLICY * nkeys then
+local clock_at = first + 3 * nkeys
+local nargs = #ARGV
+if nkeys == 0 or nargs < clock_at - 1 or nargs > clock_at then
   return redis.error_reply(string.format(
-    "ERR redlimit: ARGV must hold 3 + 5 x %d = %d arguments (clock, cost, operation, then 5 per policy), got %d",
-    nkeys, 3 + PER_POLICY * nkeys, #ARGV))
+    "ERR redlimit: expected one key per policy, then %d arguments (cost%s, 3 per policy, optional clock), got %d keys and %d arguments",
+    clock_at - 1, first == 3 and ", operation" or "", nkeys, nargs))
 end
-
-local problem = nil
--- ARGV[i] as an integer >= min, or 0 after noting what is wrong with it: its
--- name, then " of policy <policy>" when given, joined only on failure (this runs
--- on every call).
-local function argument(i, what, min, policy)
-  local s = ARGV[i]
-  local n = nil
-  if #s <= 16 and string.match(s, "^%d+$") then
-    n = tonumber(s)
-  end
-  if n == nil or n >= EXACT or n < min then
-    local kind = "a non-negative integer"
-    if min > 0 then
-      kind = "a positive integer"
-    end
-    if policy then
-      what = what .. " of policy " .. policy
-    end
-    problem = problem or string.format(
-      "ERR redlimit: ARGV[%d] (%s) must be %s below 2^53, got %q", i, what, kind, string.sub(s, 1, 32))
-    return 0
-  end
-  return n
-end
-local function fail(i, what, rule)
-  problem = problem or string.format("ERR redlimit: ARGV[%d] (%s) %s", i, what, rule)
-end
-
 local now
-if ARGV[1] == "s" then
+if nargs == clock_at then
+  now = tonumber(ARGV[clock_at])
+else
   local t = redis.call("TIME")
   now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
-else
-  now = argument(1, "clock", 0)
-  if now > MAX_CLOCK then
-    fail(1, "clock", "must be \"s\" or milliseconds up to " .. int(MAX_CLOCK))
-  end
 end
-local cost = argument(2, "cost", 1)
-local op = ARGV[3]
-if not OPERATIONS[op] then
-  fail(3, "operation", "must be c, p, r or x, got " .. string.format("%q", string.sub(op, 1, 32)))
-end
-
-local policies = {}
-for i = 1, nkeys do
-  local at = 4 + PER_POLICY * (i - 1)
-  local code = ARGV[at]
-  local algorithm = ALGORITHMS[code]
-  if algorithm == nil then
-    algorithm = {}
-    local known = {}
-    for name in pairs(ALGORITHMS) do
-      known[#known + 1] = name
-    end
-    table.sort(known)
-    fail(at, "algorithm of policy " .. i, "must be one of this script's algorithms ("
-      .. table.concat(known, ", ") .. "), got " .. string.format("%q", string.sub(code, 1, 32)))
-  end
-  local limit = argument(at + 1, "limit", 1, i)
-  local window = argument(at + 2, "window_ms", 1, i)
-  local emission = 0
-  if code == "tb" then
-    emission = argument(at + 3, "emission_us", 1, i)
-    if limit * emission >= EXACT then
-      fail(at + 3, "emission_us of policy " .. i, "times the capacity must stay below 2^53")
-    end
-  else
-    argument(at + 3, "emission_us", 0, i)
-    if limit * window >= EXACT then
-      fail(at + 2, "window_ms of policy " .. i, "times the limit must stay below 2^53")
-    end
-  end
-  if code == "sl" and limit > MAX_LOG then
-    fail(at + 1, "limit of policy " .. i, "of a sliding log must be at most " .. MAX_LOG)
-  end
-  if cost > limit then
-    fail(2, "cost", "must not exceed the limit of policy " .. i .. " (" .. int(limit) .. ")")
-  end
-  local shadow = ARGV[at + 4]
-  if shadow ~= "0" and shadow ~= "1" then
-    fail(at + 4, "shadow flag of policy " .. i, "must be 0 or 1, got " .. string.format("%q", string.sub(shadow, 1, 32)))
-  end
-  policies[i] = { algorithm[1], limit, window, emission, shadow == "1", algorithm[2] }
-end
-if problem then
-  return redis.error_reply(problem)
+local cost = tonumber(ARGV[1])
+if not (now and cost) or not (op == "c" or op == "p" or op == "r" or op == "x") then
+  return redis.error_reply(string.format(
+    "ERR redlimit: expected the cost, an operation (p, r or x) and the clock in ms, got %q, %q and %q",
+    string.sub(ARGV[1], 1, 24), string.sub(op, 1, 8), string.sub(ARGV[clock_at] or "(Redis TIME)", 1, 24)))
 end
 
 if op == "x" then
   redis.call("DEL", unpack(KEYS))
 end
 
--- Decide every policy before writing anything.
-local reply, writes, all = {}, {}, true
+-- Decide every policy before writing anything. The tables start at the size of
+-- one policy's: growing them from empty costs a visible share of a call.
+local reply, writes, all = { 0, 0, 0, 0 }, { false, false }, true
 for i = 1, nkeys do
-  local p = policies[i]
+  local at = first + 3 * (i - 1)
+  local decide = DECIDE[ARGV[at]]
+  local limit, n = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+  if not (decide and limit and n) then
+    local known = {}
+    for code in pairs(DECIDE) do
+      known[#known + 1] = code
+    end
+    table.sort(known)
+    return redis.error_reply(string.format(
+      "ERR redlimit: policy %d must be one of this script's algorithms (%s) with a limit and a window or interval, got %q, %q and %q",
+      i, table.concat(known, ", "), string.sub(ARGV[at], 1, 8), string.sub(ARGV[at + 1], 1, 24),
+      string.sub(ARGV[at + 2], 1, 24)))
+  end
+  local shadow = limit < 0
+  if shadow then
+    limit = -limit
+  end
   local raw = false
   if op ~= "x" then
     raw = redis.call("GET", KEYS[i])
   end
   if op == "r" and raw then
-    local given_back = p[6](p[2], p[3], p[4], now, cost, raw)
+    local given_back = REFUND[ARGV[at]](limit, n, now, cost, raw)
     if given_back then
       redis.call("SET", KEYS[i], given_back, "KEEPTTL")
       raw = given_back
     end
   end
-  local allowed, remaining, reset, retry, ttl, nxt = p[1](p[2], p[3], p[4], now, cost, raw)
-  local at = 4 * (i - 1)
+  local allowed, remaining, reset, retry, ttl, nxt = decide(limit, n, now, cost, raw)
+  local base = 4 * (i - 1)
   if allowed then
-    reply[at + 1] = 1
+    reply[base + 1] = 1
+    writes[i] = nxt
+    writes[nkeys + i] = ttl
   else
-    reply[at + 1] = 0
-    if not p[5] then
+    reply[base + 1] = 0
+    if not shadow then
       all = false
     end
   end
-  reply[at + 2] = remaining
-  reply[at + 3] = reset
-  reply[at + 4] = retry
-  if allowed then
-    writes[i] = { nxt, math.max(ttl, 1) }
-  end
+  reply[base + 2] = remaining
+  reply[base + 3] = reset
+  reply[base + 4] = retry
 end
 
 if op == "c" and all then
   for i = 1, nkeys do
-    local write = writes[i]
-    if write then
-      local nxt, ttl = write[1], write[2]
+    local nxt = writes[i]
+    if nxt then
+      local ttl = math.max(writes[nkeys + i], 1)
       if type(nxt) == "table" then
         for j = 1, #nxt, 2 do
           redis.call("SETRANGE", KEYS[i], int(nxt[j]), nxt[j + 1])

@@ -53,7 +53,7 @@ local function sl_copy(raw, n, head, base, from, run)
   return out
 end
 
-local function sliding_log(limit, w, _emission, now, cost, raw)
+local function sliding_log(limit, w, now, cost, raw)
   local n, head, base, len, stamp = sl_ring(raw, limit)
   -- A clock that went back is clamped to the newest stamp: stamps stay sorted.
   local asked = now
@@ -122,11 +122,15 @@ local function sliding_log(limit, w, _emission, now, cost, raw)
   return allowed, math.max(limit - count, 0), reset, retry, reset, nxt
 end
 
+DECIDE.sl = sliding_log
+
+-- admin: what follows is only in the scripts of the admin operations.
+
 -- Refund: remove the cost most recent stamps, only those still in the window
 -- (now clamped to the newest stamp). Translation of refund in
 -- src/algorithm.rs. Returns the new state (rewritten in order, head 0), or nil
 -- when nothing changes.
-local function sliding_log_refund(limit, w, _emission, now, cost, raw)
+local function sliding_log_refund(limit, w, now, cost, raw)
   local n, head, base, len, stamp = sl_ring(raw, limit)
   if len == 0 then
     return nil
@@ -142,4 +146,4 @@ local function sliding_log_refund(limit, w, _emission, now, cost, raw)
   return struct.pack(">I4", 0) .. sl_copy(raw, n, head, base, 0, len - drop)
 end
 
-ALGORITHMS.sl = { sliding_log, sliding_log_refund }
+REFUND.sl = sliding_log_refund

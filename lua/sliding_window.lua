@@ -2,7 +2,7 @@
 -- previous one weighted by how much of it the sliding window still covers.
 -- Translation of sliding_window in src/algorithm.rs.
 -- State: "<window index>:<previous count>:<current count>".
-local function sliding_window(limit, w, _emission, now, cost, raw)
+local function sliding_window(limit, w, now, cost, raw)
   local idx = idiv(now, w)
   local asked = now
   local prev, cur = 0, 0
@@ -67,10 +67,14 @@ local function sliding_window(limit, w, _emission, now, cost, raw)
   return allowed, remaining, reset, retry, reset, nxt
 end
 
+DECIDE.sw = sliding_window
+
+-- admin: what follows is only in the scripts of the admin operations.
+
 -- Refund: the current window's count goes down by cost, not below 0; once the
 -- window has changed, nothing is refunded. Translation of refund in
 -- src/algorithm.rs. Returns the new state, or nil when nothing changes.
-local function sliding_window_refund(_limit, w, _emission, now, cost, raw)
+local function sliding_window_refund(_limit, w, now, cost, raw)
   local a, b, d = string.match(raw, "^(%d+):(%d+):(%d+)$")
   local window, p, c = field(a), field(b), field(d)
   if window and p and c and window >= idiv(now, w) and c > 0 then
@@ -79,4 +83,4 @@ local function sliding_window_refund(_limit, w, _emission, now, cost, raw)
   return nil
 end
 
-ALGORITHMS.sw = { sliding_window, sliding_window_refund }
+REFUND.sw = sliding_window_refund

@@ -1,7 +1,7 @@
 -- Token bucket as GCRA: one theoretical arrival time (TAT) in microseconds.
 -- Translation of token_bucket in src/algorithm.rs.
 -- State: the TAT as a decimal integer (Redis keeps it as a bare integer).
-local function token_bucket(limit, _w, t, now_ms, cost, raw)
+local function token_bucket(limit, t, now_ms, cost, raw)
   local tolerance = limit * t
   local asked = now_ms * 1000
   local now = asked
@@ -39,10 +39,14 @@ local function token_bucket(limit, _w, t, now_ms, cost, raw)
   return allowed, remaining, reset, retry, reset, nxt
 end
 
+DECIDE.tb = token_bucket
+
+-- admin: what follows is only in the scripts of the admin operations.
+
 -- Refund: the TAT moves back by cost emission intervals, not before now (now
 -- clamped as the check clamps it). Translation of refund in src/algorithm.rs.
 -- Returns the new state, or nil when nothing changes.
-local function token_bucket_refund(limit, _w, t, now_ms, cost, raw)
+local function token_bucket_refund(limit, t, now_ms, cost, raw)
   local tat = nil
   if string.match(raw, "^%d+$") then
     tat = field(raw)
@@ -58,4 +62,4 @@ local function token_bucket_refund(limit, _w, t, now_ms, cost, raw)
   return nil
 end
 
-ALGORITHMS.tb = { token_bucket, token_bucket_refund }
+REFUND.tb = token_bucket_refund

@@ -3,6 +3,7 @@
 //! ```
 //! use http::{Request, Response, StatusCode};
 //! use redlimit::config::Config;
+//! use redlimit::key::Secret;
 //! use redlimit::{MemoryStore, RateLimitLayer};
 //! use tower::{ServiceBuilder, ServiceExt};
 //!
@@ -51,9 +52,16 @@
 //! "#)?;
 //!
 //! // API keys are hashed with a secret kept out of the file (read it from the
-//! // environment or a secret store).
-//! # let secret = "not in the file";
-//! let layer = RateLimitLayer::rules(config.header_secret(secret).rules(MemoryStore::new()));
+//! // environment or a secret store). Without it, `rules` names the key that needs it.
+//! assert_eq!(
+//!     config.rules(MemoryStore::new()).unwrap_err().to_string(),
+//!     "line 33, rules[1].key: \"header:x-api-key\" hashes its values with a secret that is \
+//!      not in the file: pass one with Config::header_secret (say, Secret::from_env(..)) \
+//!      before Config::rules",
+//! );
+//! # std::env::set_var("REDLIMIT_SECRET", "a long random value");
+//! let secret = Secret::from_env("REDLIMIT_SECRET").expect("REDLIMIT_SECRET");
+//! let layer = RateLimitLayer::rules(config.header_secret(secret).rules(MemoryStore::new())?);
 //! # let _ = layer;
 //!
 //! let typo = Config::from_toml_str("[[policies]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1 min\"\n");
@@ -71,7 +79,8 @@
 //! [`Limiter`] per rule. The store keeps state by policies and subject, so rules with the
 //! same policies whose keys give the same subject share one count; add `+route` to the
 //! key for a count per route. API keys named by `header:NAME` are kept only as keyed
-//! hashes (see [`Header`]), keyed by [`Config::header_secret`].
+//! hashes (see [`Header`]), keyed by [`Config::header_secret`], which [`Config::rules`]
+//! requires when a key names a header.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -85,7 +94,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::key::{ClientIp, Global, Header, KeyExtractor, KeyExtractorExt, Route};
+use crate::key::{ClientIp, Global, Header, KeyExtractor, KeyExtractorExt, Route, Secret};
 use crate::limiter::Limiter;
 use crate::policy::Policy;
 use crate::rules::{Pattern, Rule, Rules, Target};
@@ -99,17 +108,10 @@ pub struct Config {
     rules: Vec<RuleSpec>,
     default: Option<TargetSpec>,
     client_ip: ClientIp,
-    header_secret: Option<HeaderSecret>,
-}
-
-/// The server-side secret `header:NAME` keys hash with; never shown by `Debug`.
-#[derive(Clone)]
-struct HeaderSecret(Arc<[u8]>);
-
-impl fmt::Debug for HeaderSecret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("HeaderSecret(<redacted>)")
-    }
+    /// What `header:NAME` keys hash with; its `Debug` shows nothing of it.
+    header_secret: Option<Secret>,
+    /// The file it came from, for the errors of [`Config::rules`].
+    path: Option<PathBuf>,
 }
 
 /// Why a configuration was refused: where (file, line) and which field, and what is
@@ -181,6 +183,10 @@ struct TargetSpec {
     first: Policy,
     more: Vec<Policy>,
     key: Vec<KeyPart>,
+    /// Where the key is written (`rules[1].key` and its line), for the error when a
+    /// header key has no secret.
+    key_field: String,
+    key_line: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -285,41 +291,48 @@ impl Config {
                 message: error.to_string(),
             })
         })?;
-        Self::from_toml_str(&text).map_err(with_path)
+        let mut config = Self::from_toml_str(&text).map_err(with_path)?;
+        config.path = Some(path.to_owned());
+        Ok(config)
     }
 
     /// The rules on `store`: one limiter per rule (and for the default), with the
     /// rule's policies and key.
-    pub fn rules<S: Store + Clone>(&self, store: S) -> Rules<S> {
-        let target = |spec: &TargetSpec| {
+    ///
+    /// Fails only when a key names a header (`header:NAME`) and no
+    /// [`Config::header_secret`] was given; the error names the key's line and field.
+    pub fn rules<S: Store + Clone>(&self, store: S) -> Result<Rules<S>, ConfigError> {
+        let target = |spec: &TargetSpec| -> Result<Target<S>, ConfigError> {
             let limiter = spec.more.iter().cloned().fold(
                 Limiter::new(store.clone(), spec.first.clone()),
                 Limiter::policy,
             );
-            Target::shared(Arc::new(limiter), self.key(&spec.key))
+            Ok(Target::shared(Arc::new(limiter), self.key(spec)?))
         };
-        Rules {
+        Ok(Rules {
             rules: self
                 .rules
                 .iter()
-                .map(|rule| Rule {
-                    method: rule.method.clone(),
-                    pattern: rule.pattern.clone(),
-                    target: target(&rule.target),
+                .map(|rule| {
+                    Ok(Rule {
+                        method: rule.method.clone(),
+                        pattern: rule.pattern.clone(),
+                        target: target(&rule.target)?,
+                    })
                 })
-                .collect(),
-            default: self.default.as_ref().map(target),
-        }
+                .collect::<Result<_, ConfigError>>()?,
+            default: self.default.as_ref().map(target).transpose()?,
+        })
     }
 
     /// The server-side secret that `header:NAME` keys hash their values with (see
-    /// [`Header::secret`]); the same on every instance that shares a Redis.
+    /// [`Header`] and [`Secret`]); the same on every instance that shares a Redis.
     ///
     /// Not read from the file, so the file can be checked in: pass it from the
-    /// environment or a secret store. Without it the crate's public default key is used,
-    /// and anyone who can read Redis keys can test a guessed API key against them.
-    pub fn header_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
-        self.header_secret = Some(HeaderSecret(Arc::from(secret.as_ref())));
+    /// environment ([`Secret::from_env`]) or a secret store. There is no default (it
+    /// would be public): [`Config::rules`] refuses header keys without it.
+    pub fn header_secret(mut self, secret: Secret) -> Self {
+        self.header_secret = Some(secret);
         self
     }
 
@@ -334,21 +347,36 @@ impl Config {
         &self.client_ip
     }
 
-    fn key(&self, parts: &[KeyPart]) -> Arc<dyn KeyExtractor> {
-        let one = |part: &KeyPart| -> Box<dyn KeyExtractor> {
-            match part {
+    fn key(&self, spec: &TargetSpec) -> Result<Arc<dyn KeyExtractor>, ConfigError> {
+        let one = |part: &KeyPart| -> Result<Box<dyn KeyExtractor>, ConfigError> {
+            Ok(match part {
                 KeyPart::Ip => self.client_ip.clone().boxed(),
                 KeyPart::Global => Global.boxed(),
                 KeyPart::Route => Route::new().boxed(),
                 KeyPart::Header(name) => match &self.header_secret {
-                    Some(HeaderSecret(secret)) => Header::new(name.clone()).secret(secret).boxed(),
-                    None => Header::new(name.clone()).boxed(),
+                    Some(secret) => Header::new(name.clone(), secret).boxed(),
+                    None => return Err(self.no_secret(spec, name)),
                 },
-            }
+            })
         };
-        let mut parts = parts.iter();
-        let first = parts.next().map_or_else(|| Global.boxed(), one);
-        Arc::from(parts.fold(first, |key, part| key.and(one(part)).boxed()))
+        let mut parts = spec.key.iter();
+        let first = parts.next().map_or_else(|| Ok(Global.boxed()), one)?;
+        let key = parts.try_fold(first, |key, part| Ok(key.and(one(part)?).boxed()))?;
+        Ok(Arc::from(key))
+    }
+
+    fn no_secret(&self, spec: &TargetSpec, name: &HeaderName) -> ConfigError {
+        ConfigError {
+            path: self.path.clone(),
+            line: Some(spec.key_line),
+            field: spec.key_field.clone(),
+            message: format!(
+                "\"header:{}\" hashes its values with a secret that is not in the file: \
+                 pass one with Config::header_secret (say, Secret::from_env(..)) before \
+                 Config::rules",
+                name.as_str()
+            ),
+        }
     }
 }
 
@@ -530,6 +558,7 @@ fn validate(source: &Source<'_>, raw: RawConfig) -> Result<Config, ConfigError> 
         default,
         client_ip,
         header_secret: None,
+        path: None,
     })
 }
 
@@ -727,9 +756,13 @@ fn target(
             ));
         }
     };
-    let key = match key {
-        Some(key) => parse_key(key.get_ref())
-            .map_err(|message| source.error(key.span(), format!("{at}.key"), message))?,
+    let key_field = format!("{at}.key");
+    let (key, key_line) = match key {
+        Some(key) => (
+            parse_key(key.get_ref())
+                .map_err(|message| source.error(key.span(), key_field.clone(), message))?,
+            source.line(key.span()),
+        ),
         None => {
             return Err(source.error(
                 table,
@@ -738,7 +771,13 @@ fn target(
             ));
         }
     };
-    Ok(TargetSpec { first, more, key })
+    Ok(TargetSpec {
+        first,
+        more,
+        key,
+        key_field,
+        key_line,
+    })
 }
 
 fn parse_key(text: &str) -> Result<Vec<KeyPart>, String> {

@@ -85,7 +85,17 @@ pub use policy::{Algorithm, Policy, PolicyError};
 pub use store::{MemoryStore, RedisStore, Store, StoreError};
 pub use subject::Subject;
 
-/// The README's code blocks marked `rust` compile as doctests.
+/// The pool crate [`RedisStore::new`] and [`RedisStore::cluster`] take, at the version
+/// they take: `redlimit::deadpool_redis::Config::from_url(..)` always builds a pool the
+/// store accepts, whatever version the application depends on itself.
+pub use deadpool_redis;
+/// The Redis client under [`deadpool_redis`], at the same version (for connections
+/// and commands of your own on the pool the store uses).
+pub use deadpool_redis::redis;
+
+/// The README's code blocks marked `rust` compile as doctests, warning-free (readers
+/// copy them into crates that deny warnings).
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
+#[doc(test(attr(deny(warnings))))]
 pub struct ReadmeDoctests;

@@ -4,7 +4,7 @@
 //! use std::time::Duration;
 //!
 //! use http::{Method, Request, Response, StatusCode};
-//! use redlimit::key::{ClientIp, Global, Header};
+//! use redlimit::key::{ClientIp, Global, Header, Secret};
 //! use redlimit::rules::Rules;
 //! use redlimit::{Limiter, MemoryStore, Policy, RateLimitLayer};
 //! use tower::{ServiceBuilder, ServiceExt};
@@ -15,10 +15,11 @@
 //! let login = Limiter::new(store.clone(), Policy::fixed_window("login", 3, Duration::from_secs(60))?);
 //! let api = Limiter::new(store.clone(), Policy::sliding_window("api", 10, Duration::from_secs(1))?);
 //! let rest = Limiter::new(store, Policy::sliding_window("default", 100, Duration::from_secs(60))?);
+//! let secret = Secret::new("from your secret store, the same on every instance")?;
 //!
 //! let rules = Rules::builder()
 //!     .route(Method::POST, "/login", login, ClientIp::new())   // 3 a minute per address
-//!     .path("/api/*", api, Header::new("x-api-key"))          // 10 a second per API key
+//!     .path("/api/*", api, Header::new("x-api-key", &secret)) // 10 a second per API key
 //!     .grpc("shop.Orders", Some("Place"), Limiter::new(MemoryStore::new(),
 //!         Policy::token_bucket("orders", 5, 1, Duration::from_secs(1))?), Global)
 //!     .default(rest, Global)                           // everything else

@@ -69,12 +69,15 @@ impl Subject {
     ///
     /// `key` is the server-side secret that makes the hash unguessable; every instance
     /// that shares a Redis must use the same one. Any length works: it is first
-    /// stretched into a 32-byte BLAKE3 key.
+    /// stretched into a 32-byte BLAKE3 key. A key others know (empty, or written in
+    /// source) protects nothing against someone who reads Redis: prefer
+    /// [`Secret::subject`], whose [`Secret`] refuses an empty key.
     pub fn secret(key: &[u8], value: impl AsRef<[u8]>) -> Self {
         Self::secret_with(&derive_secret_key(key), value.as_ref())
     }
 
-    /// [`Subject::secret`] with a key already derived by [`derive_secret_key`].
+    /// [`Subject::secret`] with a key already derived by [`derive_secret_key`] (what a
+    /// [`Secret`] holds).
     pub(crate) fn secret_with(key: &[u8; 32], value: &[u8]) -> Self {
         let hash = blake3::keyed_hash(key, value);
         Self::tagged(SECRET, &hash.as_bytes()[..16])
@@ -131,6 +134,95 @@ impl Subject {
 /// Derives the 32-byte key [`Subject::secret`] uses from a secret of any length.
 pub(crate) fn derive_secret_key(secret: &[u8]) -> [u8; 32] {
     blake3::derive_key("redlimit 2026 subject secret", secret)
+}
+
+/// A server-side secret that secret values (API keys) are hashed with before they
+/// become subjects; every instance that shares a Redis must hold the same one.
+///
+/// There is no default: a key built into the crate would be public, and anyone who can
+/// read Redis could test guessed API keys against it. Read it from configuration:
+///
+/// ```
+/// use redlimit::key::{Header, Secret, SecretError};
+///
+/// # std::env::set_var("REDLIMIT_SECRET", "32 random bytes from your secret store");
+/// let secret = Secret::from_env("REDLIMIT_SECRET")?;
+/// let key = Header::new("x-api-key", &secret);
+/// assert!(!format!("{secret:?} {key:?}").contains("random"));
+///
+/// assert!(matches!(Secret::new(""), Err(SecretError::Empty)));
+/// # Ok::<(), SecretError>(())
+/// ```
+///
+/// What the hash protects: raw values are never stored in Redis, shown in keys, logs
+/// or `Debug`, and someone who reads Redis cannot test guessed values offline without
+/// the secret. What it does not: whoever has the secret and Redis can test guesses, so
+/// short or leaked API keys stay weak; keep the secret as you keep the API keys.
+/// Changing it changes every hashed subject, which resets their counts.
+///
+/// Only a key derived from the secret is kept (32 bytes, BLAKE3), never the secret
+/// itself; `Debug` shows neither.
+#[derive(Clone)]
+pub struct Secret {
+    key: [u8; 32],
+}
+
+impl Secret {
+    /// A secret from bytes of any length; empty is refused. Use a long random value
+    /// (32 bytes or more), not a word.
+    pub fn new(secret: impl AsRef<[u8]>) -> Result<Self, SecretError> {
+        let secret = secret.as_ref();
+        if secret.is_empty() {
+            return Err(SecretError::Empty);
+        }
+        Ok(Self {
+            key: derive_secret_key(secret),
+        })
+    }
+
+    /// The secret held by the environment variable `name`, read once; unset or empty
+    /// is an error that names the variable.
+    pub fn from_env(name: &str) -> Result<Self, SecretError> {
+        let missing = || SecretError::MissingEnv {
+            name: name.to_owned(),
+        };
+        let value = std::env::var_os(name).ok_or_else(missing)?;
+        Self::new(value.into_encoded_bytes()).map_err(|_| missing())
+    }
+
+    /// `value` (an API key, a session token) as a subject: a keyed hash of it.
+    pub fn subject(&self, value: impl AsRef<[u8]>) -> Subject {
+        Subject::secret_with(&self.key, value.as_ref())
+    }
+
+    /// The derived 32-byte key.
+    pub(crate) fn key(&self) -> &[u8; 32] {
+        &self.key
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// Why a [`Secret`] could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SecretError {
+    /// An empty secret would hash with a key everyone knows.
+    #[error("the secret is empty: secret values would be hashed with a key everyone knows")]
+    Empty,
+    /// The environment variable is unset or empty.
+    #[error(
+        "environment variable {name} is unset or empty: set it to a long random value, \
+         the same on every instance that shares a Redis (API keys are hashed with it)"
+    )]
+    MissingEnv {
+        /// The variable's name.
+        name: String,
+    },
 }
 
 impl From<&str> for Subject {
@@ -208,6 +300,28 @@ mod tests {
         assert_ne!(a, b);
         assert!(!format!("{a:?}").contains("sk_live"));
         assert_ne!(a, Subject::new("sk_live_123"));
+    }
+
+    #[test]
+    fn secrets_are_required_non_empty_and_never_shown() {
+        assert!(matches!(Secret::new(""), Err(SecretError::Empty)));
+        let s = Secret::new("hunter2-server-secret").unwrap();
+        assert_eq!(format!("{s:?}"), "Secret(<redacted>)");
+        // The hash a secret gives is the one `Subject::secret` gives with its bytes.
+        assert_eq!(
+            s.subject("sk_live_1"),
+            Subject::secret(b"hunter2-server-secret", "sk_live_1")
+        );
+        let name = "REDLIMIT_TEST_SECRET_SUBJECT_RS";
+        std::env::remove_var(name);
+        let err = Secret::from_env(name).unwrap_err();
+        assert!(err.to_string().contains(name), "{err}");
+        std::env::set_var(name, "");
+        assert_eq!(Secret::from_env(name).unwrap_err(), err);
+        std::env::set_var(name, "hunter2-server-secret");
+        let from_env = Secret::from_env(name).unwrap();
+        assert_eq!(from_env.subject("k"), s.subject("k"));
+        std::env::remove_var(name);
     }
 
     #[test]

@@ -135,6 +135,15 @@ pub(crate) fn impossible_cost(error: &Error) {
     .increment(1);
 }
 
+/// `ClientIp` found no peer address: the server was set up without connect info, so
+/// every such request fails alike; a line a second (with the count left out) says so.
+pub(crate) fn no_peer_address(message: &str) {
+    static NO_PEER: LogThrottle = LogThrottle::new();
+    if let Some(suppressed) = NO_PEER.admit(uptime_ms()) {
+        tracing::warn!(suppressed, "rate-limit key: answering 403: {message}");
+    }
+}
+
 /// Milliseconds since the first call, for the log throttles.
 fn uptime_ms() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();

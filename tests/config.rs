@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use http::{Request, Response, StatusCode};
 use redlimit::clock::FakeClock;
 use redlimit::config::Config;
+use redlimit::key::Secret;
 use redlimit::{MemoryStore, RateLimitLayer};
 use tower::{service_fn, ServiceExt};
 
@@ -59,6 +60,10 @@ policy = "site"
 key = "ip"
 "#;
 
+fn secret(value: &str) -> Secret {
+    Secret::new(value).unwrap()
+}
+
 fn request(method: &str, path: &str, peer: [u8; 4], headers: &[(&str, &str)]) -> Request<String> {
     let mut request = Request::builder().method(method).uri(path);
     for (name, value) in headers {
@@ -76,7 +81,10 @@ async fn a_good_file_builds_rules_that_behave_as_written() {
     let config = Config::from_toml_str(GOOD).unwrap();
     assert_eq!(config.policy("api-hour").unwrap().limit(), 100);
     let clock = FakeClock::new(0);
-    let rules = config.rules(MemoryStore::with_clock(clock.clone()));
+    let rules = config
+        .header_secret(secret("s1"))
+        .rules(MemoryStore::with_clock(clock.clone()))
+        .unwrap();
     assert_eq!(rules.len(), 3);
     let service = tower::ServiceBuilder::new()
         .layer(RateLimitLayer::rules(rules))
@@ -287,7 +295,10 @@ fn files_are_read_and_named_in_errors() {
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("limits.toml");
     std::fs::write(&good, GOOD).unwrap();
-    assert!(Config::from_path(&good).is_ok());
+    let config = Config::from_path(&good).unwrap();
+    // An error found when the rules are built names the file too.
+    let no_secret = config.rules(MemoryStore::new()).unwrap_err();
+    assert_eq!(no_secret.path(), Some(good.as_path()));
 
     let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, with("limit = 3", "limit = 0")).unwrap();
@@ -304,20 +315,19 @@ fn files_are_read_and_named_in_errors() {
 #[tokio::test]
 async fn header_keys_hash_with_the_secret_given_in_code() {
     let config = Config::from_toml_str(GOOD).unwrap();
-    assert!(!format!("{:?}", config.clone().header_secret("hunter2")).contains("hunter2"));
+    assert!(!format!("{:?}", config.clone().header_secret(secret("hunter2"))).contains("hunter2"));
     // One memory store under three layers: a shared count means the same subject.
     let store = MemoryStore::with_clock(FakeClock::new(0));
     let layer = |config: Config| {
         tower::ServiceBuilder::new()
-            .layer(RateLimitLayer::rules(config.rules(store.clone())))
+            .layer(RateLimitLayer::rules(config.rules(store.clone()).unwrap()))
             .service(service_fn(|_req: Request<String>| async {
                 Ok::<_, std::convert::Infallible>(Response::new(String::new()))
             }))
     };
-    let first = layer(config.clone().header_secret("s1"));
-    let same = layer(config.clone().header_secret("s1"));
-    let other = layer(config.clone().header_secret("s2"));
-    let default = layer(config);
+    let first = layer(config.clone().header_secret(secret("s1")));
+    let same = layer(config.clone().header_secret(secret("s1")));
+    let other = layer(config.clone().header_secret(secret("s2")));
     let key = [("x-api-key", "k1")];
     let api = || request("GET", "/api/x", [203, 0, 113, 1], &key);
     // The burst of 5 spent under secret s1 ...
@@ -330,10 +340,27 @@ async fn header_keys_hash_with_the_secret_given_in_code() {
     // ... is spent for every instance with the same secret,
     let shared = same.oneshot(api()).await.unwrap();
     assert_eq!(shared.status(), StatusCode::TOO_MANY_REQUESTS);
-    // and untouched under another secret or the default one: other subjects.
+    // and untouched under another secret: another subject.
     assert_eq!(other.oneshot(api()).await.unwrap().status(), StatusCode::OK);
-    assert_eq!(
-        default.oneshot(api()).await.unwrap().status(),
-        StatusCode::OK
+}
+
+#[test]
+fn header_keys_without_a_secret_are_refused_with_the_line_of_the_key() {
+    let config = Config::from_toml_str(GOOD).unwrap();
+    let error = config.rules(MemoryStore::new()).unwrap_err();
+    let at = GOOD.find(r#"key = "header:x-api-key""#).unwrap();
+    let line = GOOD[..at].matches('\n').count() + 1;
+    assert_eq!(error.line(), Some(line));
+    assert_eq!(error.field(), "rules[1].key");
+    assert!(
+        error.message().contains("\"header:x-api-key\"")
+            && error.message().contains("Config::header_secret"),
+        "{error}"
     );
+    // Keys that hash nothing need no secret.
+    let no_header = GOOD.replace(r#"key = "header:x-api-key""#, r#"key = "ip""#);
+    assert!(Config::from_toml_str(&no_header)
+        .unwrap()
+        .rules(MemoryStore::new())
+        .is_ok());
 }

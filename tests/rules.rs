@@ -10,7 +10,7 @@ use axum::routing::{any, get, post};
 use axum::Router;
 use http::{Method, Request, StatusCode};
 use redlimit::clock::FakeClock;
-use redlimit::key::{ClientIp, Extension, Global, Header};
+use redlimit::key::{ClientIp, Extension, Global, Header, Secret};
 use redlimit::rules::Rules;
 use redlimit::tiers::Tiers;
 use redlimit::{Limiter, MemoryStore, Policy, RateLimitLayer, Subject};
@@ -40,7 +40,7 @@ impl Limiters {
 }
 
 fn api_key() -> Header {
-    Header::new("x-api-key")
+    Header::new("x-api-key", &Secret::new("rules test secret").unwrap())
 }
 
 fn routes() -> (

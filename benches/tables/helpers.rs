@@ -3,7 +3,7 @@
 pub(crate) use std::time::Duration;
 
 use crate::support::RedisServer;
-pub(crate) use deadpool_redis::redis::{self, aio::MultiplexedConnection, Value};
+pub(crate) use redlimit::redis::{self, aio::MultiplexedConnection, Value};
 pub(crate) use redlimit::{Algorithm, Policy, RedisStore, Subject};
 pub(crate) use std::time::Instant;
 

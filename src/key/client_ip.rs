@@ -3,7 +3,6 @@
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use http::header::{HeaderName, FORWARDED};
@@ -21,9 +20,6 @@ const DEFAULT_MAX_HOPS: usize = 16;
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 static FORWARDED_NAME: HeaderName = FORWARDED;
-
-/// Set once the first request without a peer address has been logged.
-static WARNED_NO_PEER: AtomicBool = AtomicBool::new(false);
 
 /// Which forwarding header trusted proxies write the client address into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -81,9 +77,12 @@ impl ForwardedHeader {
 /// `MockConnectInfo`; with the `axum` feature), tonic's `TcpConnectInfo` (with the
 /// `tonic` feature; tonic's TLS connect info is not read), or a plain [`SocketAddr`].
 /// With bare hyper, insert the `SocketAddr` from `accept()` into each request; in tests,
-/// insert one by hand. Without any, the request is rejected with
-/// **403 "client address unavailable"** (a server setup fault, logged once as a
-/// warning); restate it with [`KeyExtractorExt::reject_with`](super::KeyExtractorExt::reject_with)
+/// insert one by hand. Without any, the request is rejected with **403**, and a body
+/// that starts `client address unavailable` and says how to fix the setup: serve axum
+/// with `into_make_service_with_connect_info::<SocketAddr>()`, enable this crate's
+/// `axum` or `tonic` feature when the build lacks it, or insert a `SocketAddr`. It is a
+/// server setup fault, so it is also logged as a warning, at most once a second.
+/// Restate it with [`KeyExtractorExt::reject_with`](super::KeyExtractorExt::reject_with)
 /// or fall back with [`or`](super::KeyExtractorExt::or).
 ///
 /// # Forwarding headers
@@ -249,19 +248,45 @@ impl KeyExtractor for ClientIp {
         match peer_addr(parts) {
             Some(peer) => Ok(self.subject_of(self.client_addr(peer.ip(), &parts.headers))),
             None => {
-                if !WARNED_NO_PEER.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        "redlimit: a request carries no peer address; serve with connect info \
-                         (axum: into_make_service_with_connect_info::<SocketAddr>) or insert a \
-                         SocketAddr extension"
-                    );
-                }
-                Err(KeyRejection::new(
-                    StatusCode::FORBIDDEN,
-                    "client address unavailable",
-                ))
+                let message = no_peer_message(cfg!(feature = "axum"), cfg!(feature = "tonic"));
+                crate::telemetry::no_peer_address(message);
+                Err(KeyRejection::new(StatusCode::FORBIDDEN, message))
             }
         }
+    }
+}
+
+/// Why no peer address was found and how to fix it, for a build with or without the
+/// `axum` and `tonic` features (the parts a build lacks are the likely cause).
+fn no_peer_message(axum: bool, tonic: bool) -> &'static str {
+    macro_rules! message {
+        ($($cause:literal),*) => {
+            concat!(
+                "client address unavailable: no peer address in the request; ",
+                $($cause,)*
+                "or put a SocketAddr in the request's extensions"
+            )
+        };
+    }
+    match (axum, tonic) {
+        (true, true) => message!(
+            "serve axum with into_make_service_with_connect_info::<SocketAddr>() ",
+            "(tonic's server gives it by itself), "
+        ),
+        (true, false) => message!(
+            "serve axum with into_make_service_with_connect_info::<SocketAddr>(), ",
+            "for tonic enable redlimit's `tonic` feature, "
+        ),
+        (false, true) => message!(
+            "redlimit was built without its `axum` feature, so axum's ConnectInfo is not ",
+            "read: for axum enable it and serve with ",
+            "into_make_service_with_connect_info::<SocketAddr>(), "
+        ),
+        (false, false) => message!(
+            "redlimit was built without its `axum` and `tonic` features, so neither axum's ",
+            "ConnectInfo nor tonic's connect info is read: enable the one of your server ",
+            "(axum: and serve with into_make_service_with_connect_info::<SocketAddr>()), "
+        ),
     }
 }
 
@@ -631,11 +656,43 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_peer_address_is_a_403_not_a_500() {
+    fn a_missing_peer_address_is_a_403_that_says_how_to_fix_it() {
+        // Nothing in the extensions: the path every build has, features or not.
         let (parts, ()) = Request::new(()).into_parts();
         let err = ClientIp::new().extract(&parts).unwrap_err();
         assert_eq!(err.status(), StatusCode::FORBIDDEN);
-        assert_eq!(err.message(), "client address unavailable");
+        assert_eq!(
+            err.message(),
+            no_peer_message(cfg!(feature = "axum"), cfg!(feature = "tonic"))
+        );
+        for (axum, tonic) in [(false, false), (false, true), (true, false), (true, true)] {
+            let message = no_peer_message(axum, tonic);
+            assert!(
+                message.starts_with("client address unavailable: "),
+                "{message}"
+            );
+            assert!(
+                message.contains("into_make_service_with_connect_info::<SocketAddr>()"),
+                "{message}"
+            );
+            assert!(message.contains("SocketAddr in the request's extensions"));
+            // A build without a feature names the missing feature.
+            assert_eq!(
+                message.contains("`axum` feature") || message.contains("`axum` and"),
+                !axum,
+                "{message}"
+            );
+            assert_eq!(
+                message.contains("`tonic` feature") || message.contains("`tonic` features"),
+                !tonic,
+                "{message}"
+            );
+            // Safe as a plain-text body and as a grpc-message.
+            assert!(
+                message.bytes().all(|b| (0x20..0x7f).contains(&b)),
+                "{message}"
+            );
+        }
     }
 
     #[cfg(feature = "axum")]

@@ -7,20 +7,18 @@ use http::request::Parts;
 use http::StatusCode;
 
 use super::{KeyExtractor, KeyRejection, SubjectBuf};
-use crate::subject::{derive_secret_key, Subject};
-
-/// The secret used when none is configured. It is public (it is in this source), so
-/// it hides raw values from anyone reading Redis or logs, but not from someone who
-/// can guess a value and compute its hash: configure your own.
-const DEFAULT_SECRET: &[u8] = b"redlimit default header secret; configure your own";
+use crate::subject::{Secret, Subject};
 
 /// Keys requests by a header's value: an API key, a tenant id.
 ///
 /// ```
 /// use http::{Request, StatusCode};
-/// use redlimit::key::{Header, KeyExtractor};
+/// use redlimit::key::{Header, KeyExtractor, Secret};
 ///
-/// let key = Header::new("x-api-key").secret(b"shared by every instance on this Redis");
+/// // From your secret store or the environment (`Secret::from_env`); the same on every
+/// // instance that shares a Redis.
+/// let secret = Secret::new("a long random value shared by every instance")?;
+/// let key = Header::new("x-api-key", &secret);
 /// let (parts, ()) = Request::get("/")
 ///     .header("x-api-key", "sk_live_abc")
 ///     .body(())
@@ -33,15 +31,16 @@ const DEFAULT_SECRET: &[u8] = b"redlimit default header secret; configure your o
 /// let rejection = key.extract(&parts).unwrap_err();
 /// assert_eq!(rejection.status(), StatusCode::UNAUTHORIZED);
 /// assert_eq!(rejection.message(), "missing x-api-key header");
+/// # Ok::<(), redlimit::key::SecretError>(())
 /// ```
 ///
 /// - [`Header::new`] treats the value as a secret: the subject is a keyed BLAKE3 hash
-///   of it (under a key derived from the configured secret and the header name), so the
-///   raw value is never stored, logged, or shown by `Debug`. Every instance that shares
-///   a Redis must use the same [`Header::secret`], or each keeps its own counts. Without
-///   one, a fixed key built into this crate is used: raw values still never reach Redis,
-///   but anyone who reads Redis can test guessed values against it, so configure a
-///   secret of your own.
+///   of it, under a key derived from your [`Secret`] and the header name, so the raw
+///   value is never stored, logged, or shown by `Debug`, and someone who reads Redis
+///   cannot test guessed values without the secret. There is no built-in secret (it
+///   would be public); see [`Secret`] for what the hash does not protect. Every
+///   instance that shares a Redis must use the same secret, or each keeps its own
+///   counts; changing it resets every API key's count.
 /// - [`Header::plain`] is for values that are not secret (a tenant id): the subject
 ///   reads `header:x-tenant=acme`, escaped before it becomes part of a Redis key, and
 ///   values longer than 128 bytes are hashed.
@@ -65,20 +64,21 @@ enum Mode {
 }
 
 impl Header {
-    /// A secret header (an API key): only a keyed hash of its value is kept.
+    /// A secret header (an API key): only a hash of its value keyed by `secret` is
+    /// kept.
     ///
     /// # Panics
     ///
     /// If `name` is not a valid header name. Names read at run time can be checked
     /// first with `HeaderName::try_from` and passed as a `HeaderName`, which never panics.
-    pub fn new<N>(name: N) -> Self
+    pub fn new<N>(name: N, secret: &Secret) -> Self
     where
         HeaderName: TryFrom<N>,
         <HeaderName as TryFrom<N>>::Error: fmt::Debug,
     {
         let name = header_name(name);
         Self {
-            mode: Mode::Secret(header_key(DEFAULT_SECRET, &name)),
+            mode: Mode::Secret(header_key(secret, &name)),
             missing: missing(&name),
             name,
         }
@@ -100,13 +100,6 @@ impl Header {
             missing: missing(&name),
             name,
         }
-    }
-
-    /// The server-side secret the value is hashed with; must be the same on every
-    /// instance sharing a Redis. Turns a [`Header::plain`] into a secret header.
-    pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
-        self.mode = Mode::Secret(header_key(secret.as_ref(), &self.name));
-        self
     }
 
     /// The header read.
@@ -157,9 +150,11 @@ where
     }
 }
 
-/// Separates headers: the same value in two headers gives two subjects.
-fn header_key(secret: &[u8], name: &HeaderName) -> [u8; 32] {
-    *blake3::keyed_hash(&derive_secret_key(secret), name.as_str().as_bytes()).as_bytes()
+/// Separates headers: the same value in two headers gives two subjects. (The same
+/// derivation as before secrets became required, so counts kept under a configured
+/// secret carry over.)
+fn header_key(secret: &Secret, name: &HeaderName) -> [u8; 32] {
+    *blake3::keyed_hash(secret.key(), name.as_str().as_bytes()).as_bytes()
 }
 
 fn missing(name: &HeaderName) -> KeyRejection {
@@ -174,6 +169,10 @@ mod tests {
     use super::*;
     use http::Request;
 
+    fn secret(value: &str) -> Secret {
+        Secret::new(value).unwrap()
+    }
+
     fn with(headers: &[(&str, &str)]) -> Parts {
         let mut builder = Request::builder();
         for (name, value) in headers {
@@ -184,7 +183,7 @@ mod tests {
 
     #[test]
     fn secret_values_are_hashed_and_never_shown() {
-        let key = Header::new("x-api-key").secret(b"hunter2-server-secret");
+        let key = Header::new("x-api-key", &secret("hunter2-server-secret"));
         let parts = with(&[("x-api-key", "sk_live_0123456789")]);
         let subject = key.extract(&parts).unwrap();
         let shown = format!("{subject:?} {key:?} {:?}", key.clone());
@@ -192,19 +191,20 @@ mod tests {
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(!subject.as_bytes().windows(7).any(|w| w == b"sk_live"));
         // Stable across instances with the same secret.
-        let again = Header::new("X-Api-Key").secret(b"hunter2-server-secret");
+        let again = Header::new("X-Api-Key", &secret("hunter2-server-secret"));
         assert_eq!(again.extract(&parts), Ok(subject.clone()));
         // Different values, secrets and headers give different subjects.
         let other = with(&[("x-api-key", "sk_live_other")]);
         assert_ne!(key.extract(&other), Ok(subject.clone()));
         assert_ne!(
-            Header::new("x-api-key").extract(&parts),
+            Header::new("x-api-key", &secret("another secret")).extract(&parts),
             Ok(subject.clone())
         );
         let both = with(&[("x-api-key", "same"), ("x-other-key", "same")]);
+        let s = secret("s");
         assert_ne!(
-            Header::new("x-api-key").extract(&both),
-            Header::new("x-other-key").extract(&both)
+            Header::new("x-api-key", &s).extract(&both),
+            Header::new("x-other-key", &s).extract(&both)
         );
     }
 
@@ -227,16 +227,19 @@ mod tests {
             Header::plain("ip").extract(&parts),
             Ok(Subject::new("ip=203.0.113.7"))
         );
-        // Turning a plain header secret hides it.
-        let secret = Header::plain("x-tenant").secret(b"s");
-        let hidden = secret.extract(&with(&[("x-tenant", "acme")])).unwrap();
+        // The same header read as a secret hides it.
+        let hidden = Header::new("x-tenant", &secret("s"))
+            .extract(&with(&[("x-tenant", "acme")]))
+            .unwrap();
         assert!(!format!("{hidden:?}").contains("acme"));
     }
 
     #[test]
     fn missing_or_empty_headers_are_401() {
         for parts in [with(&[]), with(&[("x-api-key", "")])] {
-            let err = Header::new("x-api-key").extract(&parts).unwrap_err();
+            let err = Header::new("x-api-key", &secret("s"))
+                .extract(&parts)
+                .unwrap_err();
             assert_eq!(err.status(), StatusCode::UNAUTHORIZED);
             assert_eq!(err.message(), "missing x-api-key header");
         }
@@ -253,9 +256,10 @@ mod tests {
 
     #[test]
     fn names_of_any_form() {
-        assert_eq!(Header::new("X-Api-Key").name(), "x-api-key");
+        let s = secret("s");
+        assert_eq!(Header::new("X-Api-Key", &s).name(), "x-api-key");
         assert_eq!(
-            Header::new(HeaderName::from_static("x-api-key")).name(),
+            Header::new(HeaderName::from_static("x-api-key"), &s).name(),
             "x-api-key"
         );
         assert_eq!(Header::plain(String::from("x-t")).name(), "x-t");
@@ -264,6 +268,6 @@ mod tests {
     #[test]
     #[should_panic(expected = "invalid header name")]
     fn an_invalid_name_is_a_configuration_panic() {
-        let _ = Header::new("bad name");
+        let _ = Header::new("bad name", &secret("s"));
     }
 }

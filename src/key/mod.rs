@@ -3,11 +3,12 @@
 //! ```
 //! use std::net::SocketAddr;
 //! use http::{Request, StatusCode};
-//! use redlimit::key::{ClientIp, Header, KeyExtractor, KeyExtractorExt, Route};
+//! use redlimit::key::{ClientIp, Header, KeyExtractor, KeyExtractorExt, Route, Secret};
 //!
+//! // API keys are hashed with a secret of yours (`Secret::from_env`, a secret store).
+//! let secret = Secret::new("from your secret store")?;
 //! // Per API key when the client sends one, else per client address; and per route.
-//! let key = Header::new("x-api-key")
-//!     .secret(b"from your secret store")
+//! let key = Header::new("x-api-key", &secret)
 //!     .or(ClientIp::new())
 //!     .and(Route::new());
 //!
@@ -23,8 +24,9 @@
 //! assert!(!format!("{by_api_key:?}").contains("sk_live"));
 //!
 //! // A missing subject is a 4xx the layer answers with, never a 500.
-//! let rejection = Header::new("x-api-key").extract(&Request::get("/").body(()).unwrap().into_parts().0);
+//! let rejection = Header::new("x-api-key", &secret).extract(&Request::get("/").body(()).unwrap().into_parts().0);
 //! assert_eq!(rejection.unwrap_err().status(), StatusCode::UNAUTHORIZED);
+//! # Ok::<(), redlimit::key::SecretError>(())
 //! ```
 //!
 //! An extractor is sync and reads only the request's head (`http::request::Parts`).
@@ -35,7 +37,7 @@
 //! | extractor | subject | rejected when |
 //! |---|---|---|
 //! | [`ClientIp`] | `ip=203.0.113.7`, `ip=2001:db8:1:2::/64` | no peer address (403) |
-//! | [`Header::new`] | keyed hash of the value | header missing or empty (401) |
+//! | [`Header::new`] | hash of the value keyed by your [`Secret`] | header missing or empty (401) |
 //! | [`Header::plain`] | `header:x-tenant=acme` | header missing or empty (401) |
 //! | [`Extension`] | what the mapping returns | extension missing (401) |
 //! | [`Route`] | `route=GET /users/{id}` | never |
@@ -75,6 +77,8 @@ pub use from_fn::{from_fn, FromFn};
 pub use global::Global;
 pub use header::Header;
 pub use route::Route;
+
+pub use crate::subject::{Secret, SecretError};
 
 /// Finds the subject of a request in its head.
 #[diagnostic::on_unimplemented(

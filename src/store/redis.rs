@@ -282,16 +282,21 @@ impl RedisStore {
         self
     }
 
-    /// The Lua source of the script a limiter with `policies` runs, for operators who
-    /// pre-load it and benchmarks that run it bare. It holds the code of the algorithms
-    /// `policies` use, so limiters of different algorithms run different scripts.
+    /// The Lua source of the script a limiter with `policies` runs for its checks, for
+    /// operators who pre-load it and benchmarks that run it bare. It holds the code of
+    /// the algorithms `policies` use, so limiters of different algorithms run
+    /// different scripts (and the rare admin operations a script of their own).
     pub fn script_source(policies: &[Policy]) -> &'static str {
-        script::Shape::of(policies).script().source()
+        script::Shape::of(policies, Operation::Check)
+            .script()
+            .source()
     }
 
     /// The SHA-1 of [`RedisStore::script_source`], as `EVALSHA` takes it.
     pub fn script_sha1(policies: &[Policy]) -> &'static str {
-        script::Shape::of(policies).script().sha1()
+        script::Shape::of(policies, Operation::Check)
+            .script()
+            .sha1()
     }
 
     /// The command this store sends for one call: `EVALSHA` of its script, with the
@@ -569,9 +574,17 @@ mod tests {
                 .map(|(i, a)| policy(a, &format!("p{i}")))
                 .collect();
             let source = RedisStore::script_source(&policies);
+            let admin = script::Shape::of(&policies, Operation::Refund)
+                .script()
+                .source();
             for a in Algorithm::ALL {
                 let used = policies.iter().any(|p| p.algorithm() == a);
                 assert_eq!(defines(source, a), used, "{a} in shape {shape:04b}");
+                assert_eq!(defines(admin, a), used, "{a} in admin shape {shape:04b}");
+                // A check never defines the refund functions it never runs.
+                let refund = format!("local function {}_refund(", a.as_str());
+                assert!(!source.contains(&refund), "{a} in shape {shape:04b}");
+                assert_eq!(admin.contains(&refund), used, "{a} in admin {shape:04b}");
             }
             // Two policies of one algorithm, in any order, share the script.
             let mut twice = policies.clone();
@@ -585,5 +598,6 @@ mod tests {
             hashes.insert(RedisStore::script_sha1(&policies));
         }
         assert_eq!(hashes.len(), 15);
+        assert!(!hashes.contains(RedisStore::script_sha1(&[])));
     }
 }

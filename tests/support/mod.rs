@@ -130,6 +130,17 @@ impl RedisServer {
         }
     }
 
+    /// Freezes the server (`SIGSTOP`): its sockets stay open and accept, nothing
+    /// answers. It runs again when the guard is dropped or resumed.
+    pub fn pause(&self) -> Paused<'_> {
+        let pid = self.child.as_ref().expect("the server is not running").id();
+        signal(pid, "-STOP");
+        Paused {
+            pid: Some(pid),
+            _server: std::marker::PhantomData,
+        }
+    }
+
     /// Starts the server again on the same port (its data is gone: no persistence).
     pub fn restart(&mut self) {
         self.stop();
@@ -249,6 +260,43 @@ impl RedisServer {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
+}
+
+/// A server frozen by [`RedisServer::pause`]: resumed (`SIGCONT`) on drop, so a
+/// failing test never leaves it stopped.
+#[derive(Debug)]
+pub struct Paused<'a> {
+    pid: Option<u32>,
+    _server: std::marker::PhantomData<&'a RedisServer>,
+}
+
+impl Paused<'_> {
+    /// Lets the server run again.
+    pub fn resume(mut self) {
+        self.resume_now();
+    }
+
+    fn resume_now(&mut self) {
+        if let Some(pid) = self.pid.take() {
+            signal(pid, "-CONT");
+        }
+    }
+}
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        self.resume_now();
+    }
+}
+
+/// Sends a signal to a process with `kill`, which every Unix has.
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .arg(signal)
+        .arg(pid.to_string())
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run kill {signal} {pid}: {e}"));
+    assert!(status.success(), "kill {signal} {pid}: {status}");
 }
 
 impl Drop for RedisServer {

@@ -21,29 +21,41 @@ const ALGORITHM_FILES: [&str; 4] = [
     include_str!("../../../lua/sliding_log.lua"),
 ];
 
-/// Which algorithms a call's policies use: one bit per [`Algorithm::ALL`] position.
+/// Which algorithms a call's policies use (one bit per [`Algorithm::ALL`] position),
+/// and whether the call is a check or an admin operation.
 ///
 /// Lua defines a script's functions again on every call, so one script of all four
 /// algorithms made each call pay for creating the closures of the three it does not
-/// use. One script per shape (at most 15, each built and hashed once per process) is
-/// still one `EVALSHA` per call, and a limiter with one algorithm pays for that one.
+/// use, and a check paid for the refund functions it never runs. One script per shape
+/// (at most 30, each built and hashed once per process) is still one `EVALSHA` per
+/// call, and a check of a limiter with one algorithm pays for that one's decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Shape(u8);
 
+/// The bit of a [`Shape`] that says the script serves the admin operations.
+const ADMIN: u8 = 0x10;
+
 impl Shape {
-    /// The shape of `policies`.
-    pub(super) fn of(policies: &[Policy]) -> Self {
-        Self(
-            policies
-                .iter()
-                .fold(0, |bits, p| bits | 1 << index(p.algorithm())),
-        )
+    /// The shape of a call of `op` on `policies`.
+    pub(super) fn of(policies: &[Policy], op: Operation) -> Self {
+        let algorithms = policies
+            .iter()
+            .fold(0, |bits, p| bits | 1 << index(p.algorithm()));
+        Self(if op == Operation::Check {
+            algorithms
+        } else {
+            algorithms | ADMIN
+        })
+    }
+
+    fn is_admin(self) -> bool {
+        self.0 & ADMIN != 0
     }
 
     /// The script of this shape.
     pub(super) fn script(self) -> &'static ShapeScript {
-        static SCRIPTS: [OnceLock<ShapeScript>; 16] = [const { OnceLock::new() }; 16];
-        SCRIPTS[usize::from(self.0 & 0xf)].get_or_init(|| ShapeScript::compose(self))
+        static SCRIPTS: [OnceLock<ShapeScript>; 32] = [const { OnceLock::new() }; 32];
+        SCRIPTS[usize::from(self.0 & 0x1f)].get_or_init(|| ShapeScript::compose(self))
     }
 }
 
@@ -65,12 +77,29 @@ pub(super) struct ShapeScript {
 
 impl ShapeScript {
     fn compose(shape: Shape) -> Self {
+        let admin = shape.is_admin();
         let mut source = String::from(COMMON);
+        if admin {
+            source.push_str("local REFUND = {}\n");
+        }
         for (i, file) in ALGORITHM_FILES.iter().enumerate() {
             if shape.0 & (1 << i) != 0 {
-                source.push_str(file);
+                // An algorithm's refund function, after its admin line, only where it
+                // can run.
+                let (check, rest) = file.split_at(file.find(ADMIN_LINE).unwrap_or(file.len()));
+                source.push_str(check);
+                if admin {
+                    source.push_str(rest);
+                }
             }
         }
+        // Where main.lua's per-policy arguments start, after the cost (and the
+        // operation of an admin call).
+        source.push_str(if admin {
+            "local op, first = ARGV[2], 3\n"
+        } else {
+            "local op, first = \"c\", 2\n"
+        });
         source.push_str(MAIN);
         let script = Script::new(&source);
         Self { source, script }
@@ -97,7 +126,10 @@ pub(super) const fn code(algorithm: Algorithm) -> &'static str {
     }
 }
 
-/// The one-letter code of an operation, the script's `ARGV[3]`.
+/// The line of an algorithm file after which its admin part (the refund) begins.
+const ADMIN_LINE: &str = "\n-- admin:";
+
+/// The one-letter code of an admin operation, the admin script's `ARGV[2]`.
 const fn op_code(op: Operation) -> &'static str {
     match op {
         Operation::Check => "c",
@@ -123,7 +155,7 @@ pub(super) struct Call {
 impl Call {
     /// The command: `EVALSHA sha` normally, `EVAL source` when the script is missing.
     pub(super) fn command(&self, with_source: bool) -> Cmd {
-        let script = Shape::of(&self.policies).script();
+        let script = Shape::of(&self.policies, self.op).script();
         let mut cmd = if with_source {
             let mut cmd = deadpool_redis::redis::cmd("EVAL");
             cmd.arg(script.source());
@@ -141,17 +173,25 @@ impl Call {
             push_policy_suffix(&mut key, policy);
             cmd.arg(key.as_str());
         }
-        match self.now_ms {
-            Some(ms) => cmd.arg(ms),
-            None => cmd.arg("s"),
-        };
-        cmd.arg(self.cost).arg(op_code(self.op));
+        cmd.arg(self.cost);
+        if self.op != Operation::Check {
+            cmd.arg(op_code(self.op));
+        }
         for policy in self.policies.iter() {
-            cmd.arg(code(policy.algorithm()))
-                .arg(policy.limit())
-                .arg(policy.window_ms())
-                .arg(policy.emission_interval_us())
-                .arg(if policy.is_shadow() { "1" } else { "0" });
+            let algorithm = policy.algorithm();
+            // A shadow policy's limit is sent negative: one argument fewer per policy.
+            let limit = i64::try_from(policy.limit()).unwrap_or(i64::MAX);
+            let limit = if policy.is_shadow() { -limit } else { limit };
+            // The one duration the algorithm reads.
+            let n = match algorithm {
+                Algorithm::TokenBucket => policy.emission_interval_us(),
+                _ => policy.window_ms(),
+            };
+            cmd.arg(code(algorithm)).arg(limit).arg(n);
+        }
+        // Without a client clock the script reads Redis `TIME`.
+        if let Some(ms) = self.now_ms {
+            cmd.arg(ms);
         }
         cmd
     }

@@ -1,0 +1,578 @@
+//! Every outage shape a Redis store meets, met the way users meet it: concurrent
+//! requests through an axum `Router` whose handler takes `Extension<Decision>` (the
+//! README's pattern), on a real `redis-server` the test starts, breaks and mends.
+//!
+//! Shapes: the server stopped (SIGKILL, then restarted on its port); paused
+//! (SIGSTOP: its sockets stay open, nothing answers); refusing writes
+//! (`maxmemory 1`, `noeviction`: an OOM error reply); `SCRIPT FLUSH` mid-load; the
+//! store's connection killed (`CLIENT KILL`). Each in each failure mode: open (the
+//! handler runs), closed (503 + `Retry-After`), and a local fallback (decisions from
+//! memory). For each: every request is answered (counted by what answered it), never
+//! with a 500, within the store's timeout plus a margin, and within one second of
+//! recovery the store decides again, limit enforced.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::{Extension, Router};
+use deadpool_redis::redis;
+use http::{Request, Response, StatusCode};
+use redlimit::key::Header;
+use redlimit::store::StoreErrorKind;
+use redlimit::{
+    Decision, Error, FailureMode, Limiter, MemoryStore, Origin, Policy, RateLimitLayer, RedisStore,
+};
+use support::{command_calls, RedisServer};
+use tokio::task::JoinSet;
+use tower::ServiceExt;
+
+/// The store's call timeout: its default.
+const TIMEOUT: Duration = Duration::from_millis(50);
+/// How late past [`TIMEOUT`] an answer may come. The store's deadline is a tokio
+/// timer (1 ms ticks), and the layer, the handler and a fallback decision take
+/// microseconds; the rest is waiting for a core: two of these tests run at once,
+/// each with its load tasks and its redis-server, on a 2-core machine shared with
+/// other builds, where a ready task can wait a few scheduler slices (tens of ms).
+/// 150 ms is three times the timeout, and a stalled call (a hang) is far past it.
+const MARGIN: Duration = Duration::from_millis(150);
+/// The policy: exact (sliding log, on Redis TIME), in a window no run outlasts.
+const LIMIT: u32 = 5;
+const WINDOW: Duration = Duration::from_secs(3_600);
+/// Requests per load subject: `LIMIT` admitted, then denials.
+const PER_SUBJECT: usize = LIMIT as usize + 3;
+/// Concurrent load tasks, and the most requests one sends.
+const TASKS: usize = 8;
+const MAX_REQUESTS_PER_TASK: usize = 5_000;
+/// A request not answered by then is counted unanswered (and fails the test).
+const ANSWER_DEADLINE: Duration = Duration::from_secs(5);
+/// The store decides again within this of the recovery.
+const BACK_WITHIN: Duration = Duration::from_secs(1);
+
+/// How the layer answers when the store cannot decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Open,
+    Closed,
+    Fallback,
+}
+
+/// What happens to Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// SIGKILL, 500 ms with nothing on the port, restarted.
+    Stopped,
+    /// SIGSTOP for 1.5 s (past the store's 1 s stall detection, so the store also
+    /// meets a reconnection that hangs), then SIGCONT. Not `DEBUG SLEEP`: Redis 7
+    /// refuses `DEBUG` unless started with `enable-debug-command`, and a stopped
+    /// process is what a client sees of a frozen host too: the kernel still accepts
+    /// connections, nothing answers.
+    Paused,
+    /// `maxmemory 1` with `noeviction` for 500 ms: every write refused with `-OOM`.
+    OutOfMemory,
+    /// Five `SCRIPT FLUSH`es, 100 ms apart. The store meets `NOSCRIPT` and sends
+    /// the script in full (`EVAL`) in the same call, so no request should notice:
+    /// no failure answer at all, and at least one `EVAL` per flush.
+    ScriptFlush,
+    /// Three `CLIENT KILL TYPE normal SKIPME yes`, 200 ms apart: each must find
+    /// exactly one connection, the store's, reconnected since the last.
+    ClientKill,
+}
+
+impl Shape {
+    /// Whether the store cannot decide at all while the shape lasts.
+    fn store_fails(self) -> bool {
+        matches!(self, Shape::Stopped | Shape::Paused | Shape::OutOfMemory)
+    }
+}
+
+/// Phases of a run, as the load sees them when it sends a request.
+const HEALTHY: usize = 0;
+const OUTAGE: usize = 1;
+const BACK: usize = 2;
+const PHASES: [&str; 3] = ["healthy", "outage", "back"];
+
+/// What answered one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Answer {
+    /// 200: the handler ran with a decision from this origin: the store's with the
+    /// rate-limit headers, `FailOpen` for a request let through unchecked.
+    Passed(Origin),
+    /// 429 with `Retry-After`.
+    Denied,
+    /// 503 with `Retry-After: 1`.
+    Unavailable,
+    /// Anything else: a 500 (the handler found no decision), a 200 from the store
+    /// without its headers, a 429 or 503 without `Retry-After`.
+    Wrong(u16, &'static str),
+    /// Nothing within [`ANSWER_DEADLINE`].
+    Unanswered,
+}
+
+impl Answer {
+    /// Whether the layer answered as `mode` says for a store that failed.
+    fn is_failure_answer(self, mode: Mode) -> bool {
+        match mode {
+            Mode::Open => self == Answer::Passed(Origin::FailOpen),
+            Mode::Closed => self == Answer::Unavailable,
+            Mode::Fallback => self == Answer::Passed(Origin::Fallback),
+        }
+    }
+
+    /// Whether `mode` may answer this at all.
+    fn allowed_in(self, mode: Mode) -> bool {
+        matches!(self, Answer::Passed(Origin::Store) | Answer::Denied)
+            || self.is_failure_answer(mode)
+    }
+}
+
+/// One request of the load.
+#[derive(Debug)]
+struct Sample {
+    phase: usize,
+    subject: String,
+    answer: Answer,
+    latency: Duration,
+}
+
+/// The README's handler: it takes the decision from the request's extensions, and
+/// says where it came from and whether the request was checked.
+async fn handler(Extension(decision): Extension<Decision>) -> String {
+    format!("{} {}", decision.origin().as_str(), decision.is_checked())
+}
+
+fn app(store: RedisStore, mode: Mode) -> Router {
+    let policy = Policy::sliding_log("outage", LIMIT, WINDOW).unwrap();
+    let mut limiter = Limiter::new(store, policy);
+    let failure_mode = match mode {
+        Mode::Open => FailureMode::Open,
+        Mode::Closed => FailureMode::Closed,
+        Mode::Fallback => {
+            limiter = limiter.fallback(MemoryStore::new());
+            FailureMode::Open
+        }
+    };
+    let layer = RateLimitLayer::new(limiter, Header::plain("x-subject")).failure_mode(failure_mode);
+    Router::new().route("/", get(handler)).layer(layer)
+}
+
+/// Sends one request as `subject` and says what answered it.
+async fn ask(app: &Router, subject: &str) -> Answer {
+    let request = Request::builder()
+        .uri("/")
+        .header("x-subject", subject)
+        .body(Body::empty())
+        .unwrap();
+    match tokio::time::timeout(ANSWER_DEADLINE, app.clone().oneshot(request)).await {
+        Ok(Ok(response)) => classify(response).await,
+        Ok(Err(never)) => match never {},
+        Err(_) => Answer::Unanswered,
+    }
+}
+
+async fn classify(response: Response<Body>) -> Answer {
+    let status = response.status();
+    let headers = response.headers();
+    let retry_after = headers
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap_or("?").to_owned());
+    let limit_headers =
+        headers.contains_key("ratelimit") && headers.contains_key("ratelimit-policy");
+    let body = axum::body::to_bytes(response.into_body(), 64 * 1024)
+        .await
+        .unwrap_or_default();
+    match status {
+        StatusCode::OK => match &body[..] {
+            b"store true" if limit_headers => Answer::Passed(Origin::Store),
+            b"store true" => Answer::Wrong(200, "a store decision without its headers"),
+            b"fallback true" => Answer::Passed(Origin::Fallback),
+            b"block_cache true" => Answer::Passed(Origin::BlockCache),
+            b"fail_open false" => Answer::Passed(Origin::FailOpen),
+            _ => Answer::Wrong(200, "an unknown origin, or checked wrongly"),
+        },
+        StatusCode::TOO_MANY_REQUESTS if retry_after.is_some() => Answer::Denied,
+        StatusCode::TOO_MANY_REQUESTS => Answer::Wrong(429, "no Retry-After"),
+        StatusCode::SERVICE_UNAVAILABLE if retry_after.as_deref() == Some("1") => {
+            Answer::Unavailable
+        }
+        StatusCode::SERVICE_UNAVAILABLE => Answer::Wrong(503, "no Retry-After: 1"),
+        other => Answer::Wrong(other.as_u16(), "unexpected status"),
+    }
+}
+
+/// One load task: requests back to back (2 ms apart) until told to stop, each
+/// recorded with the phase it was sent in. Subjects change every [`PER_SUBJECT`]
+/// requests and with the phase.
+async fn load(
+    app: Router,
+    task: usize,
+    phase: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+) -> Vec<Sample> {
+    let mut samples = Vec::new();
+    for i in 0..MAX_REQUESTS_PER_TASK {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let phase = phase.load(Ordering::Relaxed);
+        let subject = format!("t{task}:{}:{}", PHASES[phase], i / PER_SUBJECT);
+        let started = Instant::now();
+        let answer = ask(&app, &subject).await;
+        samples.push(Sample {
+            phase,
+            subject,
+            answer,
+            latency: started.elapsed(),
+        });
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    samples
+}
+
+/// Until the store has its first connection (which a loaded machine may not make
+/// within one call's timeout), within 5 s.
+async fn warm_up(app: &Router) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let answer = ask(app, "warm").await;
+        if answer == Answer::Passed(Origin::Store) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no store decision within 5 s: {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Fresh subjects, one request after another, until one is decided by the store
+/// exactly: `LIMIT` admitted with the store's headers, then a 429. Returns when that
+/// subject's first request was sent after `recovered`, and the probes it took.
+async fn decided_again(app: &Router, recovered: Instant) -> (Duration, usize) {
+    let mut probes = 0;
+    'probe: loop {
+        let started = recovered.elapsed();
+        assert!(
+            started < BACK_WITHIN,
+            "the store did not decide again within {BACK_WITHIN:?} of the recovery ({probes} probes)"
+        );
+        probes += 1;
+        let subject = format!("probe:{probes}");
+        for n in 0..=LIMIT {
+            let answer = ask(app, &subject).await;
+            assert!(
+                !matches!(answer, Answer::Wrong(..) | Answer::Unanswered),
+                "{subject} after the recovery: {answer:?}"
+            );
+            let expected = if n < LIMIT {
+                Answer::Passed(Origin::Store)
+            } else {
+                Answer::Denied
+            };
+            if answer != expected {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue 'probe;
+            }
+        }
+        return (started, probes);
+    }
+}
+
+/// `CONFIG SET name value` on the test's own connection.
+async fn config_set(conn: &mut redis::aio::MultiplexedConnection, name: &str, value: &str) {
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query_async(conn)
+        .await
+        .unwrap_or_else(|e| panic!("CONFIG SET {name} {value}: {e}"));
+}
+
+/// Breaks Redis as `shape` says, mends it, and returns when it was mended.
+///
+/// For the shapes where the store cannot decide at all, the outage phase is exactly
+/// the requests sent and answered while Redis was broken: it begins once the break
+/// has taken effect, and ends [`TIMEOUT`] + [`MARGIN`] (the longest a request may
+/// take) before the mend. The requests in between count as back.
+async fn break_and_mend(
+    shape: Shape,
+    server: &mut RedisServer,
+    direct: &Limiter<RedisStore>,
+    phase: &AtomicUsize,
+) -> Instant {
+    let enter = |next: usize| phase.store(next, Ordering::Relaxed);
+    // Back, once every request sent during the outage has been answered.
+    let end_outage = || {
+        enter(BACK);
+        tokio::time::sleep(TIMEOUT + MARGIN)
+    };
+    match shape {
+        Shape::Stopped => {
+            tokio::task::block_in_place(|| server.stop());
+            enter(OUTAGE);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            end_outage().await;
+            tokio::task::block_in_place(|| server.restart());
+        }
+        Shape::Paused => {
+            let paused = tokio::task::block_in_place(|| server.pause());
+            enter(OUTAGE);
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            end_outage().await;
+            tokio::task::block_in_place(|| paused.resume());
+        }
+        Shape::OutOfMemory => {
+            let mut control = server.conn().await;
+            config_set(&mut control, "maxmemory-policy", "noeviction").await;
+            config_set(&mut control, "maxmemory", "1").await;
+            enter(OUTAGE);
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            // The refusal is a store failure that says what happened: not a denial,
+            // not the client's fault.
+            match direct.check("oom-probe", 1).await {
+                Err(Error::Store(e)) => {
+                    assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+                    assert!(e.to_string().contains("OOM"), "{e}");
+                }
+                other => panic!("a check refused by an out-of-memory Redis: {other:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            end_outage().await;
+            config_set(&mut control, "maxmemory", "0").await;
+        }
+        Shape::ScriptFlush => {
+            let mut control = server.conn().await;
+            let evals_before = command_calls(&mut control).await.get("eval").copied();
+            enter(OUTAGE);
+            const FLUSHES: u64 = 5;
+            for _ in 0..FLUSHES {
+                let () = redis::cmd("SCRIPT")
+                    .arg("FLUSH")
+                    .query_async(&mut control)
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            enter(BACK);
+            // The store sends the script in full only on NOSCRIPT: at least once per
+            // flush, or the flushes went unseen.
+            let evals = command_calls(&mut control).await.get("eval").copied();
+            let reloads = evals.unwrap_or(0) - evals_before.unwrap_or(0);
+            assert!(reloads >= FLUSHES, "{reloads} EVALs for {FLUSHES} flushes");
+        }
+        Shape::ClientKill => {
+            let mut control = server.conn().await;
+            enter(OUTAGE);
+            for kill in 0..3 {
+                let killed: u64 = redis::cmd("CLIENT")
+                    .arg("KILL")
+                    .arg("TYPE")
+                    .arg("normal")
+                    .arg("SKIPME")
+                    .arg("yes")
+                    .query_async(&mut control)
+                    .await
+                    .unwrap();
+                // The store's one connection, a new one each time: it reconnected.
+                assert_eq!(killed, 1, "kill {kill}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            enter(BACK);
+        }
+    }
+    Instant::now()
+}
+
+/// Counts of each answer in each phase.
+fn tally(samples: &[Sample]) -> [HashMap<Answer, usize>; 3] {
+    let mut tally: [HashMap<Answer, usize>; 3] = Default::default();
+    for sample in samples {
+        *tally[sample.phase].entry(sample.answer).or_default() += 1;
+    }
+    tally
+}
+
+async fn outage(shape: Shape, mode: Mode) {
+    let mut server = RedisServer::start();
+    let store = RedisStore::new(server.pool()).timeout(TIMEOUT);
+    // The same store (one connection) without the layer, for what the router hides.
+    let direct = Limiter::new(
+        store.clone(),
+        Policy::sliding_log("direct", LIMIT, WINDOW).unwrap(),
+    );
+    let app = app(store, mode);
+    warm_up(&app).await;
+
+    let phase = Arc::new(AtomicUsize::new(HEALTHY));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = JoinSet::new();
+    for task in 0..TASKS {
+        tasks.spawn(load(
+            app.clone(),
+            task,
+            Arc::clone(&phase),
+            Arc::clone(&stop),
+        ));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let recovered = break_and_mend(shape, &mut server, &direct, &phase).await;
+    let (back_after, probes) = decided_again(&app, recovered).await;
+    // The load runs on a little with the store deciding, then stops.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut samples = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        samples.extend(done.expect("a load task panicked"));
+    }
+
+    let tally = tally(&samples);
+    let max_latency = |phase: usize| {
+        samples
+            .iter()
+            .filter(|s| s.phase == phase)
+            .map(|s| s.latency)
+            .max()
+            .unwrap_or_default()
+    };
+    eprintln!(
+        "{shape:?} / {mode:?}: {} requests; decided by the store again {back_after:?} after \
+         the recovery ({probes} probes)",
+        samples.len()
+    );
+    for (phase, name) in PHASES.iter().enumerate() {
+        eprintln!(
+            "  {name}: max latency {:?}, {:?}",
+            max_latency(phase),
+            tally[phase]
+        );
+    }
+
+    // Every request answered, as the mode says, never with a 500, in time.
+    for sample in &samples {
+        assert!(
+            sample.answer.allowed_in(mode),
+            "{shape:?} / {mode:?}: {} in the {} phase answered {:?}",
+            sample.subject,
+            PHASES[sample.phase],
+            sample.answer
+        );
+        assert!(
+            sample.latency <= TIMEOUT + MARGIN,
+            "{shape:?} / {mode:?}: {} in the {} phase took {:?}",
+            sample.subject,
+            PHASES[sample.phase],
+            sample.latency
+        );
+    }
+    // Whoever decided (the store or the fallback; failing open decides nothing), a
+    // subject is never admitted past the limit by one decider.
+    let mut admitted: HashMap<(&str, Origin), u32> = HashMap::new();
+    for sample in &samples {
+        if let Answer::Passed(origin) = sample.answer {
+            if origin != Origin::FailOpen {
+                *admitted.entry((&sample.subject, origin)).or_default() += 1;
+            }
+        }
+    }
+    for ((subject, origin), admitted) in admitted {
+        assert!(
+            admitted <= LIMIT,
+            "{subject}: {admitted} admitted by the {origin:?}"
+        );
+    }
+
+    let count = |phase: usize, keep: &dyn Fn(Answer) -> bool| -> usize {
+        tally[phase]
+            .iter()
+            .filter(|(a, _)| keep(**a))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let all = |phase| count(phase, &|_| true);
+    assert!(count(HEALTHY, &|a| a == Answer::Passed(Origin::Store)) > 0);
+    assert!(count(BACK, &|a| a == Answer::Passed(Origin::Store)) > 0);
+    let failure_answers = count(OUTAGE, &|a| a.is_failure_answer(mode));
+    if shape.store_fails() {
+        // Every request sent and answered while Redis was broken is answered as the
+        // mode says; with a fallback, its denials too (the phase's subjects are new,
+        // so no denial can be the store's).
+        let denials = count(OUTAGE, &|a| a == Answer::Denied);
+        let undecided = match mode {
+            Mode::Fallback => {
+                assert!(denials > 0, "{shape:?}: the fallback never denied");
+                failure_answers + denials
+            }
+            Mode::Open | Mode::Closed => failure_answers,
+        };
+        assert!(all(OUTAGE) > 0);
+        assert_eq!(
+            undecided,
+            all(OUTAGE),
+            "{shape:?} / {mode:?}: outage requests not answered as the store failed"
+        );
+    }
+    if shape == Shape::ScriptFlush {
+        // The store meets NOSCRIPT and sends the script in full in the same call: no
+        // request even notices.
+        assert_eq!(
+            failure_answers, 0,
+            "{mode:?}: requests failed across SCRIPT FLUSH"
+        );
+    }
+    // The store holds one connection, whatever it went through: none leaked.
+    let mut control = server.conn().await;
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let clients: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .arg("TYPE")
+            .arg("normal")
+            .query_async(&mut control)
+            .await
+            .unwrap();
+        // The store's and this one.
+        if clients.lines().count() == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{shape:?} / {mode:?}: connections left open:\n{clients}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.assert_every_key_expires().await;
+}
+
+macro_rules! outage_tests {
+    ($($name:ident: $shape:ident, $mode:ident;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            outage(Shape::$shape, Mode::$mode).await;
+        }
+    )*};
+}
+
+outage_tests! {
+    stopped_fail_open: Stopped, Open;
+    stopped_fail_closed: Stopped, Closed;
+    stopped_fallback: Stopped, Fallback;
+    paused_fail_open: Paused, Open;
+    paused_fail_closed: Paused, Closed;
+    paused_fallback: Paused, Fallback;
+    out_of_memory_fail_open: OutOfMemory, Open;
+    out_of_memory_fail_closed: OutOfMemory, Closed;
+    out_of_memory_fallback: OutOfMemory, Fallback;
+    script_flush_fail_open: ScriptFlush, Open;
+    script_flush_fail_closed: ScriptFlush, Closed;
+    script_flush_fallback: ScriptFlush, Fallback;
+    client_kill_fail_open: ClientKill, Open;
+    client_kill_fail_closed: ClientKill, Closed;
+    client_kill_fallback: ClientKill, Fallback;
+}
