@@ -270,11 +270,26 @@ async fn bench_cpu(
     tally: &mut Tally,
 ) {
     flushall(conn).await;
+    let errors = error_replies(conn).await;
     let before = redis_cpu_s(conn).await;
     let (n, t) = redis_benchmark(server.port(), BENCH, args.to_vec()).await;
     let after = redis_cpu_s(conn).await;
+    // redis-benchmark does not look at replies: an error (NOSCRIPT, a bad argument)
+    // would pass for a very cheap call.
+    assert_eq!(
+        error_replies(conn).await,
+        errors,
+        "redis-benchmark's calls failed: {args:?}"
+    );
     tally.add(n, t);
     tally.redis_cpu.push((after - before) * 1e6 / n as f64);
+}
+
+/// Error replies Redis has sent since it started.
+async fn error_replies(conn: &mut MultiplexedConnection) -> u64 {
+    info_field(&info(conn, "stats").await, "total_error_replies")
+        .and_then(|v| v.parse().ok())
+        .expect("INFO stats has total_error_replies")
 }
 
 pub(super) async fn run(server: &RedisServer) {
