@@ -198,11 +198,19 @@ async fn redis_benchmark(port: u16, run: BenchRun, args: Vec<String>) -> (u64, D
 /// `000000000000` of every key (`{000000000000}`) as `__rand_int__`. `redis-benchmark`
 /// draws each `__rand_int__` on its own: a command with two keys gets two subjects.
 fn bench_args(cmd: &redis::Cmd) -> Vec<String> {
-    let zero = format!("{{{}}}", String::from_utf8_lossy(subject(0).as_bytes()));
-    resp_args(&cmd.get_packed_command())
+    let mut zero = "{".to_owned();
+    subject(0).write_key_part(&mut zero);
+    zero.push('}');
+    let args: Vec<String> = resp_args(&cmd.get_packed_command())
         .into_iter()
         .map(|a| a.replace(&zero, "{__rand_int__}"))
-        .collect()
+        .collect();
+    // Else every call would hit one key: far cheaper than a subject's first call.
+    assert!(
+        args.iter().any(|a| a.contains("__rand_int__")),
+        "no key of subject {zero} in {args:?}"
+    );
+    args
 }
 
 /// The arguments of a packed RESP command (`*N\r\n$len\r\narg\r\n...`).
