@@ -68,22 +68,29 @@ use tower_layer::Layer;
 
 use crate::error::Error;
 use crate::key::KeyExtractor;
+use crate::layer::rules::Rules;
+use crate::layer::tiers::Tiers;
 use crate::limiter::Limiter;
-use crate::rules::Rules;
 use crate::store::{AdminStore, Store};
-use crate::tiers::Tiers;
 
+pub(crate) mod future;
+pub mod grpc;
+pub mod headers;
 mod plan;
 mod refund;
+pub(crate) mod response;
+pub mod rules;
+pub(crate) mod service;
+pub mod tiers;
 
 pub use plan::Plan;
 pub(crate) use plan::{Limit, Select, Selected};
 pub(crate) use refund::{PendingRefund, Refund};
 
-pub use crate::future::ResponseFuture;
-pub use crate::headers::HeaderStyle;
-pub use crate::response::{BodyStyle, ResponseBody};
-pub use crate::service::RateLimit;
+pub use crate::layer::future::ResponseFuture;
+pub use crate::layer::headers::HeaderStyle;
+pub use crate::layer::response::{BodyStyle, ResponseBody};
+pub use crate::layer::service::RateLimit;
 
 /// What the layer does when the store cannot decide (it failed or timed out). Never a
 /// 429: that would blame the client for the server's fault.

@@ -54,27 +54,27 @@
     missing_debug_implementations
 )]
 
+// The core: limits and where they are kept, without HTTP.
 pub(crate) mod algorithm;
 pub mod block_cache;
 pub mod clock;
-#[cfg(feature = "config")]
-pub mod config;
 mod decision;
 mod error;
-mod future;
-pub mod grpc;
-pub mod headers;
 pub mod key;
-pub mod layer;
 mod limiter;
 pub mod policy;
-mod response;
-pub mod rules;
-mod service;
 pub mod store;
 mod subject;
 mod telemetry;
-pub mod tiers;
+
+// The tower middleware, on top of the core.
+pub mod layer;
+// The middleware's public parts, at the paths they have always had.
+pub use layer::{grpc, headers, rules, tiers};
+
+// Policies, rules and proxies from a file: builds core and middleware values.
+#[cfg(feature = "config")]
+pub mod config;
 
 pub use decision::{Decision, Origin, PolicyOutcome};
 pub use error::Error;
@@ -82,7 +82,7 @@ pub use headers::HeaderStyle;
 pub use layer::{BodyStyle, FailureMode, Plan, RateLimit, RateLimitLayer};
 pub use limiter::{CheckFuture, Limiter};
 pub use policy::{Algorithm, Policy, PolicyError};
-pub use store::{MemoryStore, RedisStore, Store, StoreError};
+pub use store::{CheckNow, MemoryStore, RedisStore, Store, StoreError};
 pub use subject::Subject;
 
 /// The pool crate [`RedisStore::new`] and [`RedisStore::cluster`] take, at the version

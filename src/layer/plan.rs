@@ -1,14 +1,14 @@
 //! What the layer checks for one request: a [`Plan`] picks a limiter and a subject.
 //!
 //! One layer, one `Service` impl: a key extractor (with the layer's one limiter),
-//! [`Rules`](crate::rules::Rules) and [`Tiers`](crate::tiers::Tiers) are all plans.
+//! [`Rules`](crate::layer::rules::Rules) and [`Tiers`](crate::layer::tiers::Tiers) are all plans.
 
 use std::sync::Arc;
 
 use http::request::Parts;
 
-use crate::headers::PolicyHeaders;
 use crate::key::{KeyExtractor, KeyRejection};
+use crate::layer::headers::PolicyHeaders;
 use crate::limiter::Limiter;
 use crate::store::Store;
 use crate::subject::Subject;
@@ -18,7 +18,7 @@ use crate::subject::Subject;
 ///
 /// Implemented by every [`KeyExtractor`] (checked against the limiter given to
 /// [`RateLimitLayer::new`](crate::RateLimitLayer::new)), by
-/// [`Rules`](crate::rules::Rules) and by [`Tiers`](crate::tiers::Tiers). Sealed: the
+/// [`Rules`](crate::layer::rules::Rules) and by [`Tiers`](crate::layer::tiers::Tiers). Sealed: the
 /// layer's answers depend on what a plan hands back, so new plans are added here.
 pub trait Plan<S>: Select<S> + Send + Sync + 'static {}
 

@@ -27,7 +27,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 use smallvec::SmallVec;
 
-use super::{AdminStore, Operation, PolicySet, Store, StoreError};
+use super::{AdminStore, CheckNow, Operation, PolicySet, Store, StoreError};
 use crate::algorithm::{self, State};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
@@ -225,6 +225,10 @@ impl Store for MemoryStore {
 
     fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
         ready(Ok(self.decide(subject, set, cost)))
+    }
+
+    fn check_now(&self, subject: Subject, set: &PolicySet, cost: u64) -> CheckNow {
+        CheckNow::Decided(Ok(self.decide(subject, set, cost)))
     }
 }
 

@@ -8,9 +8,9 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::future::{ready_now, ResponseFuture};
+use crate::layer::future::ResponseFuture;
+use crate::layer::response::{self, ResponseBody};
 use crate::layer::{Plan, Shared};
-use crate::response::{self, ResponseBody};
 use crate::store::Store;
 
 /// A service limited by key: it answers 429 itself when the limiter denies, and calls
@@ -103,8 +103,8 @@ where
             .map(|refund| Box::new(refund.keep(&limit.limiter, &subject, cost)));
         let mut check = limit.limiter.check(subject, cost);
         let request = Request::from_parts(parts, body);
-        if let Some(checked) = ready_now(&mut check) {
-            // Decided already (the memory store): the service `poll_ready` readied is
+        if let Some(checked) = check.take_settled() {
+            // Decided already (the memory store, the block cache): the service `poll_ready` readied is
             // called right away.
             return ResponseFuture::decided(
                 checked,

@@ -1,12 +1,11 @@
 //! The response future of [`RateLimit`](crate::RateLimit): first the limiter's check,
 //! then the inner service's call.
 
-use std::any::Any;
 use std::fmt;
-use std::future::{Future, Ready};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll, Waker};
+use std::task::{ready, Context, Poll};
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
@@ -14,11 +13,11 @@ use tower_service::Service;
 
 use crate::decision::Decision;
 use crate::error::Error;
-use crate::headers::{HeaderStyle, PolicyHeaders, Snapshot};
+use crate::layer::headers::{HeaderStyle, PolicyHeaders, Snapshot};
+use crate::layer::response::{self, Answer, ResponseBody};
 use crate::layer::{Config, FailureMode, Limit, PendingRefund, Plan, Shared};
 use crate::limiter::CheckFuture;
-use crate::response::{self, Answer, ResponseBody};
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 
 pin_project! {
     /// The pending response of [`RateLimit`](crate::RateLimit).
@@ -320,21 +319,6 @@ where
         future: inner.call(request),
         headers,
         refund,
-    }
-}
-
-/// The check's result if it is already known: the memory store decides inside
-/// [`Limiter::check`](crate::Limiter::check) and hands back a [`std::future::Ready`].
-///
-/// A `CheckFuture` of any other store is not known to be `Unpin`, so it cannot be
-/// polled here and then moved into the response future; the downcast finds the one
-/// type that is both `Unpin` and ready at once.
-pub(crate) fn ready_now<F: 'static>(check: &mut CheckFuture<F>) -> Option<Result<Decision, Error>> {
-    let check = (check as &mut dyn Any)
-        .downcast_mut::<CheckFuture<Ready<Result<Decision, StoreError>>>>()?;
-    match Pin::new(check).poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(result) => Some(result),
-        Poll::Pending => None,
     }
 }
 
