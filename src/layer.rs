@@ -84,7 +84,7 @@ pub(crate) mod service;
 pub mod tiers;
 
 pub use plan::Plan;
-pub(crate) use plan::{Limit, Select, Selected};
+pub(crate) use plan::{Gate, SealedPlan, Selected};
 pub(crate) use refund::{PendingRefund, Refund};
 
 pub use crate::layer::future::ResponseFuture;
@@ -130,13 +130,13 @@ pub(crate) struct Shared<S, P: Plan<S>> {
 /// The plan and what the layer keeps for it (the one limiter of a key extractor).
 pub(crate) struct Planned<S, P: Plan<S>> {
     pub(crate) plan: P,
-    pub(crate) limits: P::Limits,
+    pub(crate) held: P::Held,
 }
 
 impl<S, P: Plan<S>> Planned<S, P> {
     #[inline]
     pub(crate) fn select(&self, parts: &Parts) -> Selected<'_, S> {
-        self.plan.select(&self.limits, parts)
+        self.plan.select(&self.held, parts)
     }
 }
 
@@ -226,12 +226,12 @@ impl<S: Store, K: KeyExtractor> RateLimitLayer<S, K> {
     /// Like [`RateLimitLayer::new`], for a limiter the application also uses elsewhere
     /// (the same limits checked outside HTTP).
     pub fn from_shared(limiter: Arc<Limiter<S>>, key: K) -> Self {
-        Self::with_plan(key, Limit::new(limiter))
+        Self::with_plan(key, Gate::new(limiter))
     }
 
     /// The limiter the layer checks.
     pub fn limiter(&self) -> &Arc<Limiter<S>> {
-        &self.shared.plan.limits.limiter
+        &self.shared.plan.held.limiter
     }
 }
 
@@ -253,10 +253,10 @@ impl<S: Store, K: KeyExtractor> RateLimitLayer<S, Tiers<S, K>> {
 }
 
 impl<S: Store, K: Plan<S>> RateLimitLayer<S, K> {
-    fn with_plan(plan: K, limits: K::Limits) -> Self {
+    fn with_plan(plan: K, held: K::Held) -> Self {
         Self {
             shared: Arc::new(Shared {
-                plan: Arc::new(Planned { plan, limits }),
+                plan: Arc::new(Planned { plan, held }),
                 config: Config {
                     header_style: HeaderStyle::default(),
                     headers_on_allowed: true,
@@ -303,9 +303,9 @@ impl<S: Store, K: Plan<S>> RateLimitLayer<S, K> {
     pub fn cost(mut self, cost: u32) -> Result<Self, Error> {
         let planned = &self.shared.plan;
         let mut refused = None;
-        planned.plan.each_limit(&planned.limits, &mut |limit| {
+        planned.plan.each_gate(&planned.held, &mut |gate| {
             if refused.is_none() {
-                refused = limit.limiter.valid_cost(cost).err();
+                refused = gate.limiter.valid_cost(cost).err();
             }
         });
         match refused {

@@ -81,7 +81,7 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
         let (parts, body) = request.into_parts();
-        let (limit, subject) = match shared.plan.select(&parts) {
+        let (gate, subject) = match shared.plan.select(&parts) {
             Ok(Some(selected)) => selected,
             Ok(None) => {
                 // No limit applies: the request passes untouched, without headers.
@@ -100,18 +100,18 @@ where
         let refund = shared
             .refund
             .as_ref()
-            .map(|refund| Box::new(refund.keep(&limit.limiter, &subject, cost)));
-        let mut check = limit.limiter.check(subject, cost);
+            .map(|refund| Box::new(refund.keep(&gate.limiter, &subject, cost)));
+        let mut check = gate.limiter.check(subject, cost);
         let request = Request::from_parts(parts, body);
         if let Some(checked) = check.take_settled() {
             // Decided already (the memory store, the block cache): the service `poll_ready` readied is
             // called right away.
-            return ResponseFuture::decided(
+            return ResponseFuture::at_once(
                 checked,
                 request,
                 &mut self.inner,
                 shared,
-                limit,
+                gate,
                 refund,
             );
         }
@@ -120,7 +120,7 @@ where
         // its turn.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let limit = limit.clone();
-        ResponseFuture::checking(check, request, inner, Arc::clone(shared), limit, refund)
+        let gate = gate.clone();
+        ResponseFuture::checking(check, request, inner, Arc::clone(shared), gate, refund)
     }
 }
