@@ -46,6 +46,12 @@
 //! - [`layer`]: [`RateLimitLayer`], answering 429 with `Retry-After` and the IETF
 //!   `RateLimit` headers.
 //! - [`clock`]: where time comes from; a fake clock makes every boundary test exact.
+//!
+//! Dependencies run one way: the core (policy, the algorithms, decision, subject,
+//! clock, limiter, block cache, stores, key extractors, telemetry) knows nothing of
+//! HTTP responses or tower; [`layer`] (the middleware, its responses and headers,
+//! gRPC answers, [`rules`], [`tiers`]) is built on the core; `config` builds values of
+//! both. `ARCHITECTURE.md` draws the map.
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,
