@@ -9,7 +9,7 @@
 //! A decision never changes state when it denies, so a request that one of several
 //! policies denies can be rolled back simply by not committing the others.
 //!
-//! Several policies decide together by one rule ([`admits_all`]): each policy whose
+//! Several policies decide together by one rule ([`decide_all`]): each policy whose
 //! step admits commits it if every enforced policy admits. Enforced policies are thus
 //! all or nothing among themselves, and a shadow policy consumes exactly when enforcing
 //! it would have: when it admits and the enforced ones do.
@@ -19,6 +19,8 @@
 //! dropped, and a reset forgets the state.
 
 use std::collections::VecDeque;
+
+use smallvec::SmallVec;
 
 use crate::decision::PolicyOutcome;
 use crate::policy::{Algorithm, Policy};
@@ -108,16 +110,43 @@ pub(crate) fn decide(policy: &Policy, state: Option<&State>, now_ms: u64, cost: 
     }
 }
 
-/// Whether the steps may commit: every enforced (non-shadow) policy admits. Then each
-/// step that admits commits, shadow ones included; otherwise none does.
-pub(crate) fn admits_all<'a>(
+/// The outcomes of a check of every policy, in order (inline for up to two).
+pub(crate) type Outcomes = SmallVec<[PolicyOutcome; 2]>;
+
+/// A check of every policy on `states` (one per policy, in order), all or nothing:
+/// every policy decides, then, only if every enforced (non-shadow) policy admits, each
+/// policy that admits commits its step, shadow ones included. Returns the outcomes and,
+/// when something was committed, the longest time (ms from `now`) a committed state
+/// must be kept.
+///
+/// The one Rust writing of the rule `lua/main.lua` follows: the memory store and the
+/// model's tests both decide through it.
+pub(crate) fn decide_all(
     policies: &[Policy],
-    outcomes: impl IntoIterator<Item = &'a PolicyOutcome>,
-) -> bool {
-    policies
+    states: &mut [Option<State>],
+    now: u64,
+    cost: u64,
+) -> (Outcomes, Option<u64>) {
+    let mut steps: SmallVec<[Step; 2]> = policies
         .iter()
-        .zip(outcomes)
-        .all(|(p, o)| o.allowed || p.is_shadow())
+        .zip(states.iter())
+        .map(|(policy, state)| decide(policy, state.as_ref(), now, cost))
+        .collect();
+    let outcomes: Outcomes = steps.iter().map(|step| step.outcome).collect();
+    let admitted = policies
+        .iter()
+        .zip(&outcomes)
+        .all(|(policy, outcome)| outcome.allowed || policy.is_shadow());
+    let mut keep = None;
+    if admitted {
+        for (state, step) in states.iter_mut().zip(steps.iter_mut()) {
+            if let Some(commit) = step.commit.take() {
+                commit.apply(state);
+                keep = Some(keep.unwrap_or(0).max(step.ttl_ms.max(1)));
+            }
+        }
+    }
+    (outcomes, keep)
 }
 
 /// The state after giving back `cost` units, or `None` when there is nothing to give
@@ -261,13 +290,8 @@ pub(crate) mod tests {
                         }
                     }
                 }
-                let steps: Vec<Step> = policies
-                    .iter()
-                    .zip(&states)
-                    .map(|(p, s)| decide(p, s.as_ref(), now, u64::from(cost)))
-                    .collect();
-                let outcomes: Vec<_> = steps.iter().map(|s| s.outcome).collect();
-                let allowed = admits_all(&policies, &outcomes);
+                let (outcomes, keep) =
+                    decide_all(&policies, &mut states, now, u64::from(cost));
                 let decision = Decision::from_outcomes(&policies, outcomes.iter().copied());
                 assert_eq!(
                     (decision.is_allowed(), decision.would_deny()),
@@ -275,13 +299,8 @@ pub(crate) mod tests {
                     "{}: step {i} at {now} ms: {outcomes:?}",
                     trace.name
                 );
-                if allowed {
-                    for (state, step) in states.iter_mut().zip(steps) {
-                        if let Some(commit) = step.commit {
-                            expires = expires.max(now + step.ttl_ms.max(1));
-                            commit.apply(state);
-                        }
-                    }
+                if let Some(keep) = keep {
+                    expires = expires.max(now + keep);
                 }
             }
         }

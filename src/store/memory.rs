@@ -160,23 +160,11 @@ impl MemoryStore {
             }
             _ => return peek(policies, &entry.states, now, cost),
         }
-        let mut steps: SmallVec<[algorithm::Step; 1]> = policies
-            .iter()
-            .zip(entry.states.iter())
-            .map(|(policy, state)| algorithm::decide(policy, state.as_ref(), now, cost))
-            .collect();
-        if algorithm::admits_all(policies, steps.iter().map(|s| &s.outcome)) {
-            let mut expires = entry.expires_at_ms;
-            for (state, step) in entry.states.iter_mut().zip(steps.iter_mut()) {
-                if let Some(commit) = step.commit.take() {
-                    commit.apply(state);
-                    expires = expires.max(now.saturating_add(step.ttl_ms.max(1)));
-                }
-            }
-            entry.expires_at_ms = expires;
+        let (outcomes, keep) = algorithm::decide_all(policies, &mut entry.states, now, cost);
+        if let Some(keep) = keep {
+            entry.expires_at_ms = entry.expires_at_ms.max(now.saturating_add(keep));
         }
         drop(entry);
-        let outcomes = steps.iter().map(|s| s.outcome);
         Decision::from_outcomes(policies, outcomes)
     }
 }
