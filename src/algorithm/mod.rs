@@ -290,8 +290,7 @@ pub(crate) mod tests {
                         }
                     }
                 }
-                let (outcomes, keep) =
-                    decide_all(&policies, &mut states, now, u64::from(cost));
+                let (outcomes, keep) = decide_all(&policies, &mut states, now, u64::from(cost));
                 let decision = Decision::from_outcomes(&policies, outcomes.iter().copied());
                 assert_eq!(
                     (decision.is_allowed(), decision.would_deny()),
