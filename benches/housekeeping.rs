@@ -178,7 +178,10 @@ fn sweep_under_load() {
             .collect();
         merged(handles.into_iter().map(|h| h.join().expect("bench thread")))
     });
-    println!("| loop ({THREADS} threads, {} s each) | samples | median | p99 | p99.99 | max |", RUN.as_secs());
+    println!(
+        "| loop ({THREADS} threads, {} s each) | samples | median | p99 | p99.99 | max |",
+        RUN.as_secs()
+    );
     println!("|---|---|---|---|---|---|");
     decisions.line("decision, 1,000,000 live subjects");
     noise.line("no store work (two clock reads): the noise");
@@ -217,11 +220,12 @@ fn block_cache_flood() {
          per slice of 100,000; a slice stops after {} s",
         SLICE_BUDGET.as_secs()
     );
-    println!("| slice | cache of {CACHE_ENTRIES} | cache of 2,000,000 (never full: the reference) |");
+    println!(
+        "| slice | cache of {CACHE_ENTRIES} | cache of 2,000,000 (never full: the reference) |"
+    );
     println!("|---|---|---|");
     let run = |entries: usize| -> Vec<String> {
-        let limiter =
-            Limiter::new(Denies(denied.clone()), policy.clone()).block_cache(entries);
+        let limiter = Limiter::new(Denies(denied.clone()), policy.clone()).block_cache(entries);
         subjects
             .chunks(100_000)
             .map(|slice| {
