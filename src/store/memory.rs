@@ -40,6 +40,11 @@ use crate::subject::Subject;
 /// it unlikely that a decision meets the one shard being swept.
 const SHARDS: usize = 256;
 
+/// How many times per pass the background sweeper wakes, sweeping the slices due each
+/// time. Each wake takes a core from whatever ran there (a decision, on a busy machine):
+/// a few dozen a second keep those rare, yet each short (a few shards).
+const WAKES_PER_PASS: u64 = 50;
+
 /// Limit state in this process's memory.
 ///
 /// Sharded (no global lock); each subject's shard is locked only while one decision
@@ -433,12 +438,17 @@ impl Inner {
     }
 
     /// The background sweeper's step: every slice due at `now`, one shard locked at a
-    /// time; returns how long until the next is due.
+    /// time; returns how long to sleep before the next step.
     fn sweep_due_slices(&self, now: u64) -> Duration {
         // Bounded: a pass ends after `SHARDS` slices, and the next is due after `now`.
         while self.sweep_next_slice(now) {}
         let next = self.next_slice_ms.load(Ordering::Relaxed);
-        Duration::from_millis(next.saturating_sub(now).clamp(1, 60_000))
+        let every_ms = self.sweep_every_ms.load(Ordering::Relaxed);
+        let wait_ms = next
+            .saturating_sub(now)
+            .max(every_ms / WAKES_PER_PASS)
+            .clamp(1, 60_000);
+        Duration::from_millis(wait_ms)
     }
 
     /// Drops one shard's expired entries and gives its memory back; returns how many
