@@ -70,11 +70,18 @@ struct Blocked {
     slot: usize,
 }
 
+#[derive(Debug)]
+struct Slot {
+    subject: Subject,
+    until_ms: u64,
+}
+
 #[derive(Debug, Default)]
 struct Ring {
-    /// The subject of each slot's block (`None`: the slot is on the free list). Grows
-    /// up to the cache's size as blocks come, so an idle cache costs nothing.
-    slots: Vec<Option<Subject>>,
+    /// Each slot's block: its subject and until when (`None`: the slot is on the free
+    /// list), so the hand tells an expired block without a map lookup. Grows up to the
+    /// cache's size as blocks come, so an idle cache costs nothing.
+    slots: Vec<Option<Slot>>,
     /// Slots whose block was removed (forgotten or expired), to fill first.
     free: Vec<usize>,
     /// The next slot to look at once every slot is taken.
@@ -144,6 +151,9 @@ impl BlockCache {
             // Denied again: the new wait replaces the old, in the same slot.
             let slot = blocked.slot;
             *blocked = Blocked::new(cost, decision, now_ms, wait_ms, slot);
+            if let Some(Some(held)) = ring.slots.get_mut(slot) {
+                held.until_ms = blocked.until_ms;
+            }
             return;
         }
         let slot = match ring.free.pop() {
@@ -153,32 +163,33 @@ impl BlockCache {
                 ring.slots.len() - 1
             }
             None => {
-                let Some(slot) = self.expired_near_hand(&mut ring, now_ms) else {
+                let Some(slot) = Self::expired_near_hand(&mut ring, now_ms) else {
                     // Full of live blocks: this subject keeps going to the store.
                     return;
                 };
                 if let Some(evicted) = ring.slots[slot].take() {
-                    self.blocked.remove(&evicted);
+                    self.blocked.remove(&evicted.subject);
                 }
                 slot
             }
         };
-        ring.slots[slot] = Some(subject.clone());
-        self.blocked
-            .insert(subject, Blocked::new(cost, decision, now_ms, wait_ms, slot));
+        let blocked = Blocked::new(cost, decision, now_ms, wait_ms, slot);
+        ring.slots[slot] = Some(Slot {
+            subject: subject.clone(),
+            until_ms: blocked.until_ms,
+        });
+        self.blocked.insert(subject, blocked);
     }
 
     /// The first slot of an expired block among the few from the hand on, when all
     /// are taken; the hand moves past the slots it looked at.
-    fn expired_near_hand(&self, ring: &mut Ring, now_ms: u64) -> Option<usize> {
+    fn expired_near_hand(ring: &mut Ring, now_ms: u64) -> Option<usize> {
         let slots = ring.slots.len();
         let looked = PROBES.min(slots);
         let found = (0..looked).map(|i| (ring.hand + i) % slots).find(|&slot| {
-            ring.slots[slot].as_ref().is_none_or(|subject| {
-                self.blocked
-                    .get(subject)
-                    .is_none_or(|blocked| blocked.until_ms <= now_ms)
-            })
+            ring.slots[slot]
+                .as_ref()
+                .is_none_or(|held| held.until_ms <= now_ms)
         });
         ring.hand = match found {
             Some(slot) => slot + 1,
