@@ -11,7 +11,7 @@
 //! 200 over the first 20 ms after it, each at its own instant: a request does not
 //! wait for the previous answer. Each algorithm gets a fresh subject and its own
 //! upcoming boundary; the whole run takes a few seconds. This is the scenario of the
-//! unit test `seed_boundary_scenario` in `src/algorithm.rs` (same instants, on a fake
+//! unit test `seed_boundary_scenario` in `src/algorithm/mod.rs` (same instants, on a fake
 //! clock there): fixed window 100 + 100 = 200, sliding window 100 + 2 = 102, token
 //! bucket 112 + 3 = 115, sliding log 100 + 0 = 100.
 //!
@@ -221,7 +221,7 @@ fn run<S: Store>(
     let first_us = timeline.now_us() + SETUP_US + END_SPAN_US;
     let boundary_us = first_us.div_ceil(1_000_000) * 1_000_000;
     let boundary = timeline.instant(boundary_us);
-    // The instants of src/algorithm.rs's seed_boundary_times, to the microsecond.
+    // The instants of src/algorithm/mod.rs's seed_boundary_times, to the microsecond.
     let offsets = (0..PER_SIDE)
         .map(|i| -((END_SPAN_US - i * END_SPAN_US / PER_SIDE) as i64))
         .chain((0..PER_SIDE).map(|i| (i * START_SPAN_US / PER_SIDE) as i64));

@@ -1,5 +1,5 @@
 -- Fixed window: one counter per window aligned to the epoch.
--- Translation of fixed_window in src/algorithm.rs.
+-- Translation of decide in src/algorithm/fixed_window.rs.
 -- State: "<window index>:<count>".
 local function fixed_window(limit, w, now, cost, raw)
   local idx = idiv(now, w)
@@ -43,7 +43,7 @@ DECIDE.fw = fixed_window
 
 -- Refund: the current window's count goes down by cost, not below 0; a window
 -- that has changed since keeps nothing to refund. Translation of refund in
--- src/algorithm.rs. Returns the new state, or nil when nothing changes.
+-- src/algorithm/fixed_window.rs. Returns the new state, or nil when nothing changes.
 local function fixed_window_refund(_limit, w, now, cost, raw)
   local a, b = string.match(raw, "^(%d+):(%d+)$")
   local window, c = field(a), field(b)

@@ -1,5 +1,5 @@
 -- Sliding log: the last `limit` admitted stamps, exact in every window.
--- Translation of sliding_log in src/algorithm.rs.
+-- Translation of decide in src/algorithm/sliding_log.rs.
 --
 -- State: ONE string, a 4-byte big-endian header (the ring slot of the oldest
 -- stamp) then n stamps of 6 bytes each (big-endian milliseconds, good for
@@ -128,7 +128,7 @@ DECIDE.sl = sliding_log
 
 -- Refund: remove the cost most recent stamps, only those still in the window
 -- (now clamped to the newest stamp). Translation of refund in
--- src/algorithm.rs. Returns the new state (rewritten in order, head 0), or nil
+-- src/algorithm/sliding_log.rs. Returns the new state (rewritten in order, head 0), or nil
 -- when nothing changes.
 local function sliding_log_refund(limit, w, now, cost, raw)
   local n, head, base, len, stamp = sl_ring(raw, limit)

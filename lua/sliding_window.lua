@@ -1,6 +1,6 @@
 -- Sliding window counter: the previous and current windows' counts, the
 -- previous one weighted by how much of it the sliding window still covers.
--- Translation of sliding_window in src/algorithm.rs.
+-- Translation of decide in src/algorithm/sliding_window.rs.
 -- State: "<window index>:<previous count>:<current count>".
 local function sliding_window(limit, w, now, cost, raw)
   local idx = idiv(now, w)
@@ -73,7 +73,7 @@ DECIDE.sw = sliding_window
 
 -- Refund: the current window's count goes down by cost, not below 0; once the
 -- window has changed, nothing is refunded. Translation of refund in
--- src/algorithm.rs. Returns the new state, or nil when nothing changes.
+-- src/algorithm/sliding_window.rs. Returns the new state, or nil when nothing changes.
 local function sliding_window_refund(_limit, w, now, cost, raw)
   local a, b, d = string.match(raw, "^(%d+):(%d+):(%d+)$")
   local window, p, c = field(a), field(b), field(d)

@@ -1,5 +1,5 @@
 -- Token bucket as GCRA: one theoretical arrival time (TAT) in microseconds.
--- Translation of token_bucket in src/algorithm.rs.
+-- Translation of decide in src/algorithm/token_bucket.rs.
 -- State: the TAT as a decimal integer (Redis keeps it as a bare integer).
 local function token_bucket(limit, t, now_ms, cost, raw)
   local tolerance = limit * t
@@ -44,7 +44,7 @@ DECIDE.tb = token_bucket
 -- admin: what follows is only in the scripts of the admin operations.
 
 -- Refund: the TAT moves back by cost emission intervals, not before now (now
--- clamped as the check clamps it). Translation of refund in src/algorithm.rs.
+-- clamped as the check clamps it). Translation of refund in src/algorithm/token_bucket.rs.
 -- Returns the new state, or nil when nothing changes.
 local function token_bucket_refund(limit, t, now_ms, cost, raw)
   local tat = nil

@@ -95,9 +95,9 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::key::{ClientIp, Global, Header, KeyExtractor, KeyExtractorExt, Route, Secret};
+use crate::layer::rules::{Pattern, Rule, Rules, Target};
 use crate::limiter::Limiter;
 use crate::policy::Policy;
-use crate::rules::{Pattern, Rule, Rules, Target};
 use crate::store::Store;
 
 /// A validated configuration: named policies, rules in order, a default, and how client

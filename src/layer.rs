@@ -68,22 +68,29 @@ use tower_layer::Layer;
 
 use crate::error::Error;
 use crate::key::KeyExtractor;
+use crate::layer::rules::Rules;
+use crate::layer::tiers::Tiers;
 use crate::limiter::Limiter;
-use crate::rules::Rules;
 use crate::store::{AdminStore, Store};
-use crate::tiers::Tiers;
 
+pub(crate) mod future;
+pub mod grpc;
+pub mod headers;
 mod plan;
 mod refund;
+pub(crate) mod response;
+pub mod rules;
+pub(crate) mod service;
+pub mod tiers;
 
 pub use plan::Plan;
-pub(crate) use plan::{Limit, Select, Selected};
+pub(crate) use plan::{Gate, SealedPlan, Selected};
 pub(crate) use refund::{PendingRefund, Refund};
 
-pub use crate::future::ResponseFuture;
-pub use crate::headers::HeaderStyle;
-pub use crate::response::{BodyStyle, ResponseBody};
-pub use crate::service::RateLimit;
+pub use crate::layer::future::ResponseFuture;
+pub use crate::layer::headers::HeaderStyle;
+pub use crate::layer::response::{BodyStyle, ResponseBody};
+pub use crate::layer::service::RateLimit;
 
 /// What the layer does when the store cannot decide (it failed or timed out). Never a
 /// 429: that would blame the client for the server's fault.
@@ -123,13 +130,13 @@ pub(crate) struct Shared<S, P: Plan<S>> {
 /// The plan and what the layer keeps for it (the one limiter of a key extractor).
 pub(crate) struct Planned<S, P: Plan<S>> {
     pub(crate) plan: P,
-    pub(crate) limits: P::Limits,
+    pub(crate) held: P::Held,
 }
 
 impl<S, P: Plan<S>> Planned<S, P> {
     #[inline]
     pub(crate) fn select(&self, parts: &Parts) -> Selected<'_, S> {
-        self.plan.select(&self.limits, parts)
+        self.plan.select(&self.held, parts)
     }
 }
 
@@ -219,12 +226,12 @@ impl<S: Store, K: KeyExtractor> RateLimitLayer<S, K> {
     /// Like [`RateLimitLayer::new`], for a limiter the application also uses elsewhere
     /// (the same limits checked outside HTTP).
     pub fn from_shared(limiter: Arc<Limiter<S>>, key: K) -> Self {
-        Self::with_plan(key, Limit::new(limiter))
+        Self::with_plan(key, Gate::new(limiter))
     }
 
     /// The limiter the layer checks.
     pub fn limiter(&self) -> &Arc<Limiter<S>> {
-        &self.shared.plan.limits.limiter
+        &self.shared.plan.held.limiter
     }
 }
 
@@ -246,10 +253,10 @@ impl<S: Store, K: KeyExtractor> RateLimitLayer<S, Tiers<S, K>> {
 }
 
 impl<S: Store, K: Plan<S>> RateLimitLayer<S, K> {
-    fn with_plan(plan: K, limits: K::Limits) -> Self {
+    fn with_plan(plan: K, held: K::Held) -> Self {
         Self {
             shared: Arc::new(Shared {
-                plan: Arc::new(Planned { plan, limits }),
+                plan: Arc::new(Planned { plan, held }),
                 config: Config {
                     header_style: HeaderStyle::default(),
                     headers_on_allowed: true,
@@ -296,9 +303,9 @@ impl<S: Store, K: Plan<S>> RateLimitLayer<S, K> {
     pub fn cost(mut self, cost: u32) -> Result<Self, Error> {
         let planned = &self.shared.plan;
         let mut refused = None;
-        planned.plan.each_limit(&planned.limits, &mut |limit| {
+        planned.plan.each_gate(&planned.held, &mut |gate| {
             if refused.is_none() {
-                refused = limit.limiter.valid_cost(cost).err();
+                refused = gate.limiter.valid_cost(cost).err();
             }
         });
         match refused {

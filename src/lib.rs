@@ -46,6 +46,12 @@
 //! - [`layer`]: [`RateLimitLayer`], answering 429 with `Retry-After` and the IETF
 //!   `RateLimit` headers.
 //! - [`clock`]: where time comes from; a fake clock makes every boundary test exact.
+//!
+//! Dependencies run one way: the core (policy, the algorithms, decision, subject,
+//! clock, limiter, block cache, stores, key extractors, telemetry) knows nothing of
+//! HTTP responses or tower; [`layer`] (the middleware, its responses and headers,
+//! gRPC answers, [`rules`], [`tiers`]) is built on the core; `config` builds values of
+//! both. `ARCHITECTURE.md` draws the map.
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,
@@ -54,27 +60,27 @@
     missing_debug_implementations
 )]
 
+// The core: limits and where they are kept, without HTTP.
 pub(crate) mod algorithm;
 pub mod block_cache;
 pub mod clock;
-#[cfg(feature = "config")]
-pub mod config;
 mod decision;
 mod error;
-mod future;
-pub mod grpc;
-pub mod headers;
 pub mod key;
-pub mod layer;
 mod limiter;
 pub mod policy;
-mod response;
-pub mod rules;
-mod service;
 pub mod store;
 mod subject;
 mod telemetry;
-pub mod tiers;
+
+// The tower middleware, on top of the core.
+pub mod layer;
+// The middleware's public parts, at the paths they have always had.
+pub use layer::{grpc, headers, rules, tiers};
+
+// Policies, rules and proxies from a file: builds core and middleware values.
+#[cfg(feature = "config")]
+pub mod config;
 
 pub use decision::{Decision, Origin, PolicyOutcome};
 pub use error::Error;
@@ -82,7 +88,7 @@ pub use headers::HeaderStyle;
 pub use layer::{BodyStyle, FailureMode, Plan, RateLimit, RateLimitLayer};
 pub use limiter::{CheckFuture, Limiter};
 pub use policy::{Algorithm, Policy, PolicyError};
-pub use store::{MemoryStore, RedisStore, Store, StoreError};
+pub use store::{CheckNow, MemoryStore, RedisStore, Store, StoreError};
 pub use subject::Subject;
 
 /// The pool crate [`RedisStore::new`] and [`RedisStore::cluster`] take, at the version

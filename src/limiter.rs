@@ -31,7 +31,7 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::decision::{Decision, Origin};
 use crate::error::Error;
 use crate::policy::Policy;
-use crate::store::{AdminStore, MemoryStore, Operation, PolicySet, Store, StoreError};
+use crate::store::{AdminStore, CheckNow, MemoryStore, Operation, PolicySet, Store, StoreError};
 use crate::subject::Subject;
 
 /// A store and the policies one kind of request is checked against.
@@ -131,33 +131,39 @@ impl<S: Store> Limiter<S> {
     pub fn check(&self, subject: impl Into<Subject>, cost: u32) -> CheckFuture<S::Future> {
         let cost = match self.valid_cost(cost) {
             Ok(cost) => cost,
-            Err(error) => return CheckFuture::ready(Err(error)),
+            Err(error) => return CheckFuture::settled(Err(error)),
         };
         let subject = subject.into();
         let Some(guard) = &self.guard else {
-            return CheckFuture {
-                state: CheckState::Store {
-                    future: self.store.check(subject, &self.set, cost),
+            return match self.store.check_now(subject, &self.set, cost) {
+                CheckNow::Decided(result) => CheckFuture::settled(result.map_err(Error::from)),
+                CheckNow::Later(subject) => CheckFuture {
+                    state: CheckState::Store {
+                        future: self.store.check(subject, &self.set, cost),
+                    },
+                    after: None,
                 },
-                after: None,
             };
         };
         if let Some(blocks) = &guard.blocks {
             if let Some(decision) = blocks.lookup(&subject, cost, guard.clock.now_ms()) {
-                crate::telemetry::decided(&decision);
-                return CheckFuture::ready(Ok(decision));
+                return CheckFuture::settled(Ok(decision));
             }
         }
-        CheckFuture {
-            state: CheckState::Store {
-                future: self.store.check(subject.clone(), &self.set, cost),
+        let after = After {
+            guard: Arc::clone(guard),
+            subject: subject.clone(),
+            set: self.set.clone(),
+            cost,
+        };
+        match self.store.check_now(subject, &self.set, cost) {
+            CheckNow::Decided(result) => CheckFuture::settled(after.finish(result)),
+            CheckNow::Later(subject) => CheckFuture {
+                state: CheckState::Store {
+                    future: self.store.check(subject, &self.set, cost),
+                },
+                after: Some(after),
             },
-            after: Some(After {
-                guard: Arc::clone(guard),
-                subject,
-                set: self.set.clone(),
-                cost,
-            }),
         }
     }
 }
@@ -355,13 +361,34 @@ pin_project! {
 }
 
 impl<F> CheckFuture<F> {
-    fn ready(result: Result<Decision, Error>) -> Self {
+    /// A check decided already (by the block cache, a store that decides at once, or a
+    /// refused cost), reported as a completed one is.
+    fn settled(result: Result<Decision, Error>) -> Self {
+        report(&result);
         CheckFuture {
             state: CheckState::Ready {
                 result: Some(result),
             },
             after: None,
         }
+    }
+
+    /// The result, if the check was decided without waiting: the layer's fast path,
+    /// which then needs no future at all.
+    pub(crate) fn take_settled(&mut self) -> Option<Result<Decision, Error>> {
+        match &mut self.state {
+            CheckState::Ready { result } => result.take(),
+            CheckState::Store { .. } => None,
+        }
+    }
+}
+
+/// Logs and counts a check's result.
+fn report(outcome: &Result<Decision, Error>) {
+    match outcome {
+        Ok(decision) => crate::telemetry::decided(decision),
+        Err(Error::Store(error)) => crate::telemetry::store_failed(error, false),
+        Err(_) => {}
     }
 }
 
@@ -380,11 +407,7 @@ where
                     Some(after) => after.finish(result),
                     None => result.map_err(Error::from),
                 };
-                match &outcome {
-                    Ok(decision) => crate::telemetry::decided(decision),
-                    Err(Error::Store(error)) => crate::telemetry::store_failed(error, false),
-                    Err(_) => {}
-                }
+                report(&outcome);
                 Poll::Ready(outcome)
             }
             CheckStateProj::Ready { result } => match result.take() {

@@ -19,7 +19,7 @@ async fn a_flood_from_one_subject_barely_reaches_redis() {
     )
     .block_cache(10_000);
 
-    // Warm the connection and the script cache, then count from zero.
+    // Warm the connection and load the function library, then count from zero.
     limiter.check("warm-up", 1).await.unwrap();
     redis::cmd("CONFIG")
         .arg("RESETSTAT")
@@ -49,8 +49,8 @@ async fn a_flood_from_one_subject_barely_reaches_redis() {
     );
 
     let calls = support::command_calls(&mut conn).await;
-    let evalsha = calls.get("evalsha").copied().unwrap_or(0);
+    let fcall = calls.get("fcall").copied().unwrap_or(0);
     // 20 admitted + 1 denial for the flooder, 50 for the others.
-    assert_eq!(evalsha, 21 + 50, "{calls:?}");
+    assert_eq!(fcall, 21 + 50, "{calls:?}");
     server.assert_every_key_expires().await;
 }

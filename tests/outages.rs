@@ -4,7 +4,7 @@
 //!
 //! Shapes: the server stopped (SIGKILL, then restarted on its port); paused
 //! (SIGSTOP: its sockets stay open, nothing answers); refusing writes
-//! (`maxmemory 1`, `noeviction`: an OOM error reply); `SCRIPT FLUSH` mid-load; the
+//! (`maxmemory 1`, `noeviction`: an OOM error reply); `SCRIPT FLUSH` and `FUNCTION FLUSH` mid-load; the
 //! store's connection killed (`CLIENT KILL`). Each in each failure mode: open (the
 //! handler runs), closed (503 + `Retry-After`), and a local fallback (decisions from
 //! memory). For each: every request is answered (counted by what answered it), never
@@ -75,9 +75,10 @@ enum Shape {
     Paused,
     /// `maxmemory 1` with `noeviction` for 500 ms: every write refused with `-OOM`.
     OutOfMemory,
-    /// Five `SCRIPT FLUSH`es, 100 ms apart. The store meets `NOSCRIPT` and sends
-    /// the script in full (`EVAL`) in the same call, so no request should notice:
-    /// no failure answer at all, and at least one `EVAL` per flush.
+    /// Five `SCRIPT FLUSH` + `FUNCTION FLUSH`es, 100 ms apart: the server forgets
+    /// the store's Lua. The store meets "Function not found" and loads its library
+    /// again within the same call, so no request should notice: no failure answer at
+    /// all, and at least one `FUNCTION LOAD` per flush.
     ScriptFlush,
     /// Three `CLIENT KILL TYPE normal SKIPME yes`, 200 ms apart: each must find
     /// exactly one connection, the store's, reconnected since the last.
@@ -349,23 +350,27 @@ async fn break_and_mend(
         }
         Shape::ScriptFlush => {
             let mut control = server.conn().await;
-            let evals_before = command_calls(&mut control).await.get("eval").copied();
+            let loads = |calls: std::collections::HashMap<String, u64>| {
+                calls.get("function|load").copied().unwrap_or(0)
+            };
+            let loads_before = loads(command_calls(&mut control).await);
             enter(OUTAGE);
             const FLUSHES: u64 = 5;
             for _ in 0..FLUSHES {
-                let () = redis::cmd("SCRIPT")
-                    .arg("FLUSH")
-                    .query_async(&mut control)
-                    .await
-                    .unwrap();
+                for what in ["SCRIPT", "FUNCTION"] {
+                    let () = redis::cmd(what)
+                        .arg("FLUSH")
+                        .query_async(&mut control)
+                        .await
+                        .unwrap();
+                }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             enter(BACK);
-            // The store sends the script in full only on NOSCRIPT: at least once per
-            // flush, or the flushes went unseen.
-            let evals = command_calls(&mut control).await.get("eval").copied();
-            let reloads = evals.unwrap_or(0) - evals_before.unwrap_or(0);
-            assert!(reloads >= FLUSHES, "{reloads} EVALs for {FLUSHES} flushes");
+            // The store loads its library only when the server lacks it: at least
+            // once per flush, or the flushes went unseen.
+            let reloads = loads(command_calls(&mut control).await) - loads_before;
+            assert!(reloads >= FLUSHES, "{reloads} loads for {FLUSHES} flushes");
         }
         Shape::ClientKill => {
             let mut control = server.conn().await;
@@ -519,8 +524,8 @@ async fn outage(shape: Shape, mode: Mode) {
         );
     }
     if shape == Shape::ScriptFlush {
-        // The store meets NOSCRIPT and sends the script in full in the same call: no
-        // request even notices.
+        // The store meets "Function not found" and loads its library in the same call:
+        // no request even notices.
         assert_eq!(
             failure_answers, 0,
             "{mode:?}: requests failed across SCRIPT FLUSH"

@@ -1,6 +1,6 @@
 //! The Redis store on a real local Redis Cluster (three masters, three replicas):
 //! limits hold in every slot, keys spread over every master and all expire, one
-//! EVALSHA per call, and after a master dies its replica takes over while every call
+//! FCALL per call, and after a master dies its replica takes over while every call
 //! is still answered in time.
 
 mod support;
@@ -95,9 +95,8 @@ async fn limits_hold_in_every_slot_and_keys_spread_over_every_master_with_ttls()
         ),
     ];
 
-    // Warm up: every master caches each limiter's script (one per set of algorithms;
-    // a burst of first calls would each meet NOSCRIPT and be resent as EVAL), then
-    // forget the warm-up's keys and stats.
+    // Warm up: the function library is loaded (on every master at once), then forget
+    // the warm-up's keys and stats (FLUSHALL keeps functions).
     for (limiter, _, _) in &limiters {
         for i in 0..30 {
             limiter
@@ -115,7 +114,7 @@ async fn limits_hold_in_every_slot_and_keys_spread_over_every_master_with_ttls()
             .await
             .unwrap();
     }
-    assert_eq!(command_calls(&cluster, &masters, "evalsha").await, 0);
+    assert_eq!(command_calls(&cluster, &masters, "fcall").await, 0);
 
     let started = Instant::now();
     let mut calls = 0;
@@ -144,11 +143,14 @@ async fn limits_hold_in_every_slot_and_keys_spread_over_every_master_with_ttls()
         started.elapsed()
     );
 
-    // One EVALSHA per call, each to its slot's master, and nothing else.
-    let evalsha = command_calls(&cluster, &masters, "evalsha").await;
-    let eval = command_calls(&cluster, &masters, "eval").await;
-    assert_eq!(evalsha, calls as u64, "EVALSHA calls on the masters");
-    assert_eq!(eval, 0, "EVAL calls on the masters, with the script cached");
+    // One FCALL per call, each to its slot's master, and nothing else.
+    let fcall = command_calls(&cluster, &masters, "fcall").await;
+    let loads = command_calls(&cluster, &masters, "function|load").await;
+    assert_eq!(fcall, calls as u64, "FCALL calls on the masters");
+    assert_eq!(
+        loads, 0,
+        "FUNCTION LOAD calls on the masters, with the library loaded"
+    );
 
     // Every master holds keys, each subject's keys on one master only, and every
     // key expires.
@@ -295,7 +297,7 @@ async fn failover(mut cluster: RedisCluster, full_coverage: bool) {
     }
     let load_subjects: Arc<[String]> = load_subjects.into();
 
-    // Every master is connected and has the script before the test starts.
+    // Every master is connected and has the library before the test starts.
     for subject in load_subjects.iter() {
         assert!(first_decision(&load, subject).await.is_allowed());
     }

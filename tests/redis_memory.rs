@@ -43,7 +43,7 @@ async fn bytes_per_subject(policy: Policy, cost: u32, subjects: usize) -> f64 {
             .client_clock(FakeClock::new(START_MS)),
         policy,
     );
-    // Load the script and open the connection before the baseline.
+    // Load the function library and open the connection before the baseline.
     limiter.check("warm-up", 1).await.unwrap();
     redis::cmd("DEL")
         .arg(

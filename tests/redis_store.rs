@@ -1,5 +1,5 @@
 //! The Redis store against real `redis-server` processes: atomicity under many
-//! clients, one round trip per call, recovery from NOSCRIPT and restarts, hostile
+//! clients, one round trip per call, recovery from flushed Lua and restarts, hostile
 //! subjects, argument errors, TTLs, timeouts, and server-clock decisions.
 
 mod support;
@@ -109,7 +109,7 @@ async fn eight_clients_never_admit_more_than_the_limit() {
 }
 
 #[tokio::test]
-async fn a_call_is_one_evalsha_on_one_shared_connection() {
+async fn a_call_is_one_fcall_on_one_shared_connection() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     let limiter = Limiter::new(
@@ -118,7 +118,7 @@ async fn a_call_is_one_evalsha_on_one_shared_connection() {
     )
     .policy(Policy::sliding_log("b", 1_000, Duration::from_secs(60)).unwrap())
     .policy(Policy::token_bucket("c", 1_000, 10, Duration::from_secs(1)).unwrap());
-    // The first call connects and loads the script.
+    // The first call connects and loads the function library.
     assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
     redis::cmd("CONFIG")
         .arg("RESETSTAT")
@@ -136,7 +136,7 @@ async fn a_call_is_one_evalsha_on_one_shared_connection() {
     }
 
     let calls = support::command_calls(&mut conn).await;
-    assert_eq!(calls.get("evalsha"), Some(&100), "{calls:?}");
+    assert_eq!(calls.get("fcall"), Some(&100), "{calls:?}");
     // Commands the script runs inside count too (GET, SET, TIME); none of them may
     // come from the client, and nothing else may run.
     let extra: Vec<_> = calls
@@ -144,7 +144,7 @@ async fn a_call_is_one_evalsha_on_one_shared_connection() {
         .filter(|(name, _)| {
             !matches!(
                 name.as_str(),
-                "evalsha"
+                "fcall"
                     | "config|resetstat"
                     | "info"
                     | "get"
@@ -155,7 +155,10 @@ async fn a_call_is_one_evalsha_on_one_shared_connection() {
             )
         })
         .collect();
-    assert!(extra.is_empty(), "no PING, SCRIPT LOAD or EVAL: {extra:?}");
+    assert!(
+        extra.is_empty(),
+        "no PING, FUNCTION LOAD or EVAL: {extra:?}"
+    );
     assert_eq!(
         calls.get("get"),
         Some(&300),
@@ -175,16 +178,18 @@ async fn a_call_is_one_evalsha_on_one_shared_connection() {
     server.assert_every_key_expires().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn script_flush_mid_run_fails_no_call() {
-    let server = RedisServer::start();
+/// Flushes the server's Lua between calls and under load: no call may fail, on a
+/// server with functions (the store loads its library again) and on one without
+/// (`FCALL` renamed away, as on Redis before 7.0: the store sends scripts, and the
+/// script in full after `NOSCRIPT`).
+async fn lua_flush_mid_run_fails_no_call(server: &RedisServer, flush: &str) {
     let limiter = Limiter::new(
-        store(&server),
+        store(server),
         Policy::fixed_window("p", 1_000_000, Duration::from_secs(3_600)).unwrap(),
     );
-    // Flush between two calls, again and again: each next call finds no script.
+    // Flush between two calls, again and again: each next call finds no Lua.
     for i in 0..20 {
-        redis::cmd("SCRIPT")
+        redis::cmd(flush)
             .arg("FLUSH")
             .query_async::<()>(&mut server.conn().await)
             .await
@@ -192,7 +197,7 @@ async fn script_flush_mid_run_fails_no_call() {
         let decision = limiter.check("s", 1).await;
         assert!(
             decision.is_ok(),
-            "call {i} after SCRIPT FLUSH: {decision:?}"
+            "call {i} after {flush} FLUSH: {decision:?}"
         );
     }
     // And flush continuously while 4 tasks call.
@@ -209,7 +214,7 @@ async fn script_flush_mid_run_fails_no_call() {
     let mut conn = server.conn().await;
     let mut flushes = 0;
     while !tasks.is_empty() {
-        redis::cmd("SCRIPT")
+        redis::cmd(flush)
             .arg("FLUSH")
             .query_async::<()>(&mut conn)
             .await
@@ -221,6 +226,26 @@ async fn script_flush_mid_run_fails_no_call() {
     }
     assert!(flushes > 1);
     server.assert_every_key_expires().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn function_flush_mid_run_fails_no_call() {
+    let server = RedisServer::start();
+    lua_flush_mid_run_fails_no_call(&server, "FUNCTION").await;
+    let calls = support::command_calls(&mut server.conn().await).await;
+    assert!(
+        calls.contains_key("fcall") && !calls.contains_key("evalsha"),
+        "{calls:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_functions_gets_scripts() {
+    let server = RedisServer::start_with(&["--rename-command", "FCALL", ""]);
+    lua_flush_mid_run_fails_no_call(&server, "SCRIPT").await;
+    let calls = support::command_calls(&mut server.conn().await).await;
+    assert!(calls.contains_key("evalsha"), "{calls:?}");
+    assert!(!calls.contains_key("function|load"), "{calls:?}");
 }
 
 #[tokio::test]

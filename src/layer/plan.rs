@@ -1,14 +1,14 @@
 //! What the layer checks for one request: a [`Plan`] picks a limiter and a subject.
 //!
 //! One layer, one `Service` impl: a key extractor (with the layer's one limiter),
-//! [`Rules`](crate::rules::Rules) and [`Tiers`](crate::tiers::Tiers) are all plans.
+//! [`Rules`](crate::layer::rules::Rules) and [`Tiers`](crate::layer::tiers::Tiers) are all plans.
 
 use std::sync::Arc;
 
 use http::request::Parts;
 
-use crate::headers::PolicyHeaders;
 use crate::key::{KeyExtractor, KeyRejection};
+use crate::layer::headers::PolicyHeaders;
 use crate::limiter::Limiter;
 use crate::store::Store;
 use crate::subject::Subject;
@@ -18,27 +18,28 @@ use crate::subject::Subject;
 ///
 /// Implemented by every [`KeyExtractor`] (checked against the limiter given to
 /// [`RateLimitLayer::new`](crate::RateLimitLayer::new)), by
-/// [`Rules`](crate::rules::Rules) and by [`Tiers`](crate::tiers::Tiers). Sealed: the
+/// [`Rules`](crate::layer::rules::Rules) and by [`Tiers`](crate::layer::tiers::Tiers). Sealed: the
 /// layer's answers depend on what a plan hands back, so new plans are added here.
-pub trait Plan<S>: Select<S> + Send + Sync + 'static {}
+pub trait Plan<S>: SealedPlan<S> + Send + Sync + 'static {}
 
-impl<S, P: Select<S> + Send + Sync + 'static> Plan<S> for P {}
+impl<S, P: SealedPlan<S> + Send + Sync + 'static> Plan<S> for P {}
 
-/// A limiter with the headers its policies always produce, computed once when the plan
-/// is built, so a request only formats its own numbers.
-pub struct Limit<S> {
+/// What a request is checked against: a limiter, with the headers its policies always
+/// produce computed once when the plan is built, so a request only formats its own
+/// numbers.
+pub struct Gate<S> {
     pub(crate) limiter: Arc<Limiter<S>>,
     pub(crate) headers: Arc<PolicyHeaders>,
 }
 
-impl<S: Store> Limit<S> {
+impl<S: Store> Gate<S> {
     pub(crate) fn new(limiter: Arc<Limiter<S>>) -> Self {
         let headers = Arc::new(PolicyHeaders::new(limiter.policies()));
         Self { limiter, headers }
     }
 }
 
-impl<S> Clone for Limit<S> {
+impl<S> Clone for Gate<S> {
     fn clone(&self) -> Self {
         Self {
             limiter: Arc::clone(&self.limiter),
@@ -47,7 +48,7 @@ impl<S> Clone for Limit<S> {
     }
 }
 
-impl<S: Store> std::fmt::Debug for Limit<S> {
+impl<S: Store> std::fmt::Debug for Gate<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list()
             .entries(self.limiter.policies().iter().map(|p| p.name()))
@@ -56,31 +57,31 @@ impl<S: Store> std::fmt::Debug for Limit<S> {
 }
 
 /// What a plan picked for a request: `Ok(None)` lets it pass without a check.
-pub(crate) type Selected<'a, S> = Result<Option<(&'a Limit<S>, Subject)>, KeyRejection>;
+pub(crate) type Selected<'a, S> = Result<Option<(&'a Gate<S>, Subject)>, KeyRejection>;
 
 /// The sealed half of [`Plan`]: public in a private module, so it cannot be named or
 /// implemented outside the crate.
-pub trait Select<S> {
+pub trait SealedPlan<S> {
     /// What the layer keeps beside the plan: the one limiter of a key extractor, nothing
     /// for plans that hold their own limiters.
-    type Limits: Send + Sync + 'static;
+    type Held: Send + Sync + 'static;
 
-    /// The limit and subject for this request.
-    fn select<'a>(&'a self, limits: &'a Self::Limits, parts: &Parts) -> Selected<'a, S>;
+    /// The gate and subject for this request.
+    fn select<'a>(&'a self, held: &'a Self::Held, parts: &Parts) -> Selected<'a, S>;
 
-    /// Every limit this plan can pick, for checks made once when the layer is built.
-    fn each_limit<'a>(&'a self, limits: &'a Self::Limits, visit: &mut dyn FnMut(&'a Limit<S>));
+    /// Every gate this plan can pick, for checks made once when the layer is built.
+    fn each_gate<'a>(&'a self, held: &'a Self::Held, visit: &mut dyn FnMut(&'a Gate<S>));
 }
 
-impl<S: Store, K: KeyExtractor> Select<S> for K {
-    type Limits = Limit<S>;
+impl<S: Store, K: KeyExtractor> SealedPlan<S> for K {
+    type Held = Gate<S>;
 
     #[inline]
-    fn select<'a>(&'a self, limit: &'a Limit<S>, parts: &Parts) -> Selected<'a, S> {
-        self.extract(parts).map(|subject| Some((limit, subject)))
+    fn select<'a>(&'a self, gate: &'a Gate<S>, parts: &Parts) -> Selected<'a, S> {
+        self.extract(parts).map(|subject| Some((gate, subject)))
     }
 
-    fn each_limit<'a>(&'a self, limit: &'a Limit<S>, visit: &mut dyn FnMut(&'a Limit<S>)) {
-        visit(limit);
+    fn each_gate<'a>(&'a self, gate: &'a Gate<S>, visit: &mut dyn FnMut(&'a Gate<S>)) {
+        visit(gate);
     }
 }

@@ -18,10 +18,10 @@ use tower_service::Service;
 
 use super::*;
 use crate::clock::FakeClock;
-use crate::headers::{
+use crate::key::KeyRejection;
+use crate::layer::headers::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
-use crate::key::KeyRejection;
 use crate::store::{Operation, PolicySet, StoreError, StoreErrorKind};
 use crate::{Decision, MemoryStore, Policy, Subject};
 
@@ -475,7 +475,7 @@ fn a_fixed_cost_no_limiter_can_take_is_refused_when_the_layer_is_built() {
     let store = MemoryStore::with_clock(clock.clone());
     let small = Limiter::new(store.clone(), fixed("small", 2, 1_000));
     let big = Limiter::new(store, fixed("big", 10, 1_000));
-    let rules = crate::rules::Rules::builder()
+    let rules = crate::layer::rules::Rules::builder()
         .path("/big", big.clone(), UserHeader)
         .default(small.clone(), UserHeader)
         .build()
@@ -484,7 +484,7 @@ fn a_fixed_cost_no_limiter_can_take_is_refused_when_the_layer_is_built() {
         RateLimitLayer::rules(rules).cost(3),
         Err(Error::CostTooHigh { max: 2, .. })
     ));
-    let tiers = crate::tiers::Tiers::new(UserHeader, |_| None)
+    let tiers = crate::layer::tiers::Tiers::new(UserHeader, |_| None)
         .tier("pro", big)
         .tier("free", small);
     assert!(matches!(
@@ -1095,19 +1095,33 @@ fn tonic_server_accepts_the_layer() {
     drop(serving);
 }
 
-#[test]
-fn the_memory_store_is_decided_inside_call() {
-    // The fast path (no clone of the inner service) depends on the memory store's
-    // future type; a change there must show up here, not as a silent slowdown.
+#[tokio::test]
+async fn decisions_made_at_once_take_the_fast_path() {
+    // The fast path (no clone of the inner service, no future kept) is taken when the
+    // store says it decided at once, and for the block cache's answers on any store.
     let clock = FakeClock::new(0);
     let memory = Limiter::new(MemoryStore::with_clock(clock.clone()), fixed("d", 1, 1_000));
-    assert!(crate::future::ready_now(&mut memory.check("a", 1)).is_some());
-    assert!(crate::future::ready_now(&mut memory.check("a", 0)).is_some());
-    let slow = Limiter::new(
-        SlowStore(MemoryStore::with_clock(clock)),
-        fixed("d", 1, 1_000),
+    assert!(memory.check("a", 1).take_settled().is_some());
+    assert!(
+        memory.check("a", 0).take_settled().is_some(),
+        "a refused cost"
     );
-    assert!(crate::future::ready_now(&mut slow.check("a", 1)).is_none());
+    // A store that answers later, as Redis does: no fast path for its own answers...
+    let slow = Limiter::new(
+        SlowStore(MemoryStore::with_clock(clock.clone())),
+        fixed("d", 1, 1_000),
+    )
+    .block_cache(16)
+    .local_clock(clock);
+    let mut first = slow.check("a", 1);
+    assert!(first.take_settled().is_none());
+    assert!(first.await.unwrap().is_allowed());
+    let mut denied = slow.check("a", 1);
+    assert!(denied.take_settled().is_none());
+    assert!(!denied.await.unwrap().is_allowed());
+    // ...but its block cache's answers take it.
+    let cached = slow.check("a", 1).take_settled().unwrap().unwrap();
+    assert_eq!(cached.origin(), crate::Origin::BlockCache);
 }
 
 /// An inner service that counts its clones: the layer clones it only for a check that
@@ -1139,11 +1153,11 @@ impl Service<Request<Empty<Bytes>>> for CountsClones {
 fn every_plan_on_the_memory_store_takes_the_synchronous_path() {
     let clock = FakeClock::new(0);
     let limiter = || Limiter::new(MemoryStore::with_clock(clock.clone()), fixed("d", 1, 1_000));
-    let rules = crate::rules::Rules::builder()
+    let rules = crate::layer::rules::Rules::builder()
         .path("/limited", limiter(), UserHeader)
         .build()
         .unwrap();
-    let tiers = crate::tiers::Tiers::new(UserHeader, |_| Some("one")).tier("one", limiter());
+    let tiers = crate::layer::tiers::Tiers::new(UserHeader, |_| Some("one")).tier("one", limiter());
     let clones = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let inner = || CountsClones(Arc::clone(&clones));
     type Call = Box<dyn FnMut(Request<Empty<Bytes>>) -> StatusCode>;

@@ -19,28 +19,55 @@
 //! # Ok(()) }
 //! ```
 
+use std::collections::HashMap;
 use std::future::{ready, Ready};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError, Weak};
 use std::time::Duration;
 
-use dashmap::DashMap;
 use smallvec::SmallVec;
 
-use super::{AdminStore, Operation, PolicySet, Store, StoreError};
+use super::{AdminStore, CheckNow, Operation, PolicySet, Store, StoreError};
 use crate::algorithm::{self, State};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
 use crate::policy::Policy;
 use crate::subject::Subject;
 
+/// How many shards the map has: the unit of locking and of sweeping. Many small shards
+/// keep each sweep slice short (a million subjects are about 1,000 per shard) and make
+/// it unlikely that a decision meets the one shard being swept.
+const SHARDS: usize = 1024;
+
+/// How many times per pass the background sweeper wakes, sweeping the slices due each
+/// time. Each wake takes a core from whatever ran there (a decision, on a busy machine):
+/// a few dozen a second keep those rare, yet each short (a few shards).
+const WAKES_PER_PASS: u64 = 50;
+
 /// Limit state in this process's memory.
 ///
-/// Sharded (no global lock); each subject's entry is locked only while one decision
-/// runs on it. Entries whose state has decayed to "unused" are swept at most once per
-/// sweep interval (one second by default) by whichever call notices the interval has
-/// passed, and the map shrinks back when it has emptied, so a flood of one-off
-/// subjects costs memory only for about one window.
+/// Sharded (no global lock); each subject's shard is locked only while one decision
+/// runs on it. Entries whose state has decayed to "unused" are swept, and shards shrink
+/// back when they have emptied, so a flood of one-off subjects costs memory only for
+/// about one window.
+///
+/// # Housekeeping, off the request path
+///
+/// Sweeping goes one shard at a time: a pass over the whole map is spread evenly over
+/// the sweep interval (one second by default), so no decision ever waits for more than
+/// one shard's sweep, and decisions on other shards do not wait at all.
+///
+/// - [`MemoryStore::new`] (a real clock) sweeps in a background thread the store owns:
+///   memory comes back without traffic, and decisions do no housekeeping at all. The
+///   thread holds only a weak reference and stops when the last clone is dropped; it
+///   needs no async runtime.
+/// - [`MemoryStore::with_clock`] sweeps on calls instead: a call that finds a slice due
+///   sweeps that one shard. A [`FakeClock`](crate::clock::FakeClock) only moves when a
+///   test moves it, so a thread woken by wall time would sweep at moments the test does
+///   not choose; on calls, the same test always sweeps the same entries. A store on a
+///   real clock can opt into the thread with [`MemoryStore::sweep_in_background`].
+/// - [`MemoryStore::sweep`] reclaims everything expired at once, for whoever wants it.
 ///
 /// Cloning is cheap and shares the state.
 #[derive(Debug, Clone)]
@@ -50,10 +77,87 @@ pub struct MemoryStore {
 
 #[derive(Debug)]
 struct Inner {
-    map: DashMap<(u64, Subject), Entry>,
+    shards: Box<[Shard]>,
+    /// Keyed per store: subjects come from clients, so their hashes must not be
+    /// predictable (one hash per decision picks the shard and the slot in it).
+    hasher: RandomState,
     clock: Arc<dyn Clock>,
-    sweep_every_ms: u64,
-    next_sweep_ms: AtomicU64,
+    sweep_every_ms: AtomicU64,
+    /// When the next slice is due, read by every call that sweeps; the schedule itself
+    /// is behind a lock only sweepers take.
+    next_slice_ms: AtomicU64,
+    schedule: Mutex<Schedule>,
+    /// Set once a background thread sweeps: calls then leave housekeeping alone.
+    swept_in_background: AtomicBool,
+    sweeper: OnceLock<Sweeper>,
+}
+
+/// The background sweeping thread, to wake it (a new interval, or the store dropped).
+#[derive(Debug)]
+struct Sweeper {
+    thread: std::thread::Thread,
+    /// Dropped when the thread has ended (only the tests look).
+    #[cfg_attr(not(test), allow(dead_code))]
+    alive: Weak<()>,
+}
+
+/// One lock's worth of the map, on its own cache line (two threads working on
+/// neighbouring shards do not slow each other).
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Shard(Mutex<HashMap<Key, Entry, BuildHasherDefault<KnownHash>>>);
+
+type ShardMap = HashMap<Key, Entry, BuildHasherDefault<KnownHash>>;
+
+impl Shard {
+    fn lock(&self) -> MutexGuard<'_, ShardMap> {
+        // A panic under the lock leaves at worst one subject's state half-updated;
+        // never refuse every later decision for it.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A subject under one policy set, with its hash computed once per decision.
+#[derive(Debug)]
+struct Key {
+    hash: u64,
+    set: u64,
+    subject: Subject,
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.set == other.set && self.subject == other.subject
+    }
+}
+
+impl Eq for Key {}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// The shard's map reuses the key's hash instead of hashing the subject again.
+#[derive(Debug, Default)]
+struct KnownHash(u64);
+
+impl Hasher for KnownHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used; anything else still hashes (FNV-1a).
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
 }
 
 #[derive(Debug)]
@@ -62,57 +166,158 @@ struct Entry {
     expires_at_ms: u64,
 }
 
+/// Where the sweep is in its pass over the shards.
+#[derive(Debug)]
+struct Schedule {
+    pass_start_ms: u64,
+    next_shard: usize,
+    /// Entries left in the shards swept so far in this pass.
+    left_in_pass: usize,
+}
+
+impl Schedule {
+    /// When the next shard's turn comes: the pass's slices spread evenly over `every`.
+    fn due_ms(&self, every_ms: u64) -> u64 {
+        let offset = u128::from(every_ms) * (self.next_shard as u128 + 1) / SHARDS as u128;
+        self.pass_start_ms
+            .saturating_add(u64::try_from(offset).unwrap_or(u64::MAX))
+    }
+
+    /// One more shard swept at `now_ms`, with `left` entries still in it; `is_empty`
+    /// tells, at the end of a pass that left nothing, whether the store is still empty
+    /// (shards swept early in the pass may have filled since).
+    fn advance(
+        &mut self,
+        left: usize,
+        now_ms: u64,
+        every_ms: u64,
+        is_empty: impl FnOnce() -> bool,
+    ) {
+        self.left_in_pass += left;
+        self.next_shard += 1;
+        if self.next_shard == SHARDS {
+            // A pass ends; the next follows on, but never more than one pass behind:
+            // after a long gap (no calls, a starved thread, a clock moved forward) one
+            // whole pass is due at once, and no more. A pass that found the store empty
+            // waits an interval more: an idle store costs nothing.
+            self.pass_start_ms = if self.left_in_pass == 0 && is_empty() {
+                now_ms.saturating_add(every_ms)
+            } else {
+                self.pass_start_ms
+                    .saturating_add(every_ms)
+                    .max(now_ms.saturating_sub(every_ms))
+            };
+            self.next_shard = 0;
+            self.left_in_pass = 0;
+        }
+    }
+}
+
 impl MemoryStore {
-    /// A memory store on the monotonic clock.
+    /// A memory store on the monotonic clock, swept by a background thread.
     pub fn new() -> Self {
-        Self::with_clock(MonotonicClock::new())
+        Self::with_clock(MonotonicClock::new()).sweep_in_background()
     }
 
     /// A memory store reading time from `clock` (a [`FakeClock`](crate::clock::FakeClock)
-    /// in tests).
+    /// in tests), swept one shard at a time by the calls that find a slice due.
     pub fn with_clock(clock: impl Clock) -> Self {
+        let now = clock.now_ms();
+        let schedule = Schedule {
+            pass_start_ms: now,
+            next_shard: 0,
+            left_in_pass: 0,
+        };
+        let every_ms = 1_000;
         Self {
             inner: Arc::new(Inner {
-                map: DashMap::new(),
+                shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+                hasher: RandomState::new(),
                 clock: Arc::new(clock),
-                sweep_every_ms: 1_000,
-                next_sweep_ms: AtomicU64::new(0),
+                sweep_every_ms: AtomicU64::new(every_ms),
+                next_slice_ms: AtomicU64::new(schedule.due_ms(every_ms)),
+                schedule: Mutex::new(schedule),
+                swept_in_background: AtomicBool::new(false),
+                sweeper: OnceLock::new(),
             }),
         }
     }
 
-    /// Sets how often expired entries are swept (default one second).
+    /// Sets how long a pass over every entry takes (default one second): each expired
+    /// entry is gone within about this long after it expired.
+    pub fn sweep_every(self, every: Duration) -> Self {
+        let every_ms = u64::try_from(every.as_millis()).unwrap_or(u64::MAX).max(1);
+        let inner = &*self.inner;
+        inner.sweep_every_ms.store(every_ms, Ordering::Relaxed);
+        let schedule = inner.lock_schedule();
+        inner
+            .next_slice_ms
+            .store(schedule.due_ms(every_ms), Ordering::Relaxed);
+        drop(schedule);
+        if let Some(sweeper) = inner.sweeper.get() {
+            sweeper.thread.unpark();
+        }
+        self
+    }
+
+    /// Sweeps in a background thread of the store's own, so that memory comes back
+    /// without traffic and no decision does housekeeping (what [`MemoryStore::new`]
+    /// does). Use it with a real clock only: the thread sleeps in wall time.
     ///
-    /// Must be called before the store is cloned or shared.
-    pub fn sweep_every(mut self, every: Duration) -> Self {
-        if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.sweep_every_ms = u64::try_from(every.as_millis()).unwrap_or(u64::MAX).max(1);
+    /// If the thread cannot be started, calls go on sweeping, one shard each.
+    pub fn sweep_in_background(self) -> Self {
+        if self.inner.sweeper.get().is_some() {
+            return self;
+        }
+        let store = Arc::downgrade(&self.inner);
+        let alive = Arc::new(());
+        let token = Arc::downgrade(&alive);
+        let spawned = std::thread::Builder::new()
+            .name("redlimit-sweep".into())
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                let _alive = alive;
+                sweep_until_dropped(&store);
+            });
+        if let Ok(handle) = spawned {
+            let sweeper = Sweeper {
+                thread: handle.thread().clone(),
+                alive: token,
+            };
+            if self.inner.sweeper.set(sweeper).is_ok() {
+                self.inner
+                    .swept_in_background
+                    .store(true, Ordering::Relaxed);
+            }
         }
         self
     }
 
     /// How many subjects (per policy set) hold state now, expired or not.
     pub fn len(&self) -> usize {
-        self.inner.map.len()
+        self.inner.shards.iter().map(|s| s.lock().len()).sum()
     }
 
     /// Whether no subject holds state.
     pub fn is_empty(&self) -> bool {
-        self.inner.map.is_empty()
+        self.inner.shards.iter().all(|s| s.lock().is_empty())
     }
 
-    /// Drops every entry whose state has decayed, and gives memory back.
+    /// Drops every entry whose state has decayed, and gives memory back: the whole
+    /// map now, one shard locked at a time.
     pub fn sweep(&self) {
         let now = self.inner.clock.now_ms();
-        self.inner.sweep(now);
+        for index in 0..SHARDS {
+            self.inner.sweep_shard(index, now);
+        }
     }
 
     pub(crate) fn decide(&self, subject: Subject, set: &PolicySet, cost: u64) -> Decision {
         self.run_op(Operation::Check, subject, set, cost)
     }
 
-    /// Every operation on one entry, under its lock: the model's steps, then what the
-    /// operation keeps of them.
+    /// Every operation on one entry, under its shard's lock: the model's steps, then
+    /// what the operation keeps of them.
     pub(crate) fn run_op(
         &self,
         op: Operation,
@@ -122,22 +327,31 @@ impl MemoryStore {
     ) -> Decision {
         let inner = &*self.inner;
         let now = inner.clock.now_ms();
-        inner.maybe_sweep(now);
+        if !inner.swept_in_background.load(Ordering::Relaxed) {
+            inner.sweep_next_slice(now);
+        }
         let policies = set.policies();
-        let key = (set.fingerprint(), subject);
+        let hash = inner.hasher.hash_one((set.fingerprint(), &subject));
+        let key = Key {
+            hash,
+            set: set.fingerprint(),
+            subject,
+        };
+        let mut shard = inner.shard(hash).lock();
         if op == Operation::Reset {
-            inner.map.remove(&key);
+            shard.remove(&key);
         }
         let fresh = || Entry {
             states: SmallVec::new(),
             expires_at_ms: 0,
         };
-        let mut entry = match op {
-            Operation::Check => inner.map.entry(key).or_insert_with(fresh),
+        let entry = match op {
+            Operation::Check => shard.entry(key).or_insert_with(fresh),
             // The others never create an entry.
-            _ => match inner.map.get_mut(&key) {
+            _ => match shard.get_mut(&key) {
                 Some(entry) => entry,
                 None => {
+                    drop(shard);
                     let states: SmallVec<[Option<State>; 1]> =
                         SmallVec::from_elem(None, policies.len());
                     return peek(policies, &states, now, cost);
@@ -160,24 +374,23 @@ impl MemoryStore {
             }
             _ => return peek(policies, &entry.states, now, cost),
         }
-        let mut steps: SmallVec<[algorithm::Step; 1]> = policies
-            .iter()
-            .zip(entry.states.iter())
-            .map(|(policy, state)| algorithm::decide(policy, state.as_ref(), now, cost))
-            .collect();
-        if algorithm::admits_all(policies, steps.iter().map(|s| &s.outcome)) {
-            let mut expires = entry.expires_at_ms;
-            for (state, step) in entry.states.iter_mut().zip(steps.iter_mut()) {
-                if let Some(commit) = step.commit.take() {
-                    commit.apply(state);
-                    expires = expires.max(now.saturating_add(step.ttl_ms.max(1)));
-                }
-            }
-            entry.expires_at_ms = expires;
+        let (outcomes, keep) = algorithm::decide_all(policies, &mut entry.states, now, cost);
+        if let Some(keep) = keep {
+            entry.expires_at_ms = entry.expires_at_ms.max(now.saturating_add(keep));
         }
-        drop(entry);
-        let outcomes = steps.iter().map(|s| s.outcome);
+        drop(shard);
         Decision::from_outcomes(policies, outcomes)
+    }
+}
+
+/// The background sweeper's life: every slice that is due, then sleep until the next
+/// one; ends once the store is gone (its last clone dropped wakes the thread).
+fn sweep_until_dropped(store: &Weak<Inner>) {
+    while let Some(inner) = store.upgrade() {
+        let wait = inner.sweep_due_slices(inner.clock.now_ms());
+        // Not holding the store while asleep: dropping it must be able to end it.
+        drop(inner);
+        std::thread::park_timeout(wait);
     }
 }
 
@@ -191,25 +404,70 @@ fn peek(policies: &Arc<[Policy]>, states: &[Option<State>], now: u64, cost: u64)
 }
 
 impl Inner {
-    fn maybe_sweep(&self, now: u64) {
-        let due = self.next_sweep_ms.load(Ordering::Relaxed);
-        if now < due {
-            return;
-        }
-        let next = now.saturating_add(self.sweep_every_ms);
-        if self
-            .next_sweep_ms
-            .compare_exchange(due, next, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            self.sweep(now);
-        }
+    fn shard(&self, hash: u64) -> &Shard {
+        // Bits the shard's own table does not lean on (it uses the lowest for the slot
+        // and the top seven as a tag).
+        &self.shards[(hash >> 32) as usize % SHARDS]
     }
 
-    fn sweep(&self, now: u64) {
-        self.map.retain(|_, entry| entry.expires_at_ms > now);
-        if self.map.capacity() > 4 * self.map.len() + 1_024 {
-            self.map.shrink_to_fit();
+    fn lock_schedule(&self) -> MutexGuard<'_, Schedule> {
+        self.schedule.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sweeps the next shard if its turn has come at `now`; false when none was due,
+    /// or another caller is sweeping (a call never waits for housekeeping).
+    fn sweep_next_slice(&self, now: u64) -> bool {
+        if now < self.next_slice_ms.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut schedule = match self.schedule.try_lock() {
+            Ok(schedule) => schedule,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return false,
+        };
+        let every_ms = self.sweep_every_ms.load(Ordering::Relaxed);
+        if now < schedule.due_ms(every_ms) {
+            return false;
+        }
+        let left = self.sweep_shard(schedule.next_shard, now);
+        schedule.advance(left, now, every_ms, || {
+            self.shards.iter().all(|s| s.lock().is_empty())
+        });
+        self.next_slice_ms
+            .store(schedule.due_ms(every_ms), Ordering::Relaxed);
+        true
+    }
+
+    /// The background sweeper's step: every slice due at `now`, one shard locked at a
+    /// time; returns how long to sleep before the next step.
+    fn sweep_due_slices(&self, now: u64) -> Duration {
+        // Bounded: at most the rest of this pass and one whole pass are due.
+        while self.sweep_next_slice(now) {}
+        let next = self.next_slice_ms.load(Ordering::Relaxed);
+        let every_ms = self.sweep_every_ms.load(Ordering::Relaxed);
+        let wait_ms = next
+            .saturating_sub(now)
+            .max(every_ms / WAKES_PER_PASS)
+            .clamp(1, 60_000);
+        Duration::from_millis(wait_ms)
+    }
+
+    /// Drops one shard's expired entries and gives its memory back; returns how many
+    /// entries are left in it.
+    fn sweep_shard(&self, index: usize, now: u64) -> usize {
+        let mut map = self.shards[index].lock();
+        map.retain(|_, entry| entry.expires_at_ms > now);
+        if map.capacity() > 4 * map.len() + 16 || (map.is_empty() && map.capacity() > 0) {
+            map.shrink_to_fit();
+        }
+        map.len()
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(sweeper) = self.sweeper.get() {
+            sweeper.thread.unpark();
         }
     }
 }
@@ -226,10 +484,140 @@ impl Store for MemoryStore {
     fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
         ready(Ok(self.decide(subject, set, cost)))
     }
+
+    fn check_now(&self, subject: Subject, set: &PolicySet, cost: u64) -> CheckNow {
+        CheckNow::Decided(Ok(self.decide(subject, set, cost)))
+    }
 }
 
 impl AdminStore for MemoryStore {
     fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
         ready(Ok(self.run_op(op, subject, set, cost)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::FakeClock;
+
+    fn set() -> PolicySet {
+        PolicySet::new(vec![
+            Policy::fixed_window("p", 10, Duration::from_secs(1)).unwrap()
+        ])
+    }
+
+    /// `count` subjects decided on at the clock's time: each holds state for a second.
+    fn fill(store: &MemoryStore, set: &PolicySet, prefix: &str, count: usize) {
+        for i in 0..count {
+            let decision = store.decide(Subject::new(format!("{prefix}{i}")), set, 1);
+            assert!(decision.is_allowed());
+        }
+    }
+
+    fn largest_shard(store: &MemoryStore) -> usize {
+        store
+            .inner
+            .shards
+            .iter()
+            .map(|s| s.lock().len())
+            .max()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_call_sweeps_at_most_one_shard_and_a_pass_of_calls_sweeps_them_all() {
+        let clock = FakeClock::new(1_000_000);
+        let store = MemoryStore::with_clock(clock.clone());
+        assert!(
+            store.inner.sweeper.get().is_none(),
+            "no thread on a given clock"
+        );
+        let set = set();
+        fill(&store, &set, "old-", 20_000);
+        assert_eq!(store.len(), 20_000);
+        clock.advance(Duration::from_secs(10));
+        // Every old entry has expired, and the whole pass is overdue: still, one call
+        // sweeps one shard, not the map.
+        let shard = largest_shard(&store);
+        store.decide(Subject::new("new-0"), &set, 1);
+        let left = store.len();
+        assert!(left < 20_000 + 1, "the call swept something");
+        assert!(
+            20_000 + 1 - left <= shard,
+            "one call reclaimed {} entries; the largest shard holds {shard}",
+            20_000 + 1 - left
+        );
+        // One shard per call: after a pass's worth of calls, only the new subjects.
+        for i in 1..SHARDS {
+            store.decide(Subject::new(format!("new-{i}")), &set, 1);
+        }
+        assert_eq!(store.len(), SHARDS);
+    }
+
+    #[test]
+    fn the_sweepers_step_gives_memory_back_without_any_call() {
+        let clock = FakeClock::new(1_000_000);
+        let store = MemoryStore::with_clock(clock.clone());
+        let set = set();
+        fill(&store, &set, "s", 10_000);
+        // Not due yet: the step sweeps a slice at most (nothing has expired anyway).
+        store.inner.sweep_due_slices(clock.now_ms());
+        assert_eq!(store.len(), 10_000);
+        clock.advance(Duration::from_secs(2));
+        // What the background thread does when it wakes: no decision involved.
+        let wait = store.inner.sweep_due_slices(clock.now_ms());
+        assert!(store.is_empty());
+        assert!(
+            store.inner.shards.iter().all(|s| s.lock().capacity() == 0),
+            "emptied shards give their memory back"
+        );
+        // A pass that found the store empty waits an interval more before the next.
+        assert!(wait >= Duration::from_secs(1), "{wait:?}");
+    }
+
+    #[test]
+    fn the_explicit_sweep_reclaims_everything_expired_at_once() {
+        let clock = FakeClock::new(0);
+        let store =
+            MemoryStore::with_clock(clock.clone()).sweep_every(Duration::from_secs(1 << 30));
+        let set = set();
+        fill(&store, &set, "old-", 5_000);
+        clock.advance(Duration::from_secs(5));
+        fill(&store, &set, "live-", 100);
+        assert_eq!(store.len(), 5_100, "never due: calls swept nothing");
+        store.sweep();
+        assert_eq!(store.len(), 100);
+    }
+
+    #[test]
+    fn the_background_sweeper_reclaims_without_traffic_and_stops_with_the_store() {
+        let store = MemoryStore::new().sweep_every(Duration::from_millis(20));
+        assert!(store.inner.swept_in_background.load(Ordering::Relaxed));
+        let set = PolicySet::new(vec![Policy::fixed_window(
+            "p",
+            10,
+            Duration::from_millis(1),
+        )
+        .unwrap()]);
+        fill(&store, &set, "s", 1_000);
+        // Wall time: wait for the thread, bounded far beyond its 20 ms passes.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !store.is_empty() {
+            assert!(std::time::Instant::now() < deadline, "{} left", store.len());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let alive = store.inner.sweeper.get().unwrap().alive.clone();
+        let copy = store.clone();
+        drop(store);
+        assert!(alive.upgrade().is_some(), "a clone keeps the thread");
+        drop(copy);
+        while alive.upgrade().is_some() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the thread outlived its store"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }

@@ -84,6 +84,27 @@ pub trait Store: Send + Sync + 'static {
     /// consumes from all of them only if all admit. `cost` is already validated:
     /// `1 <= cost <= set.max_cost()`.
     fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future;
+
+    /// Decides at once if this store can do so without waiting (the memory store
+    /// can), as [`Store::check`] would; otherwise hands the subject back. The default
+    /// hands it back.
+    ///
+    /// A decision made at once lets the layer call the inner service within its own
+    /// `call`, with no future to keep: the fast path is the store's word, not a guess
+    /// about its future's type.
+    fn check_now(&self, subject: Subject, set: &PolicySet, cost: u64) -> CheckNow {
+        let _ = (set, cost);
+        CheckNow::Later(subject)
+    }
+}
+
+/// What [`Store::check_now`] did.
+#[derive(Debug)]
+pub enum CheckNow {
+    /// Decided (or failed) without waiting.
+    Decided(Result<Decision, StoreError>),
+    /// This store answers later: [`Store::check`] takes the subject back.
+    Later(Subject),
 }
 
 impl<S: Store> Store for Arc<S> {
@@ -91,6 +112,10 @@ impl<S: Store> Store for Arc<S> {
 
     fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
         (**self).check(subject, set, cost)
+    }
+
+    fn check_now(&self, subject: Subject, set: &PolicySet, cost: u64) -> CheckNow {
+        (**self).check_now(subject, set, cost)
     }
 }
 

@@ -15,7 +15,7 @@
 //! let limiter = Limiter::new(store, Policy::sliding_window("api", 100, Duration::from_secs(60))?)
 //!     .policy(Policy::token_bucket("burst", 10, 10, Duration::from_secs(1))?);
 //! # if url.is_ok() {
-//! // Both policies are checked by one EVALSHA; a denial by either consumes from neither.
+//! // Both policies are checked by one FCALL; a denial by either consumes from neither.
 //! let decision = limiter.check("user:42", 1).await?;
 //! assert!(decision.is_allowed());
 //! # }
@@ -24,13 +24,16 @@
 //!
 //! # One connection, one round trip
 //!
-//! A call costs exactly one round trip: an `EVALSHA` of the script, which reads
-//! Redis `TIME` (by default), decides every policy, and writes state only if all
-//! admit. The script is sent in full (`EVAL`, which also caches it) only when the
-//! server answers `NOSCRIPT`, after a restart or a `SCRIPT FLUSH`; no call fails
-//! for it. The script holds the code of the algorithms the limiter's policies use,
-//! and no other (Lua defines a script's functions anew on every call), so limiters
-//! of different algorithms run different scripts; each server caches each one.
+//! A call costs exactly one round trip: an `FCALL` of the store's Redis 7 function
+//! library, which reads Redis `TIME` (by default), decides every policy, and writes
+//! state only if all admit. The library is loaded (`FUNCTION LOAD`) when a server
+//! answers that it lacks it, after a restart or a `FUNCTION FLUSH`; that call is sent
+//! as its script in full (`EVAL`) meanwhile, so no call fails for it. A library's
+//! functions are defined once, when it is loaded, where a script's chunk defines them
+//! anew on every call: about a tenth of a check's Redis instructions. A server without
+//! functions (before Redis 7.0) gets scripts instead: `EVALSHA`, and `EVAL` after
+//! `NOSCRIPT`; each script holds the code of the algorithms its limiter's policies
+//! use, and no other.
 //!
 //! The store does not check a connection out of the pool per call: deadpool-redis
 //! recycles each checked-out connection with an `UNWATCH` + `PING` round trip of its
@@ -72,7 +75,7 @@
 //! let limiter = Limiter::new(store, Policy::sliding_window("api", 100, Duration::from_secs(60))?)
 //!     .policy(Policy::token_bucket("burst", 10, 10, Duration::from_secs(1))?);
 //! # if std::env::var("REDIS_CLUSTER").is_ok() {
-//! // Still one EVALSHA, sent to the master of the slot of "user:42"'s hash tag.
+//! // Still one FCALL, sent to the master of the slot of "user:42"'s hash tag.
 //! assert!(limiter.check("user:42", 1).await?.is_allowed());
 //! # }
 //! # Ok(()) }
@@ -83,9 +86,9 @@
 //! master of the slot of its first key. All keys of one call share the subject's hash
 //! tag (see [Keys](#keys)), so they lie in one slot: a call never fails with
 //! `CROSSSLOT`, however many policies it checks, and subjects spread over the
-//! masters by the hash of their tag. Each master keeps its own script cache: the
-//! first call a master (or a freshly promoted replica) sees answers `NOSCRIPT` and is
-//! resent as `EVAL`, as on one server.
+//! masters by the hash of their tag. `FUNCTION LOAD` goes to every master at once, and
+//! replicas receive the library from their master, so a promoted replica has it; a
+//! node that lacks it is handled as on one server.
 //!
 //! The cluster client repairs a failed node by itself, in the background and with
 //! backoff, and refreshes its slot map when a node answers `MOVED`; so, unlike the
@@ -132,7 +135,7 @@
 //!
 //! [`Limiter::peek`](crate::Limiter::peek), [`refund`](crate::Limiter::refund) and
 //! [`reset`](crate::Limiter::reset) are the same script with another operation in its
-//! arguments, one `EVALSHA` each: a peek reads and writes nothing; a refund rewrites
+//! arguments, one `FCALL` each: a peek reads and writes nothing; a refund rewrites
 //! each state smaller with `SET .. KEEPTTL` (the state only shrinks, so its TTL still
 //! covers it; Redis 6.0 or later); a reset is a `DEL` of the subject's keys for the
 //! limiter's policies.
@@ -160,7 +163,7 @@ mod script;
 
 use conn::Source;
 use link::Link;
-use script::Call;
+use script::{Call, Via};
 
 /// Longest key prefix: it is repeated in every key.
 const MAX_PREFIX_LEN: usize = 32;
@@ -282,9 +285,10 @@ impl RedisStore {
         self
     }
 
-    /// The Lua source of the script a limiter with `policies` runs for its checks, for
-    /// operators who pre-load it and benchmarks that run it bare. It holds the code of
-    /// the algorithms `policies` use, so limiters of different algorithms run
+    /// The Lua source of the script a limiter with `policies` runs for its checks on a
+    /// server without functions (before Redis 7; others get
+    /// [`RedisStore::function_library`]), for benchmarks that run it bare. It holds the
+    /// code of the algorithms `policies` use, so limiters of different algorithms run
     /// different scripts (and the rare admin operations a script of their own).
     pub fn script_source(policies: &[Policy]) -> &'static str {
         script::Shape::of(policies, Operation::Check)
@@ -299,10 +303,12 @@ impl RedisStore {
             .sha1()
     }
 
-    /// The command this store sends for one call: `EVALSHA` of its script, with the
-    /// subject's keys and the call's arguments (`with_source`: `EVAL` of the source, as
-    /// after `NOSCRIPT`). The clock is this store's: Redis `TIME`, or its client clock
-    /// read now.
+    /// The command this store sends for one call: `FCALL` of its function library's
+    /// function (`script: true`: `EVALSHA` of the call's script, what a server without
+    /// functions gets), with the subject's keys and the call's arguments. The clock is
+    /// this store's: Redis `TIME`, or its client clock read now. Load the library first
+    /// with [`RedisStore::function_library`] (`FUNCTION LOAD REPLACE`), or the script
+    /// with [`RedisStore::script_source`].
     ///
     /// For benchmarks that must send exactly what the store sends, without copying its
     /// wire format: not a stable API.
@@ -313,9 +319,17 @@ impl RedisStore {
         subject: &Subject,
         set: &PolicySet,
         cost: u64,
-        with_source: bool,
+        script: bool,
     ) -> deadpool_redis::redis::Cmd {
-        self.call(op, subject, set, cost).command(with_source)
+        let via = if script { Via::Script } else { Via::Function };
+        self.call(op, subject, set, cost).command(via)
+    }
+
+    /// The Redis 7 function library every call goes through (`FCALL`), as
+    /// `FUNCTION LOAD` takes it: for operators who load it ahead of time (the store
+    /// loads it itself when a server lacks it) and benchmarks that call it bare.
+    pub fn function_library() -> &'static str {
+        script::Library::get().source()
     }
 
     fn call(&self, op: Operation, subject: &Subject, set: &PolicySet, cost: u64) -> Call {
@@ -381,7 +395,7 @@ impl Store for RedisStore {
     }
 }
 
-/// Every operation is one `EVALSHA` of the same script, the operation in its
+/// Every operation is one `FCALL` of the same library, the operation in its
 /// arguments: the admin operations share the check's per-algorithm Lua.
 impl AdminStore for RedisStore {
     fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {

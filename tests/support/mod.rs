@@ -10,16 +10,13 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::{self, AsyncCommands};
 use deadpool_redis::{Config, Pool, Runtime};
+use redlimit::Policy;
 use tempfile::TempDir;
 
-/// The shared table of conformance traces (also checked against the model in
-/// `src/algorithm.rs`).
-pub mod traces {
-    use redlimit::Policy;
-    use std::time::Duration;
-
-    include!("traces.rs");
-}
+/// The shared table of conformance traces, kept beside the model that is checked
+/// against it too.
+#[path = "../../src/algorithm/traces.rs"]
+pub mod traces;
 
 /// Calls per command since the last `CONFIG RESETSTAT`, from `INFO commandstats`
 /// (`evalsha`, `get`, `config|resetstat`, ...).

@@ -2,15 +2,15 @@
 //! from the application's pool, and its replacement when it breaks.
 
 use std::pin::pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use deadpool_redis::redis::{ErrorKind, RedisError, ServerErrorKind, Value};
-use tokio::sync::Notify;
+use deadpool_redis::redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use tokio::sync::{Mutex, Notify};
 
 use super::conn::{Conn, Source};
-use super::script::Call;
+use super::script::{Call, Library, Via};
 use crate::store::{StoreError, StoreErrorKind};
 
 /// How long one attempt to get a connection from the pool may take.
@@ -50,6 +50,13 @@ pub(super) struct Link {
     epoch: Instant,
     /// When the current connection last answered, in ms since `epoch`.
     last_answer_ms: AtomicU64,
+    /// Whether calls go through the function library (until the server says it has
+    /// no functions: Redis before 7.0).
+    functions: AtomicBool,
+    /// Held while the library is being loaded, so the calls that all find it missing
+    /// after a restart load it once, not once each; `loads` counts finished loads.
+    loading: Mutex<()>,
+    loads: AtomicU64,
 }
 
 struct State {
@@ -98,6 +105,9 @@ impl Link {
             settled: Notify::new(),
             epoch: Instant::now(),
             last_answer_ms: AtomicU64::new(0),
+            functions: AtomicBool::new(true),
+            loading: Mutex::new(()),
+            loads: AtomicU64::new(0),
         }
     }
 
@@ -151,27 +161,63 @@ impl Link {
         })
     }
 
-    /// Sends one call on a lent connection: `EVALSHA`, and `EVAL` only if the server
-    /// answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`). `EVAL` both runs and
-    /// caches the script, so no call fails and no `SCRIPT LOAD` can race a flush.
+    /// Sends one call on a lent connection: `FCALL` of the library's function. When the
+    /// server lacks the library (a restart, a `FUNCTION FLUSH`, a new cluster node), the
+    /// call is sent again as its script in full (`EVAL`, which runs and caches it, so
+    /// no flush can race it), then the library is loaded. A server without functions
+    /// gets the call's script instead: `EVALSHA`, and `EVAL` only after `NOSCRIPT`.
     pub(super) async fn eval(
         self: &Arc<Self>,
         lent: &mut Lent,
         call: &Call,
     ) -> Result<Value, StoreError> {
-        let reply = match lent.conn.query(&call.command(false)).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                lent.conn.query(&call.command(true)).await
-            }
-            other => other,
-        };
-        match reply {
+        match self.send(lent, call).await {
             Ok(value) => {
                 self.answered();
                 Ok(value)
             }
             Err(error) => Err(self.failed(lent, error)),
         }
+    }
+
+    async fn send(&self, lent: &mut Lent, call: &Call) -> RedisResult<Value> {
+        if self.functions.load(Ordering::Relaxed) {
+            match lent.conn.query(&call.command(Via::Function)).await {
+                Err(e) if server_says(&e, "Function not found") => {
+                    // This call goes as the script in full, which runs it whatever the
+                    // server forgets meanwhile; then the library is loaded for the
+                    // calls to come (a failed load only means the next call tries again).
+                    let reply = lent.conn.query(&call.command(Via::ScriptSource)).await;
+                    if let Err(error) = self.load_library(lent).await {
+                        tracing::debug!(%error, "could not load the redlimit function library");
+                    }
+                    return reply;
+                }
+                Err(e) if server_says(&e, "unknown command") => {
+                    tracing::info!("Redis has no functions (before 7.0): calling scripts");
+                    self.functions.store(false, Ordering::Relaxed);
+                }
+                other => return other,
+            }
+        }
+        match lent.conn.query(&call.command(Via::Script)).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                lent.conn.query(&call.command(Via::ScriptSource)).await
+            }
+            other => other,
+        }
+    }
+
+    /// Loads the function library, unless another call did while this one waited.
+    async fn load_library(&self, lent: &mut Lent) -> RedisResult<()> {
+        let before = self.loads.load(Ordering::Acquire);
+        let _loading = self.loading.lock().await;
+        if self.loads.load(Ordering::Acquire) == before {
+            lent.conn.query(&Library::get().load_command()).await?;
+            self.loads.fetch_add(1, Ordering::Release);
+            tracing::debug!("loaded the redlimit function library");
+        }
+        Ok(())
     }
 
     /// Called when a call on `lent` timed out: a connection silent for a while is
@@ -320,4 +366,12 @@ impl Drop for AttemptGuard {
             .unwrap_or_else(|| Err("the connecting task was dropped".to_owned()));
         self.link.settle(outcome);
     }
+}
+
+/// Whether `error` is the server's reply and its message starts with `message` (after
+/// the `ERR` code).
+fn server_says(error: &RedisError, message: &str) -> bool {
+    error
+        .detail()
+        .is_some_and(|detail| detail.starts_with(message))
 }

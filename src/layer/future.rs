@@ -1,12 +1,11 @@
 //! The response future of [`RateLimit`](crate::RateLimit): first the limiter's check,
 //! then the inner service's call.
 
-use std::any::Any;
 use std::fmt;
-use std::future::{Future, Ready};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll, Waker};
+use std::task::{ready, Context, Poll};
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
@@ -14,11 +13,11 @@ use tower_service::Service;
 
 use crate::decision::Decision;
 use crate::error::Error;
-use crate::headers::{HeaderStyle, PolicyHeaders, Snapshot};
-use crate::layer::{Config, FailureMode, Limit, PendingRefund, Plan, Shared};
+use crate::layer::headers::{HeaderStyle, PolicyHeaders, Snapshot};
+use crate::layer::response::{self, Answer, ResponseBody};
+use crate::layer::{Config, FailureMode, Gate, PendingRefund, Plan, Shared};
 use crate::limiter::CheckFuture;
-use crate::response::{self, Answer, ResponseBody};
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 
 pin_project! {
     /// The pending response of [`RateLimit`](crate::RateLimit).
@@ -39,22 +38,27 @@ pin_project! {
         Inner: Service<Request<ReqBody>>,
     {
         #[pin]
-        state: State<S::Future, Inner, Inner::Future, ReqBody, Scope<S, K>, Box<PendingRefund<S>>>,
+        state: State<S, K, Inner, ReqBody>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
     #[project_replace = StateOwned]
-    enum State<C, Inner, F, ReqBody, Sh, R> {
+    enum State<S, K, Inner, ReqBody>
+    where
+        S: Store,
+        K: Plan<S>,
+        Inner: Service<Request<ReqBody>>,
+    {
         /// Waiting for the limiter; the request and the readied inner service wait
         /// too, boxed: this state only exists for stores that answer later (Redis,
         /// where a box is nothing beside the round trip), and without it the future
         /// of every request would be as large as the request, and moved as often.
         Checking {
             #[pin]
-            check: CheckFuture<C>,
-            waiting: Box<Waiting<Inner, ReqBody, Sh, R>>,
+            check: CheckFuture<S::Future>,
+            waiting: Box<Waiting<S, K, Inner, ReqBody>>,
         },
         /// Allowed: the inner service runs; `headers` says what to add to its response
         /// (absent when allowed responses carry no headers, the store failed open, or
@@ -62,9 +66,9 @@ pin_project! {
         /// the layer refunds.
         Calling {
             #[pin]
-            future: F,
+            future: Inner::Future,
             headers: Option<Headers>,
-            refund: Option<R>,
+            refund: Option<Box<PendingRefund<S>>>,
         },
         /// The layer answers by itself: a key rejection, a denial, a 503.
         Answered { answer: Option<Answer> },
@@ -72,19 +76,15 @@ pin_project! {
     }
 }
 
-/// What waits beside a pending check.
-struct Waiting<Inner, ReqBody, Sc, R> {
+/// What waits beside a pending check: the request, the readied inner service, and
+/// what deciding needs once the check completes (the layer's options, the gate that
+/// checks the request, what a refund would give back).
+struct Waiting<S, K: Plan<S>, Inner, ReqBody> {
     request: Request<ReqBody>,
     inner: Inner,
-    scope: Sc,
-    refund: Option<R>,
-}
-
-/// The layer's options and the limit that checks the request: what deciding needs
-/// once a pending check completes.
-struct Scope<S, K: Plan<S>> {
     shared: Arc<Shared<S, K>>,
-    limit: Limit<S>,
+    gate: Gate<S>,
+    refund: Option<Box<PendingRefund<S>>>,
 }
 
 /// What to add to an allowed response once the inner service answers.
@@ -100,14 +100,14 @@ where
     K: Plan<S>,
     Inner: Service<Request<ReqBody>>,
 {
-    /// A check still pending: `inner` is the service `poll_ready` readied; `limit` is
+    /// A check still pending: `inner` is the service `poll_ready` readied; `gate` is
     /// the one checking.
     pub(crate) fn checking(
         check: CheckFuture<S::Future>,
         request: Request<ReqBody>,
         inner: Inner,
         shared: Arc<Shared<S, K>>,
-        limit: Limit<S>,
+        gate: Gate<S>,
         refund: Option<Box<PendingRefund<S>>>,
     ) -> Self {
         Self {
@@ -116,7 +116,8 @@ where
                 waiting: Box::new(Waiting {
                     request,
                     inner,
-                    scope: Scope { shared, limit },
+                    shared,
+                    gate,
                     refund,
                 }),
             },
@@ -125,15 +126,15 @@ where
 
     /// A check decided at once: `inner` (the service `poll_ready` readied) is called
     /// now if the request may pass.
-    pub(crate) fn decided(
+    pub(crate) fn at_once(
         checked: Result<Decision, Error>,
         request: Request<ReqBody>,
         inner: &mut Inner,
         shared: &Shared<S, K>,
-        limit: &Limit<S>,
+        gate: &Gate<S>,
         refund: Option<Box<PendingRefund<S>>>,
     ) -> Self {
-        let next = decided(checked, request, inner, &shared.config, limit, refund);
+        let next = next_step(checked, request, inner, &shared.config, gate, refund);
         let state = match next {
             Next::Call {
                 future,
@@ -194,11 +195,11 @@ where
                     let Waiting {
                         request,
                         mut inner,
-                        scope,
+                        shared,
+                        gate,
                         refund,
                     } = *waiting;
-                    let config = &scope.shared.config;
-                    match decided(checked, request, &mut inner, config, &scope.limit, refund) {
+                    match next_step(checked, request, &mut inner, &shared.config, &gate, refund) {
                         Next::Call {
                             future,
                             headers,
@@ -264,18 +265,18 @@ enum Next<F, R> {
 /// way (so an `Extension<Decision>` handler runs as written during an outage); answers
 /// otherwise. `refund` is kept only for a request the store allowed (one that failed
 /// open consumed nothing).
-fn decided<S, Inner, ReqBody, R>(
+fn next_step<S, Inner, ReqBody, R>(
     checked: Result<Decision, Error>,
     mut request: Request<ReqBody>,
     inner: &mut Inner,
     config: &Config,
-    limit: &Limit<S>,
+    gate: &Gate<S>,
     refund: Option<R>,
 ) -> Next<Inner::Future, R>
 where
     Inner: Service<Request<ReqBody>>,
 {
-    let policies = &limit.headers;
+    let policies = &gate.headers;
     let (headers, refund) = match checked {
         Ok(decision) if decision.is_allowed() => {
             let headers =
@@ -302,7 +303,7 @@ where
             }
             // No RateLimit headers: there are no figures to send, and made-up ones
             // would mislead a client.
-            let policies = limit.limiter.policy_set().policies();
+            let policies = gate.limiter.policy_set().policies();
             request
                 .extensions_mut()
                 .insert(Decision::fail_open(policies));
@@ -320,21 +321,6 @@ where
         future: inner.call(request),
         headers,
         refund,
-    }
-}
-
-/// The check's result if it is already known: the memory store decides inside
-/// [`Limiter::check`](crate::Limiter::check) and hands back a [`std::future::Ready`].
-///
-/// A `CheckFuture` of any other store is not known to be `Unpin`, so it cannot be
-/// polled here and then moved into the response future; the downcast finds the one
-/// type that is both `Unpin` and ready at once.
-pub(crate) fn ready_now<F: 'static>(check: &mut CheckFuture<F>) -> Option<Result<Decision, Error>> {
-    let check = (check as &mut dyn Any)
-        .downcast_mut::<CheckFuture<Ready<Result<Decision, StoreError>>>>()?;
-    match Pin::new(check).poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(result) => Some(result),
-        Poll::Pending => None,
     }
 }
 

@@ -63,7 +63,7 @@ use http::request::Parts;
 use http::Method;
 
 use crate::key::KeyExtractor;
-use crate::layer::{Limit, Select, Selected};
+use crate::layer::{Gate, SealedPlan, Selected};
 use crate::limiter::Limiter;
 use crate::store::Store;
 
@@ -117,7 +117,7 @@ pub(crate) struct Rule<S> {
 
 /// A limiter and the extractor that names the subject it checks.
 pub(crate) struct Target<S> {
-    limit: Limit<S>,
+    limit: Gate<S>,
     key: Arc<dyn KeyExtractor>,
 }
 
@@ -128,7 +128,7 @@ impl<S: Store> Target<S> {
 
     pub(crate) fn shared(limiter: Arc<Limiter<S>>, key: Arc<dyn KeyExtractor>) -> Self {
         Self {
-            limit: Limit::new(limiter),
+            limit: Gate::new(limiter),
             key,
         }
     }
@@ -353,8 +353,8 @@ impl<S: Store> RulesBuilder<S> {
     }
 }
 
-impl<S: Store> Select<S> for Rules<S> {
-    type Limits = ();
+impl<S: Store> SealedPlan<S> for Rules<S> {
+    type Held = ();
 
     fn select<'a>(&'a self, _: &'a (), parts: &Parts) -> Selected<'a, S> {
         let path = parts.uri.path();
@@ -367,7 +367,7 @@ impl<S: Store> Select<S> for Rules<S> {
         }
     }
 
-    fn each_limit<'a>(&'a self, _: &'a (), visit: &mut dyn FnMut(&'a Limit<S>)) {
+    fn each_gate<'a>(&'a self, _: &'a (), visit: &mut dyn FnMut(&'a Gate<S>)) {
         self.rules
             .iter()
             .map(|rule| &rule.target)

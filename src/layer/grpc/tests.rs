@@ -12,8 +12,8 @@ use tower::{ServiceBuilder, ServiceExt};
 
 use super::*;
 use crate::clock::FakeClock;
-use crate::headers::{RATELIMIT, RATELIMIT_POLICY};
 use crate::key::{from_fn, KeyExtractor, KeyRejection};
+use crate::layer::headers::{RATELIMIT, RATELIMIT_POLICY};
 use crate::store::{PolicySet, StoreError, StoreErrorKind};
 use crate::{Decision, FailureMode, Limiter, MemoryStore, Policy, RateLimitLayer, Store, Subject};
 

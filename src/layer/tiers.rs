@@ -51,7 +51,7 @@ use std::sync::Arc;
 use http::request::Parts;
 
 use crate::key::KeyExtractor;
-use crate::layer::{Limit, Select, Selected};
+use crate::layer::{Gate, SealedPlan, Selected};
 use crate::limiter::Limiter;
 use crate::store::Store;
 
@@ -64,8 +64,8 @@ pub struct Tiers<S, K> {
     key: K,
     tier_of: Box<TierOf>,
     /// Few tiers, so a scan beats hashing the name.
-    tiers: Vec<(Box<str>, Limit<S>)>,
-    default: Option<Limit<S>>,
+    tiers: Vec<(Box<str>, Gate<S>)>,
+    default: Option<Gate<S>>,
 }
 
 impl<S: Store, K: KeyExtractor> Tiers<S, K> {
@@ -86,7 +86,7 @@ impl<S: Store, K: KeyExtractor> Tiers<S, K> {
     /// Requests of tier `name` are checked by `limiter`. Naming a tier again replaces
     /// its limiter.
     pub fn tier(mut self, name: &str, limiter: impl Into<Arc<Limiter<S>>>) -> Self {
-        let limit = Limit::new(limiter.into());
+        let limit = Gate::new(limiter.into());
         match self.tiers.iter_mut().find(|(n, _)| &**n == name) {
             Some((_, existing)) => *existing = limit,
             None => self.tiers.push((name.into(), limit)),
@@ -96,7 +96,7 @@ impl<S: Store, K: KeyExtractor> Tiers<S, K> {
 
     /// What checks requests without a tier or with an unlisted one.
     pub fn default(mut self, limiter: impl Into<Arc<Limiter<S>>>) -> Self {
-        self.default = Some(Limit::new(limiter.into()));
+        self.default = Some(Gate::new(limiter.into()));
         self
     }
 
@@ -109,8 +109,8 @@ impl<S: Store, K: KeyExtractor> Tiers<S, K> {
     }
 }
 
-impl<S: Store, K: KeyExtractor> Select<S> for Tiers<S, K> {
-    type Limits = ();
+impl<S: Store, K: KeyExtractor> SealedPlan<S> for Tiers<S, K> {
+    type Held = ();
 
     fn select<'a>(&'a self, _: &'a (), parts: &Parts) -> Selected<'a, S> {
         let tier = (self.tier_of)(parts)
@@ -125,7 +125,7 @@ impl<S: Store, K: KeyExtractor> Select<S> for Tiers<S, K> {
         }
     }
 
-    fn each_limit<'a>(&'a self, _: &'a (), visit: &mut dyn FnMut(&'a Limit<S>)) {
+    fn each_gate<'a>(&'a self, _: &'a (), visit: &mut dyn FnMut(&'a Gate<S>)) {
         self.tiers
             .iter()
             .map(|(_, limit)| limit)

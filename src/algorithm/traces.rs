@@ -1,12 +1,16 @@
 // The conformance traces: policies, steps of (time advance in ms, cost), and whether
 // each step is admitted, written by hand from each algorithm's definition.
 //
-// This file is `include!`d by the model's tests (src/algorithm.rs) and by the store
-// tests (tests/support/mod.rs): it names nothing but `Policy` and `Duration`, which
-// each includer brings into scope.
+// One table for the model's tests (a module of src/algorithm/) and the store tests
+// (tests/support/mod.rs takes this file by path): it names nothing of the crate but
+// `Policy`, which each parent module brings into scope.
 //
 // A trace runs on a fake clock that starts at `start_ms`; a negative advance is a
 // clock going backwards (a failover to a server whose clock is behind).
+
+use std::time::Duration;
+
+use super::Policy;
 
 /// One policy of a trace, as plain numbers.
 #[derive(Debug, Clone, Copy)]
@@ -72,7 +76,10 @@ impl Trace {
 
     /// The refund to make before step `i`, if any.
     pub fn refund_before(&self, i: usize) -> Option<u32> {
-        self.refunds.iter().find(|(at, _)| *at == i).map(|(_, cost)| *cost)
+        self.refunds
+            .iter()
+            .find(|(at, _)| *at == i)
+            .map(|(_, cost)| *cost)
     }
 
     /// The clock reading at each step.

@@ -3,7 +3,7 @@
 //!
 //! Every answer the layer makes is built here from the request head, so a new kind of
 //! answer (gRPC's `RESOURCE_EXHAUSTED` for `application/grpc` requests) is one branch in
-//! these functions and no change to the service: see [`crate::grpc`].
+//! these functions and no change to the service: see [`crate::layer::grpc`].
 
 use std::fmt::Write as _;
 use std::pin::Pin;
@@ -18,9 +18,9 @@ use pin_project_lite::pin_project;
 
 use crate::decision::Decision;
 use crate::error::Error;
-use crate::grpc;
-use crate::headers::{retry_after_secs, PolicyHeaders, Snapshot};
 use crate::key::KeyRejection;
+use crate::layer::grpc;
+use crate::layer::headers::{retry_after_secs, PolicyHeaders, Snapshot};
 use crate::layer::Config;
 
 /// How the layer's own answers (429, 503, key rejections) word their bodies.
@@ -114,7 +114,7 @@ pub(crate) type Answer = Response<Bytes>;
 ///
 /// A gRPC request (`content-type: application/grpc...`) gets a trailers-only
 /// `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms` instead, and the same rate-limit
-/// headers: see [`crate::grpc`].
+/// headers: see [`crate::layer::grpc`].
 pub(crate) fn too_many_requests(
     head: &Parts,
     decision: &Decision,

@@ -8,9 +8,9 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::future::{ready_now, ResponseFuture};
+use crate::layer::future::ResponseFuture;
+use crate::layer::response::{self, ResponseBody};
 use crate::layer::{Plan, Shared};
-use crate::response::{self, ResponseBody};
 use crate::store::Store;
 
 /// A service limited by key: it answers 429 itself when the limiter denies, and calls
@@ -81,7 +81,7 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
         let (parts, body) = request.into_parts();
-        let (limit, subject) = match shared.plan.select(&parts) {
+        let (gate, subject) = match shared.plan.select(&parts) {
             Ok(Some(selected)) => selected,
             Ok(None) => {
                 // No limit applies: the request passes untouched, without headers.
@@ -100,18 +100,18 @@ where
         let refund = shared
             .refund
             .as_ref()
-            .map(|refund| Box::new(refund.keep(&limit.limiter, &subject, cost)));
-        let mut check = limit.limiter.check(subject, cost);
+            .map(|refund| Box::new(refund.keep(&gate.limiter, &subject, cost)));
+        let mut check = gate.limiter.check(subject, cost);
         let request = Request::from_parts(parts, body);
-        if let Some(checked) = ready_now(&mut check) {
-            // Decided already (the memory store): the service `poll_ready` readied is
+        if let Some(checked) = check.take_settled() {
+            // Decided already (the memory store, the block cache): the service `poll_ready` readied is
             // called right away.
-            return ResponseFuture::decided(
+            return ResponseFuture::at_once(
                 checked,
                 request,
                 &mut self.inner,
                 shared,
-                limit,
+                gate,
                 refund,
             );
         }
@@ -120,7 +120,7 @@ where
         // its turn.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let limit = limit.clone();
-        ResponseFuture::checking(check, request, inner, Arc::clone(shared), limit, refund)
+        let gate = gate.clone();
+        ResponseFuture::checking(check, request, inner, Arc::clone(shared), gate, refund)
     }
 }

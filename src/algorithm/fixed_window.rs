@@ -1,0 +1,91 @@
+//! Fixed window: one counter per window aligned to the epoch. The Rust twin of
+//! `lua/fixed_window.lua`; the state is `(window index, count)`, which the script keeps
+//! as the string `"<window>:<count>"`.
+
+use super::{Commit, State, Step};
+use crate::decision::PolicyOutcome;
+use crate::policy::Policy;
+
+pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> Step {
+    let (limit, w) = (policy.limit(), policy.window_ms());
+    let mut idx = now / w;
+    let mut count = 0;
+    if let Some(State::FixedWindow { window, count: c }) = state {
+        if *window >= idx {
+            // Same window, or a clock that went back: stay in the stored window.
+            idx = *window;
+            count = *c;
+        }
+    }
+    // Counted from the time asked: a clock that went back waits out the stored window
+    // too (the store decides on its stored time, the caller waits on its own clock).
+    let reset = (idx + 1) * w - now;
+    let allowed = count + cost <= limit;
+    if allowed {
+        count += cost;
+    }
+    Step {
+        outcome: PolicyOutcome {
+            allowed,
+            limit,
+            remaining: limit.saturating_sub(count),
+            reset_after_ms: reset,
+            retry_after_ms: if allowed { 0 } else { reset },
+        },
+        commit: allowed.then_some(Commit::Set(State::FixedWindow { window: idx, count })),
+        ttl_ms: reset,
+    }
+}
+
+/// The current window's count goes down by `cost`, not below 0; if the window has
+/// changed since, nothing is refunded. A stored window ahead of the clock is the one a
+/// check would use.
+pub(super) fn refund(
+    policy: &Policy,
+    window: u64,
+    count: u64,
+    now: u64,
+    cost: u64,
+) -> Option<State> {
+    (window >= now / policy.window_ms() && count > 0).then(|| State::FixedWindow {
+        window,
+        count: count.saturating_sub(cost),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{refunded_after, run};
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn fixed_window_resets_on_the_aligned_boundary() {
+        let p = Policy::fixed_window("p", 2, Duration::from_millis(100)).unwrap();
+        let out = run(&p, &[(150, 1), (160, 1), (199, 1), (200, 1)]);
+        assert_eq!(
+            out.iter().map(|o| o.allowed).collect::<Vec<_>>(),
+            [true, true, false, true]
+        );
+        assert_eq!(out[1].remaining, 0);
+        assert_eq!(out[2].retry_after_ms, 1);
+        assert_eq!(out[0].reset_after_ms, 50);
+    }
+
+    #[test]
+    fn a_refund_lowers_the_current_window_only() {
+        let fw = Policy::fixed_window("fw", 5, Duration::from_secs(1)).unwrap();
+        assert_eq!(
+            refunded_after(&fw, &[(100, 3)], 200, 9),
+            Some(State::FixedWindow {
+                window: 0,
+                count: 0
+            })
+        );
+        assert_eq!(
+            refunded_after(&fw, &[(100, 3)], 1_000, 1),
+            None,
+            "the window changed"
+        );
+    }
+}

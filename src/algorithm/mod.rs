@@ -1,0 +1,394 @@
+//! The four algorithms as pure functions of (policy, state, now, cost), one file each,
+//! mirroring `lua/` file for file.
+//!
+//! This is the one Rust truth of each algorithm: the memory store keeps these states in
+//! a map, and the Lua scripts in `lua/` are line-for-line translations of the same
+//! arithmetic (integers only, exact in Lua's doubles because policies keep every
+//! product under 2^53). The conformance suite runs both on the same traces.
+//!
+//! A decision never changes state when it denies, so a request that one of several
+//! policies denies can be rolled back simply by not committing the others.
+//!
+//! Several policies decide together by one rule ([`decide_all`]): each policy whose
+//! step admits commits it if every enforced policy admits. Enforced policies are thus
+//! all or nothing among themselves, and a shadow policy consumes exactly when enforcing
+//! it would have: when it admits and the enforced ones do.
+//!
+//! Beside the check, [`refund`] gives back what a check consumed (the admin operation
+//! of [`Limiter::refund`](crate::Limiter::refund)); a peek is a check whose commit is
+//! dropped, and a reset forgets the state.
+
+use std::collections::VecDeque;
+
+use smallvec::SmallVec;
+
+use crate::decision::PolicyOutcome;
+use crate::policy::{Algorithm, Policy};
+
+mod fixed_window;
+mod sliding_log;
+mod sliding_window;
+mod token_bucket;
+
+/// The conformance table the stores are held to (tests/conformance.rs, which takes this
+/// file by path), checked here against the model itself.
+#[cfg(test)]
+#[allow(unreachable_pub, dead_code)]
+pub(crate) mod traces;
+
+/// The state one subject holds for one policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Window index and the count admitted in it.
+    FixedWindow { window: u64, count: u64 },
+    /// Index of the current window and the counts of it and the one before.
+    SlidingWindow { window: u64, prev: u64, cur: u64 },
+    /// Theoretical arrival time in microseconds (GCRA).
+    TokenBucket { tat_us: u64 },
+    /// The last `limit` admitted stamps in ms, oldest first (non-decreasing).
+    SlidingLog { stamps: VecDeque<u64> },
+}
+
+/// A decision for one policy, and the change to make if every policy admits.
+#[derive(Debug, Clone)]
+pub(crate) struct Step {
+    pub(crate) outcome: PolicyOutcome,
+    /// The change to the state when admitted; `None` when denied (nothing changes).
+    pub(crate) commit: Option<Commit>,
+    /// How long the state must be kept, in ms from the time asked (not the clamped
+    /// time, when the clock went back): after that it is "unused".
+    pub(crate) ttl_ms: u64,
+}
+
+/// How an admission changes a state. The log is appended to in place rather than
+/// copied, so a decision costs O(log limit), not O(limit).
+#[derive(Debug, Clone)]
+pub(crate) enum Commit {
+    /// Replace the state.
+    Set(State),
+    /// Append `count` copies of `stamp` to the sliding log, keeping the last `limit`.
+    Push { stamp: u64, count: u64, limit: u64 },
+}
+
+impl Commit {
+    /// Applies the change to `state`.
+    pub(crate) fn apply(self, state: &mut Option<State>) {
+        match self {
+            Commit::Set(next) => *state = Some(next),
+            Commit::Push {
+                stamp,
+                count,
+                limit,
+            } => {
+                if !matches!(state, Some(State::SlidingLog { .. })) {
+                    *state = Some(State::SlidingLog {
+                        stamps: VecDeque::new(),
+                    });
+                }
+                if let Some(State::SlidingLog { stamps }) = state {
+                    for _ in 0..count {
+                        if stamps.len() as u64 >= limit {
+                            stamps.pop_front();
+                        }
+                        stamps.push_back(stamp);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Decides one policy. `state` is `None` for a subject never seen (or expired).
+///
+/// `cost` must be at least 1 and at most `policy.max_cost()`; the limiter checks that.
+pub(crate) fn decide(policy: &Policy, state: Option<&State>, now_ms: u64, cost: u64) -> Step {
+    match policy.algorithm() {
+        Algorithm::FixedWindow => fixed_window::decide(policy, state, now_ms, cost),
+        Algorithm::SlidingWindow => sliding_window::decide(policy, state, now_ms, cost),
+        Algorithm::TokenBucket => token_bucket::decide(policy, state, now_ms, cost),
+        Algorithm::SlidingLog => sliding_log::decide(policy, state, now_ms, cost),
+    }
+}
+
+/// The outcomes of a check of every policy, in order (inline for up to two).
+pub(crate) type Outcomes = SmallVec<[PolicyOutcome; 2]>;
+
+/// A check of every policy on `states` (one per policy, in order), all or nothing:
+/// every policy decides, then, only if every enforced (non-shadow) policy admits, each
+/// policy that admits commits its step, shadow ones included. Returns the outcomes and,
+/// when something was committed, the longest time (ms from `now`) a committed state
+/// must be kept.
+///
+/// The one Rust writing of the rule `lua/main.lua` follows: the memory store and the
+/// model's tests both decide through it.
+pub(crate) fn decide_all(
+    policies: &[Policy],
+    states: &mut [Option<State>],
+    now: u64,
+    cost: u64,
+) -> (Outcomes, Option<u64>) {
+    let mut steps: SmallVec<[Step; 2]> = policies
+        .iter()
+        .zip(states.iter())
+        .map(|(policy, state)| decide(policy, state.as_ref(), now, cost))
+        .collect();
+    let outcomes: Outcomes = steps.iter().map(|step| step.outcome).collect();
+    let admitted = policies
+        .iter()
+        .zip(&outcomes)
+        .all(|(policy, outcome)| outcome.allowed || policy.is_shadow());
+    let mut keep = None;
+    if admitted {
+        for (state, step) in states.iter_mut().zip(steps.iter_mut()) {
+            if let Some(commit) = step.commit.take() {
+                commit.apply(state);
+                keep = Some(keep.unwrap_or(0).max(step.ttl_ms.max(1)));
+            }
+        }
+    }
+    (outcomes, keep)
+}
+
+/// The state after giving back `cost` units, or `None` when there is nothing to give
+/// back. The state only shrinks, so the expiry it had still covers it.
+///
+/// - fixed and sliding window: the current window's count goes down by `cost`, not
+///   below 0; if the window has changed since, nothing is refunded;
+/// - token bucket: the theoretical arrival time moves back by `cost` emission
+///   intervals, not before now;
+/// - sliding log: the `cost` most recent stamps are removed, only those still in the
+///   window.
+///
+/// "Now" is clamped as the check clamps it when the clock went back.
+pub(crate) fn refund(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> Option<State> {
+    match state? {
+        State::FixedWindow { window, count } => {
+            fixed_window::refund(policy, *window, *count, now, cost)
+        }
+        State::SlidingWindow { window, prev, cur } => {
+            sliding_window::refund(policy, (*window, *prev, *cur), now, cost)
+        }
+        State::TokenBucket { tat_us } => token_bucket::refund(policy, *tat_us, now, cost),
+        State::SlidingLog { stamps } => sliding_log::refund(policy, stamps, now, cost),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Runs one policy over `(time_ms, cost)` steps, keeping state like a store would.
+    pub(crate) fn run(policy: &Policy, steps: &[(u64, u64)]) -> Vec<PolicyOutcome> {
+        let mut state = None;
+        let mut expires = 0;
+        steps
+            .iter()
+            .map(|&(t, cost)| {
+                if t >= expires {
+                    state = None;
+                }
+                let step = decide(policy, state.as_ref(), t, cost);
+                if let Some(commit) = step.commit {
+                    commit.apply(&mut state);
+                    expires = t + step.ttl_ms;
+                }
+                step.outcome
+            })
+            .collect()
+    }
+
+    /// The state after `steps` (each `(time_ms, cost)`), then a refund at `now`.
+    pub(crate) fn refunded_after(
+        policy: &Policy,
+        steps: &[(u64, u64)],
+        now: u64,
+        cost: u64,
+    ) -> Option<State> {
+        let mut state = None;
+        for &(t, c) in steps {
+            if let Some(commit) = decide(policy, state.as_ref(), t, c).commit {
+                commit.apply(&mut state);
+            }
+        }
+        refund(policy, state.as_ref(), now, cost)
+    }
+
+    fn admitted(outcomes: &[PolicyOutcome]) -> usize {
+        outcomes.iter().filter(|o| o.allowed).count()
+    }
+
+    /// The seed's boundary test, on exact times: limit 100 per second, 200 requests
+    /// spread over the last 130 ms of a window, then 200 over the first 20 ms of the
+    /// next (150 ms in all).
+    pub(crate) fn seed_boundary_times(boundary_ms: u64) -> (Vec<u64>, Vec<u64>) {
+        let end = (0..200)
+            .map(|i| boundary_ms - 130 + i * 130 / 200)
+            .collect();
+        let start = (0..200).map(|i| boundary_ms + i * 21 / 200).collect();
+        (end, start)
+    }
+
+    pub(crate) fn seed_policies() -> Vec<Policy> {
+        let s = Duration::from_secs(1);
+        vec![
+            Policy::fixed_window("fw", 100, s).unwrap(),
+            Policy::sliding_window("sw", 100, s).unwrap(),
+            Policy::token_bucket("tb", 100, 100, s).unwrap(),
+            Policy::sliding_log("sl", 100, s).unwrap(),
+        ]
+    }
+
+    #[test]
+    fn seed_boundary_scenario() {
+        let (end, start) = seed_boundary_times(10_000);
+        let mut totals = Vec::new();
+        for policy in seed_policies() {
+            let steps: Vec<_> = end.iter().chain(&start).map(|t| (*t, 1)).collect();
+            let out = run(&policy, &steps);
+            totals.push((admitted(&out[..200]), admitted(&out[200..])));
+        }
+        assert_eq!(totals[0], (100, 100), "fixed window");
+        assert_eq!(totals[1], (100, 2), "sliding window");
+        let tb = totals[2].0 + totals[2].1;
+        assert!((110..=120).contains(&tb), "token bucket {totals:?}");
+        assert_eq!(totals[3], (100, 0), "sliding log");
+    }
+
+    #[test]
+    fn costs_consume_and_never_partially_admit() {
+        let p = Policy::fixed_window("p", 5, Duration::from_secs(1)).unwrap();
+        let out = run(&p, &[(0, 3), (1, 3), (2, 2)]);
+        assert_eq!(
+            out.iter()
+                .map(|o| (o.allowed, o.remaining))
+                .collect::<Vec<_>>(),
+            [(true, 2), (false, 2), (true, 0)]
+        );
+    }
+
+    #[test]
+    fn the_model_admits_exactly_the_hand_written_traces() {
+        use crate::decision::Decision;
+        use std::sync::Arc;
+        for trace in super::traces::TRACES {
+            let policies: Arc<[Policy]> = trace.built_policies().into();
+            let mut states: Vec<Option<State>> = vec![None; policies.len()];
+            let mut expires = 0;
+            for (i, (&(_, cost, expected), now)) in
+                trace.steps.iter().zip(trace.times()).enumerate()
+            {
+                // Kept like the memory store keeps it: dropped once every policy's
+                // state has decayed.
+                if now >= expires {
+                    states.iter_mut().for_each(|s| *s = None);
+                }
+                if let Some(back) = trace.refund_before(i) {
+                    for (p, s) in policies.iter().zip(states.iter_mut()) {
+                        if let Some(next) = refund(p, s.as_ref(), now, u64::from(back)) {
+                            *s = Some(next);
+                        }
+                    }
+                }
+                let (outcomes, keep) = decide_all(&policies, &mut states, now, u64::from(cost));
+                let decision = Decision::from_outcomes(&policies, outcomes.iter().copied());
+                assert_eq!(
+                    (decision.is_allowed(), decision.would_deny()),
+                    (expected, trace.would_deny.contains(&i)),
+                    "{}: step {i} at {now} ms: {outcomes:?}",
+                    trace.name
+                );
+                if let Some(keep) = keep {
+                    expires = expires.max(now + keep);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn state_written_while_the_clock_is_behind_lives_until_it_decays() {
+        let s = Duration::from_secs(1);
+        for p in seed_policies() {
+            // State up to 5 000, then the clock jumps back 1.5 s and one more passes.
+            let mut state = None;
+            for t in [4_500, 4_999, 5_000] {
+                if let Some(commit) = decide(&p, state.as_ref(), t, 1).commit {
+                    commit.apply(&mut state);
+                }
+            }
+            let step = decide(&p, state.as_ref(), 3_500, 1);
+            if p.algorithm() == Algorithm::TokenBucket {
+                // Clamped to the moment the bucket was empty: nothing to write.
+                assert!(!step.outcome.allowed, "{p:?}");
+                continue;
+            }
+            assert!(step.outcome.allowed, "{p:?}");
+            let decays_at = match p.algorithm() {
+                Algorithm::FixedWindow => 6_000,
+                Algorithm::SlidingWindow => 7_000,
+                _ => 5_000 + s.as_millis() as u64,
+            };
+            assert_eq!(3_500 + step.ttl_ms, decays_at, "{p:?}");
+        }
+    }
+
+    #[test]
+    fn a_clock_that_goes_back_never_floods() {
+        for p in seed_policies() {
+            let mut state = None;
+            let mut admitted = 0;
+            for t in (0..400u64).map(|i| 5_000 + i) {
+                let s = decide(&p, state.as_ref(), t, 1);
+                if s.outcome.allowed {
+                    admitted += 1;
+                }
+                if let Some(commit) = s.commit {
+                    commit.apply(&mut state);
+                }
+            }
+            // Jump back 3 seconds: nothing may reset.
+            let before = admitted;
+            for _ in 0..200 {
+                let s = decide(&p, state.as_ref(), 2_000, 1);
+                if s.outcome.allowed {
+                    admitted += 1;
+                }
+                if let Some(commit) = s.commit {
+                    commit.apply(&mut state);
+                }
+            }
+            assert_eq!(admitted, before, "{p:?} admitted after a backwards step");
+        }
+    }
+
+    #[test]
+    fn waits_count_from_the_time_asked_when_the_clock_went_back() {
+        // When each seed policy admits again, and when its state is unused.
+        let expected = [
+            (6_000, 6_000),
+            (6_010, 7_000),
+            (5_010, 6_000),
+            (6_000, 6_000),
+        ];
+        for (p, (expected_at, unused_at)) in seed_policies().iter().zip(expected) {
+            let mut state = None;
+            for _ in 0..100 {
+                if let Some(commit) = decide(p, state.as_ref(), 5_000, 1).commit {
+                    commit.apply(&mut state);
+                }
+            }
+            // The clock jumps back 1.5 s: the decision is made on the stored time, and
+            // the wait it names counts from the time asked.
+            let denied = decide(p, state.as_ref(), 3_500, 1).outcome;
+            assert!(!denied.allowed, "{p:?}");
+            let at = 3_500 + denied.retry_after_ms;
+            assert_eq!(at, expected_at, "{p:?}");
+            assert_eq!(3_500 + denied.reset_after_ms, unused_at, "{p:?}");
+            assert!(
+                !decide(p, state.as_ref(), at - 1, 1).outcome.allowed,
+                "{p:?}"
+            );
+            assert!(decide(p, state.as_ref(), at, 1).outcome.allowed, "{p:?}");
+        }
+    }
+}

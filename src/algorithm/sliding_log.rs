@@ -1,0 +1,113 @@
+//! Sliding log: the last `limit` admitted stamps, exact in every window. The Rust twin
+//! of `lua/sliding_log.lua`, which keeps the same stamps as a ring of 6-byte stamps in
+//! one string.
+
+use std::collections::VecDeque;
+
+use super::{Commit, State, Step};
+use crate::decision::PolicyOutcome;
+use crate::policy::Policy;
+
+pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> Step {
+    let (limit, w) = (policy.limit(), policy.window_ms());
+    let empty = VecDeque::new();
+    let stamps = match state {
+        Some(State::SlidingLog { stamps }) => stamps,
+        _ => &empty,
+    };
+    // A clock that went back is clamped to the newest stamp: stamps stay sorted.
+    let asked = now;
+    let now = stamps.back().map_or(now, |newest| now.max(*newest));
+    // Admit iff at most limit - cost stamps are in the window, that is iff the
+    // (limit - cost + 1)-th most recent stamp (if any) has left it.
+    let k = (limit - cost + 1) as usize;
+    let deciding = stamps.len().checked_sub(k).map(|i| stamps[i]);
+    let allowed = deciding.is_none_or(|s| s + w <= now);
+    // Most logs start inside the window: then no search (a search of a long log
+    // touches a cache line per step, the largest cost of a decision here).
+    let expired = match stamps.front() {
+        Some(oldest) if oldest + w <= now => stamps.partition_point(|x| x + w <= now),
+        _ => 0,
+    };
+    let in_window = (stamps.len() - expired) as u64;
+    // Admitting appends `cost` stamps; whatever falls off the ring is older than the
+    // deciding stamp, hence already out of the window.
+    let (count, newest) = if allowed {
+        (in_window + cost, Some(now))
+    } else {
+        (in_window, stamps.back().copied())
+    };
+    // Waits are counted from the time asked: a clamped clock waits for the newest
+    // stamp too.
+    let reset = newest.map_or(0, |n| (n + w).saturating_sub(asked));
+    Step {
+        outcome: PolicyOutcome {
+            allowed,
+            limit,
+            remaining: limit.saturating_sub(count),
+            reset_after_ms: reset,
+            retry_after_ms: match deciding {
+                Some(s) if !allowed => s + w - asked,
+                _ => 0,
+            },
+        },
+        commit: allowed.then_some(Commit::Push {
+            stamp: now,
+            count: cost,
+            limit,
+        }),
+        ttl_ms: reset,
+    }
+}
+
+/// The `cost` most recent stamps leave, only those still in the window (now clamped to
+/// the newest stamp).
+pub(super) fn refund(
+    policy: &Policy,
+    stamps: &VecDeque<u64>,
+    now: u64,
+    cost: u64,
+) -> Option<State> {
+    let w = policy.window_ms();
+    let now = stamps.back().map_or(now, |newest| now.max(*newest));
+    let in_window = stamps.len() - stamps.partition_point(|x| x + w <= now);
+    let drop = in_window.min(usize::try_from(cost).unwrap_or(usize::MAX));
+    (drop > 0).then(|| {
+        let mut stamps = stamps.clone();
+        stamps.truncate(stamps.len() - drop);
+        State::SlidingLog { stamps }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::refund as refund_any;
+    use super::super::tests::{refunded_after, run};
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn sliding_log_is_exact_in_every_window() {
+        let p = Policy::sliding_log("p", 3, Duration::from_millis(100)).unwrap();
+        let out = run(&p, &[(0, 1), (10, 1), (20, 1), (99, 1), (100, 1), (105, 2)]);
+        let allowed: Vec<_> = out.iter().map(|o| o.allowed).collect();
+        assert_eq!(allowed, [true, true, true, false, true, false]);
+        assert_eq!(out[3].retry_after_ms, 1);
+        // At 105 the window (5, 105] holds 10, 20, 100: cost 2 needs two to leave.
+        assert_eq!(out[5].retry_after_ms, 20 + 100 - 105);
+    }
+
+    #[test]
+    fn a_refund_takes_back_only_stamps_still_in_the_window() {
+        let sl = Policy::sliding_log("sl", 4, Duration::from_secs(1)).unwrap();
+        assert_eq!(
+            refunded_after(&sl, &[(0, 1), (600, 2)], 1_200, 4),
+            Some(State::SlidingLog {
+                stamps: VecDeque::from([0])
+            }),
+            "only stamps still in the window leave"
+        );
+        assert_eq!(refunded_after(&sl, &[(0, 1)], 1_000, 1), None);
+        assert_eq!(refund_any(&sl, None, 0, 1), None);
+    }
+}

@@ -1,0 +1,130 @@
+//! Sliding window counter: the previous and current windows' counts, the previous
+//! one weighted by how much of it the sliding window still covers. The Rust twin of
+//! `lua/sliding_window.lua`; the script keeps the state as `"<window>:<prev>:<cur>"`.
+
+use super::{Commit, State, Step};
+use crate::decision::PolicyOutcome;
+use crate::policy::Policy;
+
+pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> Step {
+    let (limit, w) = (policy.limit(), policy.window_ms());
+    let mut idx = now / w;
+    let asked = now;
+    let mut now = now;
+    let (mut prev, mut cur) = (0, 0);
+    if let Some(State::SlidingWindow {
+        window,
+        prev: p,
+        cur: c,
+    }) = state
+    {
+        if *window > idx {
+            // The clock went back: clamp to the start of the stored window.
+            idx = *window;
+            now = idx * w;
+        }
+        if *window == idx {
+            (prev, cur) = (*p, *c);
+        } else if *window + 1 == idx {
+            prev = *c;
+        }
+    }
+    let elapsed = now - idx * w;
+    // The previous window's weight, scaled by w to stay in integers.
+    let weighted = prev * (w - elapsed);
+    let allowed = (cur + cost) * w + weighted <= limit * w;
+    if allowed {
+        cur += cost;
+    }
+    let remaining = ((limit * w - weighted) / w).saturating_sub(cur);
+    // Waits are counted from the time asked, as for the fixed window.
+    let behind = now - asked;
+    let reset = if cur > 0 {
+        behind + 2 * w - elapsed
+    } else if prev > 0 {
+        behind + w - elapsed
+    } else {
+        0
+    };
+    let retry = if allowed {
+        0
+    } else if cur + cost <= limit {
+        // This window has room once the previous one has decayed enough.
+        behind + w - ((limit - cur - cost) * w) / prev - elapsed
+    } else {
+        // Only the next window has room: its `prev` will be today's `cur`.
+        let into_next = w.saturating_sub(((limit - cost) * w) / cur);
+        behind + (w - elapsed) + into_next
+    };
+    Step {
+        outcome: PolicyOutcome {
+            allowed,
+            limit,
+            remaining,
+            reset_after_ms: reset,
+            retry_after_ms: retry,
+        },
+        commit: allowed.then_some(Commit::Set(State::SlidingWindow {
+            window: idx,
+            prev,
+            cur,
+        })),
+        ttl_ms: reset,
+    }
+}
+
+/// The current window's count goes down by `cost`, not below 0; once the window has
+/// changed, nothing is refunded.
+pub(super) fn refund(
+    policy: &Policy,
+    (window, prev, cur): (u64, u64, u64),
+    now: u64,
+    cost: u64,
+) -> Option<State> {
+    (window >= now / policy.window_ms() && cur > 0).then(|| State::SlidingWindow {
+        window,
+        prev,
+        cur: cur.saturating_sub(cost),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::decide as decide_any;
+    use super::super::tests::refunded_after;
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn sliding_window_retry_after_is_exact() {
+        let p = Policy::sliding_window("p", 10, Duration::from_millis(1_000)).unwrap();
+        // Fill window 0, then probe window 1 until admitted; retry_after must point at
+        // exactly the first admitted millisecond.
+        let mut state = None;
+        for _ in 0..10 {
+            if let Some(commit) = decide_any(&p, state.as_ref(), 500, 1).commit {
+                commit.apply(&mut state);
+            }
+        }
+        let denied = decide_any(&p, state.as_ref(), 999, 1);
+        assert!(!denied.outcome.allowed);
+        let at = 999 + denied.outcome.retry_after_ms;
+        assert!(decide_any(&p, state.as_ref(), at, 1).outcome.allowed);
+        assert!(!decide_any(&p, state.as_ref(), at - 1, 1).outcome.allowed);
+        assert_eq!(at, 1_100, "10*(1-e/1000)+1 <= 10 first at e=100");
+    }
+
+    #[test]
+    fn a_refund_lowers_the_current_window_only() {
+        let sw = Policy::sliding_window("sw", 5, Duration::from_secs(1)).unwrap();
+        assert_eq!(
+            refunded_after(&sw, &[(100, 3), (1_100, 2)], 1_200, 1),
+            Some(State::SlidingWindow {
+                window: 1,
+                prev: 3,
+                cur: 1
+            })
+        );
+        assert_eq!(refunded_after(&sw, &[(100, 3)], 1_100, 1), None);
+    }
+}

@@ -1,0 +1,95 @@
+//! Token bucket as GCRA: one theoretical arrival time (TAT) in microseconds. The Rust
+//! twin of `lua/token_bucket.lua`; the script keeps the TAT as a decimal integer.
+
+use super::{Commit, State, Step};
+use crate::decision::PolicyOutcome;
+use crate::policy::Policy;
+
+pub(super) fn decide(policy: &Policy, state: Option<&State>, now_ms: u64, cost: u64) -> Step {
+    let t = policy.emission_interval_us();
+    let tolerance = policy.limit() * t;
+    let asked = now_ms * 1_000;
+    let mut now = asked;
+    let tat = match state {
+        Some(State::TokenBucket { tat_us }) => {
+            // A clock that went back is clamped to the last moment the stored state
+            // can describe (an empty bucket), so the bucket never looks fuller.
+            now = now.max(tat_us.saturating_sub(tolerance));
+            (*tat_us).max(now)
+        }
+        _ => now,
+    };
+    let new_tat = tat + cost * t;
+    let allowed = new_tat - now <= tolerance;
+    let kept = if allowed { new_tat } else { tat };
+    // Waits are counted from the time asked: a clamped clock waits for the stored
+    // time too.
+    let reset = (kept - asked).div_ceil(1_000);
+    Step {
+        outcome: PolicyOutcome {
+            allowed,
+            limit: policy.limit(),
+            remaining: (tolerance - (kept - now)) / t,
+            reset_after_ms: reset,
+            retry_after_ms: if allowed {
+                0
+            } else {
+                (new_tat - tolerance - asked).div_ceil(1_000)
+            },
+        },
+        commit: allowed.then_some(Commit::Set(State::TokenBucket { tat_us: kept })),
+        ttl_ms: reset,
+    }
+}
+
+/// The theoretical arrival time moves back by `cost` emission intervals, not before
+/// now (now clamped as the check clamps it when the clock went back).
+pub(super) fn refund(policy: &Policy, tat_us: u64, now: u64, cost: u64) -> Option<State> {
+    let t = policy.emission_interval_us();
+    let now = (now * 1_000).max(tat_us.saturating_sub(policy.limit() * t));
+    let back = tat_us.saturating_sub(cost * t).max(now);
+    (back < tat_us).then_some(State::TokenBucket { tat_us: back })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{refunded_after, run};
+    use super::*;
+    use std::time::Duration;
+
+    fn admitted(outcomes: &[PolicyOutcome]) -> usize {
+        outcomes.iter().filter(|o| o.allowed).count()
+    }
+
+    #[test]
+    fn token_bucket_bursts_then_refills_at_the_rate() {
+        let p = Policy::token_bucket("p", 10, 1, Duration::from_secs(1)).unwrap();
+        let steps: Vec<_> = (0..11)
+            .map(|_| (0, 1))
+            .chain([(999, 1), (1_000, 1)])
+            .collect();
+        let out = run(&p, &steps);
+        assert_eq!(admitted(&out[..10]), 10);
+        assert!(!out[10].allowed);
+        assert_eq!(out[10].retry_after_ms, 1_000);
+        assert!(!out[11].allowed);
+        assert!(out[12].allowed);
+        assert_eq!(out[9].remaining, 0);
+        assert_eq!(out[0].remaining, 9);
+    }
+
+    #[test]
+    fn a_refund_moves_the_arrival_time_back_not_before_now() {
+        let tb = Policy::token_bucket("tb", 4, 1, Duration::from_secs(1)).unwrap();
+        assert_eq!(
+            refunded_after(&tb, &[(0, 3)], 0, 1),
+            Some(State::TokenBucket { tat_us: 2_000_000 })
+        );
+        assert_eq!(
+            refunded_after(&tb, &[(0, 3)], 500, 4),
+            Some(State::TokenBucket { tat_us: 500_000 }),
+            "not before now"
+        );
+        assert_eq!(refunded_after(&tb, &[(0, 1)], 2_000, 1), None);
+    }
+}
