@@ -44,12 +44,14 @@ struct Turn {
     time: Duration,
 }
 
-async fn evalsha_calls(conn: &mut MultiplexedConnection) -> u64 {
-    crate::support::command_calls(conn)
-        .await
-        .get("evalsha")
-        .copied()
-        .unwrap_or(0)
+/// The store's calls Redis has run: `FCALL`, or `EVALSHA` and `EVAL` on a server
+/// without functions.
+async fn store_calls(conn: &mut MultiplexedConnection) -> u64 {
+    let calls = crate::support::command_calls(conn).await;
+    ["fcall", "evalsha", "eval"]
+        .iter()
+        .filter_map(|c| calls.get(*c))
+        .sum()
 }
 
 /// One turn of `variant`; `burst` is each flood task's calls per millisecond.
@@ -77,7 +79,7 @@ async fn turn(
     }
     let done = Arc::new(AtomicBool::new(false));
     let (others, flood) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let before = evalsha_calls(conn).await;
+    let before = store_calls(conn).await;
     let start = Instant::now();
     let mut tasks = JoinSet::new();
     for t in 0..OTHERS {
@@ -124,12 +126,12 @@ async fn turn(
         finished.expect("task");
     }
     let time = start.elapsed();
-    let redis_calls = evalsha_calls(conn).await - before;
+    let redis_calls = store_calls(conn).await - before;
     let others = others.load(Ordering::Relaxed);
     Turn {
         others,
         flood: flood.load(Ordering::Relaxed),
-        // The flood's share: every call of the others is one EVALSHA.
+        // The flood's share: every call of the others is one store call.
         redis_calls: redis_calls.saturating_sub(others),
         time,
     }
@@ -183,7 +185,7 @@ pub(crate) async fn run(server: &RedisServer) {
     let quiet_rates: Vec<f64> = turns[0].iter().map(|t| rate(t.others, t.time)).collect();
     println!("\n## Flood from one subject\n");
     println!(
-        "{OTHERS} tasks over {SUBJECTS} subjects (everyone else) on one `RedisStore`, sliding window {LIMIT} per minute, as many calls as they get answered. A flood: {FLOODERS} more tasks, each sending a burst of the one over-limit subject's calls every millisecond, sized from everyone else's rate in a first turn without flood ({} calls/s). {ROUNDS} turns of {} ms per variant, in rotation; rates are medians of turns, a ratio the median of each round's ratio to that round's turn without flood. The flood's calls reaching Redis: `INFO commandstats` EVALSHA calls in the turn minus those of everyone else.\n",
+        "{OTHERS} tasks over {SUBJECTS} subjects (everyone else) on one `RedisStore`, sliding window {LIMIT} per minute, as many calls as they get answered. A flood: {FLOODERS} more tasks, each sending a burst of the one over-limit subject's calls every millisecond, sized from everyone else's rate in a first turn without flood ({} calls/s). {ROUNDS} turns of {} ms per variant, in rotation; rates are medians of turns, a ratio the median of each round's ratio to that round's turn without flood. The flood's calls reaching Redis: `INFO commandstats` calls of the store's function (`FCALL`) in the turn minus those of everyone else.\n",
         thousands(others_rate),
         TURN.as_millis()
     );

@@ -192,11 +192,18 @@ pub(crate) mod reference {
     }
 }
 
-/// Loads the reference scripts, which the bare loops, the HTTP handler and
-/// `redis-benchmark` send by SHA: they cannot recover from `NOSCRIPT` as the store
-/// does. `FLUSHALL` keeps them. (The store's scripts are loaded by the sections that
-/// send them bare, through `RedisStore::command`'s `EVAL` form.)
+/// Loads the store's function library and the reference scripts, which the bare
+/// loops, the HTTP handler and `redis-benchmark` call by name or SHA: they cannot
+/// recover from a missing function or `NOSCRIPT` as the store does. `FLUSHALL` keeps
+/// both.
 pub(crate) async fn load_scripts(conn: &mut MultiplexedConnection) {
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(RedisStore::function_library())
+        .query_async::<Value>(conn)
+        .await
+        .expect("FUNCTION LOAD of the store's library");
     for script in reference::all() {
         script
             .prepare_invoke()

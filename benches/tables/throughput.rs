@@ -175,7 +175,7 @@ async fn redis_benchmark(port: u16, run: BenchRun, args: Vec<String>) -> (u64, D
     let line = stdout
         .lines()
         .rev()
-        .find(|l| l.starts_with("\"EVALSHA"))
+        .find(|l| l.starts_with('"') && !l.starts_with("\"test\""))
         .unwrap_or_else(|| {
             panic!(
                 "redis-benchmark printed no result: {stdout}{}",

@@ -146,12 +146,7 @@ struct Setup {
     smallest_args: Vec<String>,
 }
 
-async fn setup(
-    server: &RedisServer,
-    conn: &mut MultiplexedConnection,
-    case: &Case,
-    subjects: &[Subject],
-) -> Setup {
+async fn setup(server: &RedisServer, case: &Case, subjects: &[Subject]) -> Setup {
     let store = RedisStore::new(server.pool()).timeout(Duration::from_secs(5));
     let mut limiter = Limiter::new(store.clone(), case.policies[0].clone());
     for policy in &case.policies[1..] {
@@ -167,12 +162,6 @@ async fn setup(
         .zip(0..)
         .map(|(s, id)| case.smallest_command(&store, s, id))
         .collect();
-    // `EVAL` of the source loads the script the bare loop and redis-benchmark send by SHA.
-    let _: Value = store
-        .command(Operation::Check, &subjects[0], set, 1, true)
-        .query_async(conn)
-        .await
-        .expect("EVAL of the store's script");
     // A first call opens the store's connection.
     limiter.check(subject(0), 1).await.expect("first call");
     let mut smallest_args = bench_args(&smallest_cmds[0]);
@@ -235,7 +224,10 @@ async fn turn(
             concurrent_turn(TASKS, SUBJECTS, TURN, move |i| {
                 let (mut conn, cmds) = (conn.clone(), Arc::clone(&cmds));
                 async move {
-                    let reply: Value = cmds[i].query_async(&mut conn).await.expect("bare EVALSHA");
+                    let reply: Value = cmds[i]
+                        .query_async(&mut conn)
+                        .await
+                        .expect("bare call of the store's command");
                     assert!(admitted(&reply), "every call is admitted");
                 }
             })
@@ -299,7 +291,7 @@ pub(super) async fn run(server: &RedisServer) {
     let cases = cases();
     let mut setups = Vec::new();
     for case in &cases {
-        setups.push(setup(server, &mut conn, case, &subjects).await);
+        setups.push(setup(server, case, &subjects).await);
     }
     let mut rates: Vec<Rates> = cases.iter().map(|_| Rates::default()).collect();
 
@@ -405,11 +397,7 @@ fn report(cases: &[Case], setups: &[Setup], rates: &[Rates]) {
     );
     println!();
     for (case, s) in cases.iter().zip(setups) {
-        println!(
-            "- {}: `EVALSHA {}`",
-            case.label,
-            s.store_args[1..].join(" ")
-        );
+        println!("- {}: `{}`", case.label, s.store_args.join(" "));
     }
     println!();
     println!("| algorithm | redlimit's script | smallest script of the algorithm | redlimit / smallest fixed window (target) | smallest of the algorithm / smallest fixed window | redlimit / smallest of the algorithm |");

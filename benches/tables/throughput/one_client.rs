@@ -141,7 +141,7 @@ async fn bare_sequential(
         let reply: Value = cmds[calls % SUBJECTS]
             .query_async(conn)
             .await
-            .expect("bare EVALSHA");
+            .expect("bare call of the store's command");
         assert_eq!(admitted(&reply), admits);
         calls += 1;
     }
@@ -228,13 +228,7 @@ async fn setup(server: &RedisServer, case: &Case, subjects: &[Subject]) -> Setup
         .iter()
         .map(|s| store.command(Operation::Check, s, set, 1, false))
         .collect();
-    let mut bare_conn = connect(server).await;
-    // `EVAL` of the source loads the script the bare loop and redis-benchmark send by SHA.
-    let _: Value = store
-        .command(Operation::Check, &subjects[0], set, 1, true)
-        .query_async(&mut bare_conn)
-        .await
-        .expect("EVAL of the store's script");
+    let bare_conn = connect(server).await;
     Setup {
         bench_args: bench_args(&cmds[0]),
         limiter,
@@ -328,7 +322,7 @@ fn report(cases: &[Case], rates: &[Rates]) {
         TURN.as_millis()
     );
     println!();
-    println!("| algorithm | redlimit `Limiter::check` | bare redis-rs EVALSHA loop | `redis-benchmark -c 1` | redlimit / bare | client CPU per call: redlimit / bare | redlimit / redis-benchmark | seed's layout, bare loop | redlimit / seed's layout |");
+    println!("| algorithm | redlimit `Limiter::check` | bare redis-rs loop | `redis-benchmark -c 1` | redlimit / bare | client CPU per call: redlimit / bare | redlimit / redis-benchmark | seed's layout, bare loop | redlimit / seed's layout |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for (case, r) in cases.iter().zip(rates) {
         let (seed, vs_seed) = match &r.seed {
