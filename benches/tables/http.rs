@@ -73,6 +73,10 @@ fn variants(
     server: &RedisServer,
     smallest: MultiplexedConnection,
 ) -> Vec<(&'static str, bool, Router)> {
+    let redis_layer = |policy| {
+        let store = RedisStore::new(server.pool()).timeout(Duration::from_secs(1));
+        RateLimitLayer::new(Limiter::new(store, policy), ClientIp::new())
+    };
     let mut governor = tower_governor::governor::GovernorConfigBuilder::default();
     governor.per_nanosecond(1).burst_size(u32::MAX);
     let governor = governor.finish().expect("tower_governor config");
@@ -97,24 +101,12 @@ fn variants(
         (
             "RateLimitLayer, Redis store",
             true,
-            app().layer(RateLimitLayer::new(
-                Limiter::new(
-                    RedisStore::new(server.pool()).timeout(Duration::from_secs(1)),
-                    policy(),
-                ),
-                ClientIp::new(),
-            )),
+            app().layer(redis_layer(policy())),
         ),
         (
             "RateLimitLayer, Redis store, fixed window",
             true,
-            app().layer(RateLimitLayer::new(
-                Limiter::new(
-                    RedisStore::new(server.pool()).timeout(Duration::from_secs(1)),
-                    fixed_window_policy(),
-                ),
-                ClientIp::new(),
-            )),
+            app().layer(redis_layer(fixed_window_policy())),
         ),
         (
             "handler sending one smallest fixed-window script",

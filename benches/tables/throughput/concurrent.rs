@@ -220,38 +220,37 @@ async fn turn(
             .await
         }
         Contender::Bare => {
-            let (conn, cmds) = (bare_conn.clone(), Arc::clone(&s.store_cmds));
-            concurrent_turn(TASKS, SUBJECTS, TURN, move |i| {
-                let (mut conn, cmds) = (conn.clone(), Arc::clone(&cmds));
-                async move {
-                    let reply: Value = cmds[i]
-                        .query_async(&mut conn)
-                        .await
-                        .expect("bare call of the store's command");
-                    assert!(admitted(&reply), "every call is admitted");
-                }
+            bare_turn(bare_conn, &s.store_cmds, |reply| {
+                assert!(admitted(reply), "every call is admitted");
             })
             .await
         }
         Contender::Smallest => {
-            let (conn, cmds, smallest) = (
-                bare_conn.clone(),
-                Arc::clone(&s.smallest_cmds),
-                case.smallest,
-            );
-            concurrent_turn(TASKS, SUBJECTS, TURN, move |i| {
-                let (mut conn, cmds) = (conn.clone(), Arc::clone(&cmds));
-                async move {
-                    let reply: Value = cmds[i]
-                        .query_async(&mut conn)
-                        .await
-                        .expect("smallest script");
-                    smallest.assert_admitted(&reply);
-                }
+            let smallest = case.smallest;
+            bare_turn(bare_conn, &s.smallest_cmds, move |reply| {
+                smallest.assert_admitted(reply);
             })
             .await
         }
     }
+}
+
+/// A turn of prebuilt commands, one per subject, sent on one connection; `check`
+/// looks at every reply.
+async fn bare_turn(
+    conn: &MultiplexedConnection,
+    cmds: &Arc<Vec<redis::Cmd>>,
+    check: impl Fn(&Value) + Copy + Send + Sync + 'static,
+) -> (u64, Duration, u64) {
+    let (conn, cmds) = (conn.clone(), Arc::clone(cmds));
+    concurrent_turn(TASKS, SUBJECTS, TURN, move |i| {
+        let (mut conn, cmds) = (conn.clone(), Arc::clone(&cmds));
+        async move {
+            let reply: Value = cmds[i].query_async(&mut conn).await.expect("bare call");
+            check(&reply);
+        }
+    })
+    .await
 }
 
 /// Redis CPU per call, in µs, of `redis-benchmark` sending `args`; and its rate.
