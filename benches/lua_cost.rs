@@ -165,7 +165,7 @@ fn summary(path: &Path) -> u64 {
             l.strip_prefix("summary:")
                 .or_else(|| l.strip_prefix("totals:"))
         })
-        .and_then(|n| n.trim().split_whitespace().next()?.parse().ok())
+        .and_then(|n| n.split_whitespace().next()?.parse().ok())
         .expect("a callgrind summary line")
 }
 
