@@ -52,13 +52,13 @@ async fn run() -> Result<(), BoxError> {
         std::env::var_os("REDIS_CLUSTER").is_some() || std::env::var_os("REDIS_URL").is_some();
     let (secret, hashed_with) = match Secret::from_env("REDLIMIT_SECRET") {
         Ok(secret) => (secret, "REDLIMIT_SECRET"),
-        Err(error) => {
+        Err(_) => {
             // A demo should start as written; a service would stop here (`?`).
             if redis {
                 eprintln!(
-                    "quickstart: {error}; API keys are hashed with a random secret of this \
-                     process, so instances share IP budgets but not API-key budgets: set \
-                     REDLIMIT_SECRET, the same on every instance"
+                    "quickstart: REDLIMIT_SECRET is not set, so API keys are hashed with a \
+                     random secret of this process: instances share IP budgets but not \
+                     API-key budgets (set REDLIMIT_SECRET, the same on every instance)"
                 );
             }
             (process_secret(), "a random secret of this process")
