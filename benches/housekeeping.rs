@@ -132,19 +132,20 @@ fn filled(sweep_every: Duration, subjects: &[Subject]) -> (MemoryStore, Limiter<
     (store, limiter)
 }
 
-/// Decisions on random live subjects from `THREADS` threads for `RUN`, each timed.
-fn decisions(limiter: &Limiter<MemoryStore>, subjects: &[Subject]) -> Latencies {
+/// `work` from `THREADS` threads for `RUN`, each call timed (`work` gets the thread's
+/// own random state).
+fn timed_on_threads(work: impl Fn(&mut u64) + Sync) -> Latencies {
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..THREADS)
             .map(|t| {
+                let work = &work;
                 scope.spawn(move || {
                     let mut latencies = Latencies::new();
                     let mut rng = 0x9e37_79b9_7f4a_7c15 ^ (t + 1);
                     let end = Instant::now() + RUN;
                     loop {
-                        let subject = subjects[next(&mut rng) as usize % subjects.len()].clone();
                         let start = Instant::now();
-                        black_box(now(limiter.check(subject, 1)).expect("decided"));
+                        work(&mut rng);
                         let done = Instant::now();
                         latencies.record(done - start);
                         if done >= end {
@@ -155,6 +156,14 @@ fn decisions(limiter: &Limiter<MemoryStore>, subjects: &[Subject]) -> Latencies 
             })
             .collect();
         merged(handles.into_iter().map(|h| h.join().expect("bench thread")))
+    })
+}
+
+/// Decisions on random live subjects from `THREADS` threads for `RUN`, each timed.
+fn decisions(limiter: &Limiter<MemoryStore>, subjects: &[Subject]) -> Latencies {
+    timed_on_threads(|rng| {
+        let subject = subjects[next(rng) as usize % subjects.len()].clone();
+        black_box(now(limiter.check(subject, 1)).expect("decided"));
     })
 }
 
@@ -185,26 +194,7 @@ fn sweep_under_load() {
     // sweeps, and a loop that does no store work at all.
     let unswept = decisions(&unswept_limiter, &subjects);
     drop(unswept_limiter);
-    let noise = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..THREADS)
-            .map(|_| {
-                scope.spawn(move || {
-                    let mut latencies = Latencies::new();
-                    let end = Instant::now() + RUN;
-                    loop {
-                        let start = Instant::now();
-                        black_box(());
-                        let done = Instant::now();
-                        latencies.record(done - start);
-                        if done >= end {
-                            return latencies;
-                        }
-                    }
-                })
-            })
-            .collect();
-        merged(handles.into_iter().map(|h| h.join().expect("bench thread")))
-    });
+    let noise = timed_on_threads(|_| black_box(()));
     println!(
         "| loop ({THREADS} threads, {} s each) | samples | median | p99 | p99.99 | max | > 100 µs | > 1 ms | > 8 ms |",
         RUN.as_secs()

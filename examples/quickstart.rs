@@ -13,9 +13,9 @@
 //!
 //! With `REDIS_URL` (one server) or `REDIS_CLUSTER` (comma-separated node URLs) set,
 //! state lives in Redis: several instances share one budget. API keys are hashed with
-//! the secret in `REDLIMIT_SECRET`, which Redis mode requires (the same on every
-//! instance); with the memory store and no `REDLIMIT_SECRET`, a random secret is made
-//! for this process, whose counts no other process shares anyway.
+//! the secret in `REDLIMIT_SECRET` (the same on every instance); without it a random
+//! secret is made for this process, which is all the memory store needs, and in Redis
+//! mode means instances share IP budgets but not API-key budgets (it says so at start).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -52,8 +52,17 @@ async fn run() -> Result<(), BoxError> {
         std::env::var_os("REDIS_CLUSTER").is_some() || std::env::var_os("REDIS_URL").is_some();
     let (secret, hashed_with) = match Secret::from_env("REDLIMIT_SECRET") {
         Ok(secret) => (secret, "REDLIMIT_SECRET"),
-        Err(error) if redis => return Err(error.into()),
-        Err(_) => (process_secret(), "a random secret of this process"),
+        Err(_) => {
+            // A demo should start as written; a service would stop here (`?`).
+            if redis {
+                eprintln!(
+                    "quickstart: REDLIMIT_SECRET is not set, so API keys are hashed with a \
+                     random secret of this process: instances share IP budgets but not \
+                     API-key budgets (set REDLIMIT_SECRET, the same on every instance)"
+                );
+            }
+            (process_secret(), "a random secret of this process")
+        }
     };
     let (app, store) = if let Ok(nodes) = std::env::var("REDIS_CLUSTER") {
         let urls: Vec<String> = nodes

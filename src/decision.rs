@@ -17,7 +17,7 @@ pub enum Origin {
     /// The local fallback store, deciding while the main store fails.
     Fallback,
     /// Nobody: the store failed (or timed out) with no fallback, and
-    /// [`FailureMode::Open`](crate::FailureMode::Open) let the request through
+    /// the layer's open failure mode (`FailureMode::Open`) let the request through
     /// unchecked. Such a decision is allowed and knows no figures: see
     /// [`Decision::is_checked`].
     FailOpen,

@@ -110,14 +110,14 @@ pub(crate) fn decide(policy: &Policy, state: Option<&State>, now_ms: u64, cost: 
     }
 }
 
-/// The outcomes of a check of every policy, in order (inline for up to two).
-pub(crate) type Outcomes = SmallVec<[PolicyOutcome; 2]>;
+/// The steps of a check of every policy, in order (inline for the common one policy).
+pub(crate) type Steps = SmallVec<[Step; 1]>;
 
 /// A check of every policy on `states` (one per policy, in order), all or nothing:
 /// every policy decides, then, only if every enforced (non-shadow) policy admits, each
-/// policy that admits commits its step, shadow ones included. Returns the outcomes and,
-/// when something was committed, the longest time (ms from `now`) a committed state
-/// must be kept.
+/// policy that admits commits its step, shadow ones included. Returns the steps (their
+/// outcomes are the decision) and, when something was committed, the longest time (ms
+/// from `now`) a committed state must be kept.
 ///
 /// The one Rust writing of the rule `lua/main.lua` follows: the memory store and the
 /// model's tests both decide through it.
@@ -126,17 +126,16 @@ pub(crate) fn decide_all(
     states: &mut [Option<State>],
     now: u64,
     cost: u64,
-) -> (Outcomes, Option<u64>) {
-    let mut steps: SmallVec<[Step; 2]> = policies
+) -> (Steps, Option<u64>) {
+    let mut steps: Steps = policies
         .iter()
         .zip(states.iter())
         .map(|(policy, state)| decide(policy, state.as_ref(), now, cost))
         .collect();
-    let outcomes: Outcomes = steps.iter().map(|step| step.outcome).collect();
     let admitted = policies
         .iter()
-        .zip(&outcomes)
-        .all(|(policy, outcome)| outcome.allowed || policy.is_shadow());
+        .zip(&steps)
+        .all(|(policy, step)| step.outcome.allowed || policy.is_shadow());
     let mut keep = None;
     if admitted {
         for (state, step) in states.iter_mut().zip(steps.iter_mut()) {
@@ -146,7 +145,7 @@ pub(crate) fn decide_all(
             }
         }
     }
-    (outcomes, keep)
+    (steps, keep)
 }
 
 /// The state after giving back `cost` units, or `None` when there is nothing to give
@@ -290,7 +289,8 @@ pub(crate) mod tests {
                         }
                     }
                 }
-                let (outcomes, keep) = decide_all(&policies, &mut states, now, u64::from(cost));
+                let (steps, keep) = decide_all(&policies, &mut states, now, u64::from(cost));
+                let outcomes: Vec<_> = steps.iter().map(|s| s.outcome).collect();
                 let decision = Decision::from_outcomes(&policies, outcomes.iter().copied());
                 assert_eq!(
                     (decision.is_allowed(), decision.would_deny()),

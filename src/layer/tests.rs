@@ -376,7 +376,7 @@ async fn poll_ready_follows_the_inner_service() {
 }
 
 /// A store that always fails, as an unreachable Redis would.
-struct BrokenStore;
+pub(crate) struct BrokenStore;
 
 impl Store for BrokenStore {
     type Future = Ready<Result<Decision, StoreError>>;

@@ -374,12 +374,12 @@ impl MemoryStore {
             }
             _ => return peek(policies, &entry.states, now, cost),
         }
-        let (outcomes, keep) = algorithm::decide_all(policies, &mut entry.states, now, cost);
+        let (steps, keep) = algorithm::decide_all(policies, &mut entry.states, now, cost);
         if let Some(keep) = keep {
             entry.expires_at_ms = entry.expires_at_ms.max(now.saturating_add(keep));
         }
         drop(shard);
-        Decision::from_outcomes(policies, outcomes)
+        Decision::from_outcomes(policies, steps.iter().map(|step| step.outcome))
     }
 }
 

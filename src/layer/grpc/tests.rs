@@ -1,7 +1,6 @@
 //! gRPC answers: the builders alone, then through the layer on a fake clock.
 
 use std::convert::Infallible;
-use std::future::{ready, Ready};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,8 +13,8 @@ use super::*;
 use crate::clock::FakeClock;
 use crate::key::{from_fn, KeyExtractor, KeyRejection};
 use crate::layer::headers::{RATELIMIT, RATELIMIT_POLICY};
-use crate::store::{PolicySet, StoreError, StoreErrorKind};
-use crate::{Decision, FailureMode, Limiter, MemoryStore, Policy, RateLimitLayer, Store, Subject};
+use crate::layer::tests::BrokenStore;
+use crate::{FailureMode, Limiter, MemoryStore, Policy, RateLimitLayer, Subject};
 
 fn head(content_type: Option<&str>) -> Parts {
     let mut builder = Request::post("/grpc.health.v1.Health/Check");
@@ -218,20 +217,6 @@ async fn grpc_key_rejections_carry_the_nearest_grpc_status() {
         );
         assert!(headers.get(GRPC_RETRY_PUSHBACK_MS).is_none());
         assert!(rejected.into_body().is_end_stream());
-    }
-}
-
-/// A store that always fails.
-struct BrokenStore;
-
-impl Store for BrokenStore {
-    type Future = Ready<Result<Decision, StoreError>>;
-
-    fn check(&self, _subject: Subject, _set: &PolicySet, _cost: u64) -> Self::Future {
-        ready(Err(StoreError::new(
-            StoreErrorKind::Unavailable,
-            "connection refused",
-        )))
     }
 }
 
