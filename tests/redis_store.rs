@@ -655,3 +655,75 @@ async fn states_are_compact_strings() {
     }
     server.assert_every_key_expires().await;
 }
+
+/// The sliding log's state in Redis, read back through the Rust twin of its ring
+/// layout, holds exactly the stamps the model keeps: the newest `limit` admitted ones,
+/// a clock that went back clamped to the newest, through the ring filling, turning
+/// and being rewritten by a refund.
+#[tokio::test]
+async fn a_sliding_log_state_in_redis_is_the_model_s_stamps() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let clock = FakeClock::new(50_000);
+    let store = store(&server).client_clock(clock.clone());
+    let limit = 4;
+    let policy = Policy::sliding_log("sl", limit, Duration::from_secs(1)).unwrap();
+    let key = store.key(&Subject::new("s"), &policy);
+    let limiter = Limiter::new(store, policy);
+    let mut expected: std::collections::VecDeque<u64> = Default::default();
+    // (ms to move the clock, negative for back; cost)
+    let steps: [(i64, u32); 12] = [
+        (0, 1),
+        (100, 2),
+        (100, 1),
+        (50, 1),
+        (900, 1),
+        (150, 2),
+        (-400, 1),
+        (1_000, 3),
+        (10, 1),
+        (2_000, 4),
+        (1, 1),
+        (1_500, 2),
+    ];
+    let mut turned = false;
+    for (i, (step, cost)) in steps.into_iter().enumerate() {
+        let now = clock.now_ms().checked_add_signed(step).unwrap();
+        clock.set_ms(now);
+        let decision = limiter.check("s", cost).await.unwrap();
+        if decision.is_allowed() {
+            let stamp = expected.back().map_or(now, |newest| now.max(*newest));
+            for _ in 0..cost {
+                expected.push_back(stamp);
+            }
+            while expected.len() > limit as usize {
+                expected.pop_front();
+                turned = true;
+            }
+        }
+        let raw: Vec<u8> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let stamps = RedisStore::sliding_log_stamps(&raw, u64::from(limit));
+        assert_eq!(
+            stamps.as_deref(),
+            Some(Vec::from(expected.clone()).as_slice()),
+            "step {i} at {now} ms ({decision:?}): {raw:?}"
+        );
+    }
+    assert!(turned, "the steps must fill and turn the ring");
+    // A refund rewrites the ring in order: still the same stamps, less the newest.
+    limiter.refund("s", 1).await.unwrap();
+    expected.pop_back();
+    let raw: Vec<u8> = redis::cmd("GET")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        RedisStore::sliding_log_stamps(&raw, u64::from(limit)),
+        Some(Vec::from(expected))
+    );
+}

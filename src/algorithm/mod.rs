@@ -27,6 +27,8 @@ use crate::policy::{Algorithm, Policy};
 
 mod fixed_window;
 mod sliding_log;
+
+pub(crate) use sliding_log::ring_stamps as sliding_log_ring_stamps;
 mod sliding_window;
 mod token_bucket;
 

@@ -79,6 +79,40 @@ pub(super) fn refund(
     })
 }
 
+/// Bytes of the ring's header: the slot of its oldest stamp, big-endian.
+const RING_HEAD: usize = 4;
+/// Bytes of one stamp in the ring: milliseconds, big-endian (good for 8,900 years).
+const RING_STAMP: usize = 6;
+
+/// The stamps of the ring `lua/sliding_log.lua` keeps in Redis, oldest first, as this
+/// model keeps them: the ring's newest `limit` (a ring written under a larger limit
+/// holds more). `None` for bytes that are no such ring (the script starts over on
+/// them).
+///
+/// The ring is one string: a 4-byte head (the slot of the oldest stamp), then `n`
+/// stamps of 6 bytes; logical stamp `i` (0 = oldest) is in slot `(head + i) % n`.
+/// While it fills, the head is 0 and the stamps are in order; once full, an admission
+/// overwrites the oldest slots in place and moves the head.
+pub(crate) fn ring_stamps(raw: &[u8], limit: u64) -> Option<VecDeque<u64>> {
+    let body = raw.get(RING_HEAD..)?;
+    if body.is_empty() || body.len() % RING_STAMP != 0 {
+        return None;
+    }
+    let n = body.len() / RING_STAMP;
+    let head = usize::try_from(u32::from_be_bytes(raw[..RING_HEAD].try_into().ok()?)).ok()?;
+    if head >= n {
+        return None;
+    }
+    let base = n.saturating_sub(usize::try_from(limit).unwrap_or(usize::MAX));
+    let stamp = |slot: usize| {
+        let at = slot * RING_STAMP;
+        body[at..at + RING_STAMP]
+            .iter()
+            .fold(0u64, |n, byte| (n << 8) | u64::from(*byte))
+    };
+    Some((base..n).map(|i| stamp((head + i) % n)).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::refund as refund_any;
@@ -95,6 +129,43 @@ mod tests {
         assert_eq!(out[3].retry_after_ms, 1);
         // At 105 the window (5, 105] holds 10, 20, 100: cost 2 needs two to leave.
         assert_eq!(out[5].retry_after_ms, 20 + 100 - 105);
+    }
+
+    #[test]
+    fn a_ring_reads_oldest_first_from_its_head() {
+        let ring = |head: u32, stamps: &[u64]| {
+            let mut raw = head.to_be_bytes().to_vec();
+            for s in stamps {
+                raw.extend_from_slice(&s.to_be_bytes()[2..]);
+            }
+            raw
+        };
+        // Filling: in order from slot 0.
+        assert_eq!(
+            ring_stamps(&ring(0, &[5, 7, 9]), 4),
+            Some(VecDeque::from([5, 7, 9]))
+        );
+        // Full and turned: the oldest is at the head.
+        assert_eq!(
+            ring_stamps(&ring(2, &[30, 40, 10, 20]), 4),
+            Some(VecDeque::from([10, 20, 30, 40]))
+        );
+        // Kept under a larger limit: the newest `limit` count.
+        assert_eq!(
+            ring_stamps(&ring(0, &[1, 2, 3, 4]), 2),
+            Some(VecDeque::from([3, 4]))
+        );
+        // Stamps are 48 bits.
+        let big = (1 << 47) + 3;
+        assert_eq!(
+            ring_stamps(&ring(0, &[big]), 4),
+            Some(VecDeque::from([big]))
+        );
+        // Not a ring: too short, a torn stamp, a head past the end.
+        assert_eq!(ring_stamps(b"abc", 4), None);
+        assert_eq!(ring_stamps(&ring(0, &[]), 4), None);
+        assert_eq!(ring_stamps(&[ring(0, &[1]), vec![0]].concat(), 4), None);
+        assert_eq!(ring_stamps(&ring(1, &[1]), 4), None);
     }
 
     #[test]

@@ -342,6 +342,15 @@ impl RedisStore {
         }
     }
 
+    /// The stamps a sliding log's state in Redis holds (the value of
+    /// [`RedisStore::key`] for a sliding-log policy), oldest first: the newest
+    /// `limit` of them, as the Rust model keeps them. `None` for bytes that are not
+    /// such a state. For tests and audits that compare states, not only decisions.
+    #[doc(hidden)]
+    pub fn sliding_log_stamps(raw: &[u8], limit: u64) -> Option<Vec<u64>> {
+        crate::algorithm::sliding_log_ring_stamps(raw, limit).map(Vec::from)
+    }
+
     /// The Redis key that holds `subject`'s state for `policy`.
     pub fn key(&self, subject: &Subject, policy: &Policy) -> String {
         let mut key = self.key_base(subject);
