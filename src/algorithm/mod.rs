@@ -72,6 +72,7 @@ pub(crate) enum Commit {
 
 impl Commit {
     /// Applies the change to `state`.
+    #[inline]
     pub(crate) fn apply(self, state: &mut Option<State>) {
         match self {
             Commit::Set(next) => *state = Some(next),
@@ -101,6 +102,7 @@ impl Commit {
 /// Decides one policy. `state` is `None` for a subject never seen (or expired).
 ///
 /// `cost` must be at least 1 and at most `policy.max_cost()`; the limiter checks that.
+#[inline]
 pub(crate) fn decide(policy: &Policy, state: Option<&State>, now_ms: u64, cost: u64) -> Step {
     match policy.algorithm() {
         Algorithm::FixedWindow => fixed_window::decide(policy, state, now_ms, cost),
@@ -127,6 +129,10 @@ pub(crate) fn decide_all(
     now: u64,
     cost: u64,
 ) -> (Outcomes, Option<u64>) {
+    if let ([policy], [state]) = (policies, &mut *states) {
+        let (outcome, keep) = decide_one(policy, state, now, cost);
+        return (smallvec::smallvec![outcome], keep);
+    }
     let mut steps: SmallVec<[Step; 2]> = policies
         .iter()
         .zip(states.iter())
@@ -147,6 +153,24 @@ pub(crate) fn decide_all(
         }
     }
     (outcomes, keep)
+}
+
+/// [`decide_all`] for a set of one policy, without collecting steps: the step commits
+/// exactly when it admits (a lone shadow policy admits when enforcing it would). Returns
+/// the outcome and, when committed, how long (ms from `now`) the state must be kept.
+#[inline]
+pub(crate) fn decide_one(
+    policy: &Policy,
+    state: &mut Option<State>,
+    now: u64,
+    cost: u64,
+) -> (PolicyOutcome, Option<u64>) {
+    let step = decide(policy, state.as_ref(), now, cost);
+    let keep = step.commit.map(|commit| {
+        commit.apply(state);
+        step.ttl_ms.max(1)
+    });
+    (step.outcome, keep)
 }
 
 /// The state after giving back `cost` units, or `None` when there is nothing to give

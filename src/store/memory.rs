@@ -80,7 +80,7 @@ struct Inner {
     shards: Box<[Shard]>,
     /// Keyed per store: subjects come from clients, so their hashes must not be
     /// predictable (one hash per decision picks the shard and the slot in it).
-    hasher: RandomState,
+    hasher: ShortKeyHasher,
     clock: Arc<dyn Clock>,
     sweep_every_ms: AtomicU64,
     /// When the next slice is due, read by every call that sweeps; the schedule itself
@@ -166,6 +166,115 @@ struct Entry {
     expires_at_ms: u64,
 }
 
+impl Entry {
+    fn fresh() -> Self {
+        Entry {
+            states: SmallVec::new(),
+            expires_at_ms: 0,
+        }
+    }
+
+    /// Forgets decayed state (or state kept for another number of policies) before a
+    /// decision reads it.
+    #[inline]
+    fn renew(&mut self, policies: usize, now: u64) {
+        if self.expires_at_ms <= now || self.states.len() != policies {
+            self.states.clear();
+            self.states.resize(policies, None);
+        }
+    }
+
+    /// A commit's state must be kept `keep` ms from `now` (never shortened).
+    #[inline]
+    fn keep(&mut self, now: u64, keep: Option<u64>) {
+        if let Some(keep) = keep {
+            self.expires_at_ms = self.expires_at_ms.max(now.saturating_add(keep));
+        }
+    }
+}
+
+/// A keyed hash for short byte strings (the subjects: an address, an id, a 16-byte
+/// digest), a few multiplications where SipHash takes rounds per 8 bytes.
+///
+/// Folded 64x64->128 multiplications of the input mixed with four random per-store
+/// seeds (the construction of foldhash and wyhash): without the seeds, which never
+/// leave the process, a client cannot choose subjects that share a shard or a bucket.
+/// It is not a cryptographic hash; an attacker able to observe timing over very many
+/// requests is the limit of its promise, as with any fast keyed table hash.
+#[derive(Debug)]
+struct ShortKeyHasher {
+    seeds: [u64; 4],
+}
+
+impl ShortKeyHasher {
+    fn new() -> Self {
+        // `RandomState` is the standard library's source of per-process random keys.
+        let random = RandomState::new();
+        Self {
+            seeds: [0u64, 1, 2, 3].map(|i| random.hash_one(i) | 1),
+        }
+    }
+
+    /// The hash of `bytes` under the policy set `set` (its fingerprint).
+    #[inline]
+    fn hash(&self, set: u64, bytes: &[u8]) -> u64 {
+        let [s0, s1, s2, s3] = self.seeds;
+        let len = bytes.len();
+        // The length is mixed in first: the overlapping reads below are then unambiguous.
+        let mut acc = fold(set ^ s0, (len as u64) ^ s1);
+        let (a, b) = if len <= 16 {
+            short_words(bytes)
+        } else {
+            let mut rest = bytes;
+            while rest.len() > 16 {
+                let (a, b) = (word(rest, 0), word(rest, 8));
+                acc = fold(a ^ s2 ^ acc, b ^ s3);
+                rest = &rest[16..];
+            }
+            // The last 16 bytes, overlapping what came before.
+            (word(bytes, len - 16), word(bytes, len - 8))
+        };
+        acc = fold(a ^ s2 ^ acc, b ^ s3);
+        fold(acc ^ s0, s1.rotate_left(23))
+    }
+}
+
+/// The 64x64->128 product's halves xored: every input bit reaches most output bits.
+#[inline]
+fn fold(a: u64, b: u64) -> u64 {
+    let product = u128::from(a) * u128::from(b);
+    (product as u64) ^ ((product >> 64) as u64)
+}
+
+/// Eight little-endian bytes of `bytes` from `at` (the caller knows they are there).
+#[inline]
+fn word(bytes: &[u8], at: usize) -> u64 {
+    let mut buf = [0u8; 8];
+    buf.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(buf)
+}
+
+/// Up to 16 bytes as two words, by overlapping reads (the length tells them apart).
+#[inline]
+fn short_words(bytes: &[u8]) -> (u64, u64) {
+    let len = bytes.len();
+    if len >= 8 {
+        (word(bytes, 0), word(bytes, len - 8))
+    } else if len >= 4 {
+        let half = |at: usize| {
+            let mut buf = [0u8; 4];
+            buf.copy_from_slice(&bytes[at..at + 4]);
+            u64::from(u32::from_le_bytes(buf))
+        };
+        (half(0), half(len - 4))
+    } else if len > 0 {
+        let byte = |at: usize| u64::from(bytes[at]);
+        ((byte(0) << 16) | (byte(len / 2) << 8) | byte(len - 1), 0)
+    } else {
+        (0, 0)
+    }
+}
+
 /// Where the sweep is in its pass over the shards.
 #[derive(Debug)]
 struct Schedule {
@@ -232,7 +341,7 @@ impl MemoryStore {
         Self {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-                hasher: RandomState::new(),
+                hasher: ShortKeyHasher::new(),
                 clock: Arc::new(clock),
                 sweep_every_ms: AtomicU64::new(every_ms),
                 next_slice_ms: AtomicU64::new(schedule.due_ms(every_ms)),
@@ -312,8 +421,26 @@ impl MemoryStore {
         }
     }
 
+    /// A check: the request path, kept short (one clock read, one hash, one lock, and
+    /// for one policy no collection of steps or outcomes).
     pub(crate) fn decide(&self, subject: Subject, set: &PolicySet, cost: u64) -> Decision {
-        self.run_op(Operation::Check, subject, set, cost)
+        let inner = &*self.inner;
+        let now = inner.now_and_sweep();
+        let policies = set.policies();
+        let key = inner.key(set, subject);
+        let mut shard = inner.shard(key.hash).lock();
+        let entry = shard.entry(key).or_insert_with(Entry::fresh);
+        entry.renew(policies.len(), now);
+        if let ([policy], [state]) = (&policies[..], &mut entry.states[..]) {
+            let (outcome, keep) = algorithm::decide_one(policy, state, now, cost);
+            entry.keep(now, keep);
+            drop(shard);
+            return Decision::from_outcome(policies, outcome);
+        }
+        let (outcomes, keep) = algorithm::decide_all(policies, &mut entry.states, now, cost);
+        entry.keep(now, keep);
+        drop(shard);
+        Decision::from_outcomes(policies, outcomes)
     }
 
     /// Every operation on one entry, under its shard's lock: the model's steps, then
@@ -325,45 +452,25 @@ impl MemoryStore {
         set: &PolicySet,
         cost: u64,
     ) -> Decision {
-        let inner = &*self.inner;
-        let now = inner.clock.now_ms();
-        if !inner.swept_in_background.load(Ordering::Relaxed) {
-            inner.sweep_next_slice(now);
+        if op == Operation::Check {
+            return self.decide(subject, set, cost);
         }
+        let inner = &*self.inner;
+        let now = inner.now_and_sweep();
         let policies = set.policies();
-        let hash = inner.hasher.hash_one((set.fingerprint(), &subject));
-        let key = Key {
-            hash,
-            set: set.fingerprint(),
-            subject,
-        };
-        let mut shard = inner.shard(hash).lock();
+        let key = inner.key(set, subject);
+        let mut shard = inner.shard(key.hash).lock();
         if op == Operation::Reset {
             shard.remove(&key);
         }
-        let fresh = || Entry {
-            states: SmallVec::new(),
-            expires_at_ms: 0,
+        // Only a check creates an entry.
+        let Some(entry) = shard.get_mut(&key) else {
+            drop(shard);
+            let states: SmallVec<[Option<State>; 1]> = SmallVec::from_elem(None, policies.len());
+            return peek(policies, &states, now, cost);
         };
-        let entry = match op {
-            Operation::Check => shard.entry(key).or_insert_with(fresh),
-            // The others never create an entry.
-            _ => match shard.get_mut(&key) {
-                Some(entry) => entry,
-                None => {
-                    drop(shard);
-                    let states: SmallVec<[Option<State>; 1]> =
-                        SmallVec::from_elem(None, policies.len());
-                    return peek(policies, &states, now, cost);
-                }
-            },
-        };
-        if entry.expires_at_ms <= now || entry.states.len() != policies.len() {
-            entry.states.clear();
-            entry.states.resize(policies.len(), None);
-        }
+        entry.renew(policies.len(), now);
         match op {
-            Operation::Check => {}
             Operation::Refund => {
                 for (policy, state) in policies.iter().zip(entry.states.iter_mut()) {
                     if let Some(next) = algorithm::refund(policy, state.as_ref(), now, cost) {
@@ -372,14 +479,8 @@ impl MemoryStore {
                 }
                 return peek(policies, &entry.states, now, cost);
             }
-            _ => return peek(policies, &entry.states, now, cost),
+            _ => peek(policies, &entry.states, now, cost),
         }
-        let (outcomes, keep) = algorithm::decide_all(policies, &mut entry.states, now, cost);
-        if let Some(keep) = keep {
-            entry.expires_at_ms = entry.expires_at_ms.max(now.saturating_add(keep));
-        }
-        drop(shard);
-        Decision::from_outcomes(policies, outcomes)
     }
 }
 
@@ -404,6 +505,29 @@ fn peek(policies: &Arc<[Policy]>, states: &[Option<State>], now: u64, cost: u64)
 }
 
 impl Inner {
+    /// The time of a call, after sweeping the next shard if a call must and its turn
+    /// has come (one relaxed load when not).
+    #[inline]
+    fn now_and_sweep(&self) -> u64 {
+        let now = self.clock.now_ms();
+        if !self.swept_in_background.load(Ordering::Relaxed)
+            && now >= self.next_slice_ms.load(Ordering::Relaxed)
+        {
+            self.sweep_next_slice(now);
+        }
+        now
+    }
+
+    #[inline]
+    fn key(&self, set: &PolicySet, subject: Subject) -> Key {
+        Key {
+            hash: self.hasher.hash(set.fingerprint(), subject.as_bytes()),
+            set: set.fingerprint(),
+            subject,
+        }
+    }
+
+    #[inline]
     fn shard(&self, hash: u64) -> &Shard {
         // Bits the shard's own table does not lean on (it uses the lowest for the slot
         // and the top seven as a tag).
