@@ -6,18 +6,16 @@ use super::{Commit, State, Step};
 use crate::decision::PolicyOutcome;
 use crate::policy::Policy;
 
-#[inline]
+#[inline(always)]
 pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> Step {
     let (limit, w) = (policy.limit(), policy.window_ms());
-    let mut idx = now / w;
-    let mut count = 0;
-    if let Some(State::FixedWindow { window, count: c }) = state {
-        if *window >= idx {
-            // Same window, or a clock that went back: stay in the stored window.
-            idx = *window;
-            count = *c;
-        }
-    }
+    // The stored window while `now` is in it, or before it (a clock that went back:
+    // stay in the stored window); else a new one. The same as comparing `now / w`
+    // with the stored window, without dividing on the common path.
+    let (idx, mut count) = match state {
+        Some(State::FixedWindow { window, count }) if now < (window + 1) * w => (*window, *count),
+        _ => (now / w, 0),
+    };
     // Counted from the time asked: a clock that went back waits out the stored window
     // too (the store decides on its stored time, the caller waits on its own clock).
     let reset = (idx + 1) * w - now;

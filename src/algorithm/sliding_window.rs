@@ -6,30 +6,27 @@ use super::{Commit, State, Step};
 use crate::decision::PolicyOutcome;
 use crate::policy::Policy;
 
-#[inline]
+#[inline(always)]
 pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> Step {
     let (limit, w) = (policy.limit(), policy.window_ms());
-    let mut idx = now / w;
     let asked = now;
-    let mut now = now;
-    let (mut prev, mut cur) = (0, 0);
-    if let Some(State::SlidingWindow {
-        window,
-        prev: p,
-        cur: c,
-    }) = state
-    {
-        if *window > idx {
-            // The clock went back: clamp to the start of the stored window.
-            idx = *window;
-            now = idx * w;
+    // The stored window while `now` is in it, or before it (the clock went back: clamp
+    // to the start of the stored window), the next one (the stored count becomes
+    // `prev`), or a later one with nothing carried over. The same as comparing
+    // `now / w` with the stored window, without dividing on the common paths.
+    let (idx, now, prev, mut cur) = match state {
+        Some(State::SlidingWindow { window, prev, cur }) => {
+            let start = window * w;
+            if now < start + w {
+                (*window, now.max(start), *prev, *cur)
+            } else if now < start + 2 * w {
+                (window + 1, now, *cur, 0)
+            } else {
+                (now / w, now, 0, 0)
+            }
         }
-        if *window == idx {
-            (prev, cur) = (*p, *c);
-        } else if *window + 1 == idx {
-            prev = *c;
-        }
-    }
+        _ => (now / w, now, 0, 0),
+    };
     let elapsed = now - idx * w;
     // The previous window's weight, scaled by w to stay in integers.
     let weighted = prev * (w - elapsed);
@@ -37,7 +34,13 @@ pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64
     if allowed {
         cur += cost;
     }
-    let remaining = ((limit * w - weighted) / w).saturating_sub(cur);
+    // No division while the previous window is empty (`limit * w / w`).
+    let room = if weighted == 0 {
+        limit
+    } else {
+        (limit * w - weighted) / w
+    };
+    let remaining = room.saturating_sub(cur);
     // Waits are counted from the time asked, as for the fixed window.
     let behind = now - asked;
     let reset = if cur > 0 {

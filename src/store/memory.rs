@@ -126,8 +126,27 @@ struct Key {
 }
 
 impl PartialEq for Key {
+    #[inline]
     fn eq(&self, other: &Self) -> bool {
-        self.hash == other.hash && self.set == other.set && self.subject == other.subject
+        self.hash == other.hash
+            && self.set == other.set
+            && same_bytes(self.subject.as_bytes(), other.subject.as_bytes())
+    }
+}
+
+/// Byte equality, by two overlapping word reads for the short strings subjects mostly
+/// are (no call to `memcmp`).
+#[inline]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    match a.len() {
+        8..=16 => {
+            let last = a.len() - 8;
+            word(a, 0) == word(b, 0) && word(a, last) == word(b, last)
+        }
+        _ => a == b,
     }
 }
 
@@ -179,9 +198,14 @@ impl Entry {
     #[inline]
     fn renew(&mut self, policies: usize, now: u64) {
         if self.expires_at_ms <= now || self.states.len() != policies {
-            self.states.clear();
-            self.states.resize(policies, None);
+            self.reset(policies);
         }
+    }
+
+    #[cold]
+    fn reset(&mut self, policies: usize) {
+        self.states.clear();
+        self.states.resize(policies, None);
     }
 
     /// A commit's state must be kept `keep` ms from `now` (never shortened).
@@ -429,7 +453,12 @@ impl MemoryStore {
         let policies = set.policies();
         let key = inner.key(set, subject);
         let mut shard = inner.shard(key.hash).lock();
-        let entry = shard.entry(key).or_insert_with(Entry::fresh);
+        // A lookup by reference: on a hit (the common case) the key is not moved into
+        // the map's entry API only to be dropped.
+        let entry = match shard.get_mut(&key) {
+            Some(entry) => entry,
+            None => shard.entry(key).or_insert_with(Entry::fresh),
+        };
         entry.renew(policies.len(), now);
         if let ([policy], [state]) = (&policies[..], &mut entry.states[..]) {
             let (outcome, keep) = algorithm::decide_one(policy, state, now, cost);
