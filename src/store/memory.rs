@@ -638,6 +638,7 @@ impl Store for MemoryStore {
         ready(Ok(self.decide(subject, set, cost)))
     }
 
+    #[inline]
     fn check_now(&self, subject: Subject, set: &PolicySet, cost: u64) -> CheckNow {
         CheckNow::Decided(Ok(self.decide(subject, set, cost)))
     }
