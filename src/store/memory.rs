@@ -110,6 +110,7 @@ struct Shard(Mutex<HashMap<Key, Entry, BuildHasherDefault<KnownHash>>>);
 type ShardMap = HashMap<Key, Entry, BuildHasherDefault<KnownHash>>;
 
 impl Shard {
+    #[inline]
     fn lock(&self) -> MutexGuard<'_, ShardMap> {
         // A panic under the lock leaves at worst one subject's state half-updated;
         // never refuse every later decision for it.
@@ -446,7 +447,9 @@ impl MemoryStore {
     }
 
     /// A check: the request path, kept short (one clock read, one hash, one lock, and
-    /// for one policy no collection of steps or outcomes).
+    /// for one policy no collection of steps or outcomes). Inlined into the caller, so
+    /// the decision is built where it is wanted rather than copied out.
+    #[inline]
     pub(crate) fn decide(&self, subject: Subject, set: &PolicySet, cost: u64) -> Decision {
         let inner = &*self.inner;
         let now = inner.now_and_sweep();
@@ -466,10 +469,9 @@ impl MemoryStore {
             drop(shard);
             return Decision::from_outcome(policies, outcome);
         }
-        let (outcomes, keep) = algorithm::decide_all(policies, &mut entry.states, now, cost);
-        entry.keep(now, keep);
+        let decision = decide_many(entry, policies, now, cost);
         drop(shard);
-        Decision::from_outcomes(policies, outcomes)
+        decision
     }
 
     /// Every operation on one entry, under its shard's lock: the model's steps, then
@@ -511,6 +513,15 @@ impl MemoryStore {
             _ => peek(policies, &entry.states, now, cost),
         }
     }
+}
+
+/// A check of several policies on the entry `decide` found and renewed, all or nothing
+/// (out of line: the one-policy path stays small enough to inline).
+#[inline(never)]
+fn decide_many(entry: &mut Entry, policies: &Arc<[Policy]>, now: u64, cost: u64) -> Decision {
+    let (outcomes, keep) = algorithm::decide_all(policies, &mut entry.states, now, cost);
+    entry.keep(now, keep);
+    Decision::from_outcomes(policies, outcomes)
 }
 
 /// The background sweeper's life: every slice that is due, then sleep until the next
