@@ -133,6 +133,17 @@ pub(crate) fn decide_all(
         let (outcome, keep) = decide_one(policy, state, now, cost);
         return (smallvec::smallvec![outcome], keep);
     }
+    decide_each(policies, states, now, cost)
+}
+
+/// [`decide_all`] by its rule as written, for any number of policies: every step
+/// first, then the commits.
+fn decide_each(
+    policies: &[Policy],
+    states: &mut [Option<State>],
+    now: u64,
+    cost: u64,
+) -> (Outcomes, Option<u64>) {
     let mut steps: SmallVec<[Step; 2]> = policies
         .iter()
         .zip(states.iter())
@@ -332,6 +343,36 @@ pub(crate) mod tests {
                 );
                 if let Some(keep) = keep {
                     expires = expires.max(now + keep);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn one_policy_alone_decides_as_the_rule_for_many_does() {
+        // Times that go forward, repeat, jump a window, and go back; costs that fit
+        // and costs that do not.
+        let steps = [
+            (5_000, 1),
+            (5_000, 60),
+            (5_001, 50),
+            (5_400, 3),
+            (4_000, 1),
+            (6_200, 100),
+            (6_300, 1),
+            (9_999, 2),
+            (12_000, 1),
+        ];
+        for base in seed_policies() {
+            for policy in [base.clone(), base.shadow()] {
+                let set = [policy];
+                let (mut one, mut each) = (vec![None], vec![None]);
+                for (now, cost) in steps {
+                    let by_one = decide_all(&set, &mut one, now, cost);
+                    let by_each = decide_each(&set, &mut each, now, cost);
+                    assert_eq!(by_one.0, by_each.0, "{:?} at {now}", set[0]);
+                    assert_eq!(by_one.1, by_each.1, "{:?} at {now}", set[0]);
+                    assert_eq!(one, each, "{:?} at {now}", set[0]);
                 }
             }
         }
