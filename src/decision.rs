@@ -79,13 +79,24 @@ impl Decision {
         policies: &Arc<[Policy]>,
         outcomes: impl IntoIterator<Item = PolicyOutcome>,
     ) -> Self {
+        let mut outcomes = outcomes.into_iter();
+        if policies.len() == 1 {
+            if let Some(outcome) = outcomes.next() {
+                return Self::from_outcome(policies, outcome);
+            }
+        }
+        Self::fold(policies, outcomes)
+    }
+
+    /// The general rule of [`Decision::from_outcomes`], over any number of policies.
+    fn fold(policies: &Arc<[Policy]>, outcomes: impl Iterator<Item = PolicyOutcome>) -> Self {
         // The binding policy among the enforced ones (among all when every policy is a
         // shadow, read as admitting); the shadow denier with the longest wait apart.
         let mut best: Option<(usize, PolicyOutcome)> = None;
         let mut shadow: Option<(usize, u64)> = None;
         let mut allowed = true;
         let all_shadow = policies.iter().all(Policy::is_shadow);
-        for (i, mut o) in outcomes.into_iter().enumerate() {
+        for (i, mut o) in outcomes.enumerate() {
             if policies.get(i).is_some_and(Policy::is_shadow) {
                 if !o.allowed && shadow.is_none_or(|(_, wait)| o.retry_after_ms > wait) {
                     shadow = Some((i, o.retry_after_ms));
@@ -131,6 +142,28 @@ impl Decision {
             } else {
                 None
             },
+            policies: Arc::clone(policies),
+        }
+    }
+
+    /// [`Decision::from_outcomes`] for a set of one policy (the common case), with no
+    /// loop: a lone shadow policy binds, admitting, and names itself when it would deny.
+    #[inline]
+    pub(crate) fn from_outcome(policies: &Arc<[Policy]>, mut outcome: PolicyOutcome) -> Self {
+        let mut shadow_denier = None;
+        if policies.first().is_some_and(Policy::is_shadow) {
+            if !outcome.allowed {
+                shadow_denier = Some(0);
+            }
+            outcome.allowed = true;
+            outcome.retry_after_ms = 0;
+        }
+        Self {
+            allowed: outcome.allowed,
+            origin: Origin::Store,
+            index: 0,
+            outcome,
+            shadow_denier,
             policies: Arc::clone(policies),
         }
     }
@@ -299,5 +332,21 @@ mod tests {
         assert!(d.is_allowed());
         assert_eq!(d.shadow_denied_by(), Some("t"));
         assert_eq!(d.outcome().retry_after_ms, 0);
+    }
+
+    #[test]
+    fn one_policy_decides_as_the_general_rule_does() {
+        let s = Duration::from_secs(1);
+        for shadow in [false, true] {
+            let policy = Policy::fixed_window("p", 10, s).unwrap().enforce(!shadow);
+            let policies: Arc<[Policy]> = vec![policy].into();
+            for o in [outcome(true, 4, 0), outcome(false, 0, 300)] {
+                assert_eq!(
+                    Decision::from_outcome(&policies, o),
+                    Decision::fold(&policies, [o].into_iter()),
+                    "shadow {shadow}, {o:?}"
+                );
+            }
+        }
     }
 }

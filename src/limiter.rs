@@ -128,6 +128,7 @@ impl<S: Store> Limiter<S> {
     ///
     /// A cost of 0, or above what some policy can ever admit, is an error rather than a
     /// denial that would never end.
+    #[inline]
     pub fn check(&self, subject: impl Into<Subject>, cost: u32) -> CheckFuture<S::Future> {
         let cost = match self.valid_cost(cost) {
             Ok(cost) => cost,
@@ -180,6 +181,7 @@ impl<S> Limiter<S> {
     }
 
     /// `cost` as the stores take it, or why no policy set could ever admit it.
+    #[inline]
     pub(crate) fn valid_cost(&self, cost: u32) -> Result<u64, Error> {
         let cost = u64::from(cost);
         if cost == 0 {
@@ -363,6 +365,7 @@ pin_project! {
 impl<F> CheckFuture<F> {
     /// A check decided already (by the block cache, a store that decides at once, or a
     /// refused cost), reported as a completed one is.
+    #[inline]
     fn settled(result: Result<Decision, Error>) -> Self {
         report(&result);
         CheckFuture {
@@ -384,6 +387,7 @@ impl<F> CheckFuture<F> {
 }
 
 /// Logs and counts a check's result.
+#[inline]
 fn report(outcome: &Result<Decision, Error>) {
     match outcome {
         Ok(decision) => crate::telemetry::decided(decision),
@@ -398,6 +402,7 @@ where
 {
     type Output = Result<Decision, Error>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         match this.state.project() {

@@ -100,6 +100,7 @@ impl Subject {
     }
 
     /// The subject's stored bytes (a tag byte, then the value or its hash).
+    #[inline]
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes
     }

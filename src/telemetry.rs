@@ -24,7 +24,19 @@ use crate::decision::Decision;
 use crate::error::Error;
 use crate::store::{StoreError, StoreErrorKind};
 
+/// Cheap when nobody listens (the common case on a hot path): the same level check
+/// `debug!` makes first, inline, before any call.
+#[inline]
 pub(crate) fn decided(decision: &Decision) {
+    if cfg!(feature = "metrics")
+        || decision.would_deny()
+        || tracing::level_enabled!(tracing::Level::DEBUG)
+    {
+        report_decision(decision);
+    }
+}
+
+fn report_decision(decision: &Decision) {
     tracing::debug!(
         allowed = decision.is_allowed(),
         policy = decision.policy().name(),

@@ -6,17 +6,10 @@ use super::{Commit, State, Step};
 use crate::decision::PolicyOutcome;
 use crate::policy::Policy;
 
+#[inline(always)]
 pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> Step {
     let (limit, w) = (policy.limit(), policy.window_ms());
-    let mut idx = now / w;
-    let mut count = 0;
-    if let Some(State::FixedWindow { window, count: c }) = state {
-        if *window >= idx {
-            // Same window, or a clock that went back: stay in the stored window.
-            idx = *window;
-            count = *c;
-        }
-    }
+    let (idx, mut count) = current(state, now, w);
     // Counted from the time asked: a clock that went back waits out the stored window
     // too (the store decides on its stored time, the caller waits on its own clock).
     let reset = (idx + 1) * w - now;
@@ -40,6 +33,18 @@ pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64
 /// The current window's count goes down by `cost`, not below 0; if the window has
 /// changed since, nothing is refunded. A stored window ahead of the clock is the one a
 /// check would use.
+/// The window `now` counts in and its count so far: the stored window while `now` is
+/// in it, or before it (a clock that went back: stay in the stored window); else a new
+/// one. The same as comparing `now / w` with the stored window, without dividing on
+/// the common path.
+#[inline(always)]
+fn current(state: Option<&State>, now: u64, w: u64) -> (u64, u64) {
+    match state {
+        Some(State::FixedWindow { window, count }) if now < (window + 1) * w => (*window, *count),
+        _ => (now / w, 0),
+    }
+}
+
 pub(super) fn refund(
     policy: &Policy,
     window: u64,
@@ -70,6 +75,29 @@ mod tests {
         assert_eq!(out[1].remaining, 0);
         assert_eq!(out[2].retry_after_ms, 1);
         assert_eq!(out[0].reset_after_ms, 50);
+    }
+
+    #[test]
+    fn the_window_is_chosen_as_by_dividing() {
+        for w in [1, 7, 1_000, 60_000] {
+            for window in [0, 1, 5, 1_000] {
+                let state = State::FixedWindow { window, count: 3 };
+                for now in (0..(window + 4) * w).step_by((w as usize / 3).max(1)) {
+                    // The rule as first written: a new window only when `now / w` is past it.
+                    let by_division = if window >= now / w {
+                        (window, 3)
+                    } else {
+                        (now / w, 0)
+                    };
+                    assert_eq!(
+                        current(Some(&state), now, w),
+                        by_division,
+                        "{w} {window} {now}"
+                    );
+                }
+            }
+        }
+        assert_eq!(current(None, 2_500, 1_000), (2, 0));
     }
 
     #[test]

@@ -27,10 +27,10 @@ use crate::policy::{Algorithm, Policy};
 
 mod fixed_window;
 mod sliding_log;
-
-pub(crate) use sliding_log::ring_stamps as sliding_log_ring_stamps;
 mod sliding_window;
 mod token_bucket;
+
+pub(crate) use sliding_log::ring_stamps as sliding_log_ring_stamps;
 
 /// The conformance table the stores are held to (tests/conformance.rs, which takes this
 /// file by path), checked here against the model itself.
@@ -74,6 +74,7 @@ pub(crate) enum Commit {
 
 impl Commit {
     /// Applies the change to `state`.
+    #[inline]
     pub(crate) fn apply(self, state: &mut Option<State>) {
         match self {
             Commit::Set(next) => *state = Some(next),
@@ -103,6 +104,7 @@ impl Commit {
 /// Decides one policy. `state` is `None` for a subject never seen (or expired).
 ///
 /// `cost` must be at least 1 and at most `policy.max_cost()`; the limiter checks that.
+#[inline]
 pub(crate) fn decide(policy: &Policy, state: Option<&State>, now_ms: u64, cost: u64) -> Step {
     match policy.algorithm() {
         Algorithm::FixedWindow => fixed_window::decide(policy, state, now_ms, cost),
@@ -112,14 +114,14 @@ pub(crate) fn decide(policy: &Policy, state: Option<&State>, now_ms: u64, cost: 
     }
 }
 
-/// The steps of a check of every policy, in order (inline for the common one policy).
-pub(crate) type Steps = SmallVec<[Step; 1]>;
+/// The outcomes of a check of every policy, in order (inline for up to two).
+pub(crate) type Outcomes = SmallVec<[PolicyOutcome; 2]>;
 
 /// A check of every policy on `states` (one per policy, in order), all or nothing:
 /// every policy decides, then, only if every enforced (non-shadow) policy admits, each
-/// policy that admits commits its step, shadow ones included. Returns the steps (their
-/// outcomes are the decision) and, when something was committed, the longest time (ms
-/// from `now`) a committed state must be kept.
+/// policy that admits commits its step, shadow ones included. Returns the outcomes and,
+/// when something was committed, the longest time (ms from `now`) a committed state
+/// must be kept.
 ///
 /// The one Rust writing of the rule `lua/main.lua` follows: the memory store and the
 /// model's tests both decide through it.
@@ -128,16 +130,32 @@ pub(crate) fn decide_all(
     states: &mut [Option<State>],
     now: u64,
     cost: u64,
-) -> (Steps, Option<u64>) {
-    let mut steps: Steps = policies
+) -> (Outcomes, Option<u64>) {
+    if let ([policy], [state]) = (policies, &mut *states) {
+        let (outcome, keep) = decide_one(policy, state, now, cost);
+        return (smallvec::smallvec![outcome], keep);
+    }
+    decide_each(policies, states, now, cost)
+}
+
+/// [`decide_all`] by its rule as written, for any number of policies: every step
+/// first, then the commits.
+fn decide_each(
+    policies: &[Policy],
+    states: &mut [Option<State>],
+    now: u64,
+    cost: u64,
+) -> (Outcomes, Option<u64>) {
+    let mut steps: SmallVec<[Step; 2]> = policies
         .iter()
         .zip(states.iter())
         .map(|(policy, state)| decide(policy, state.as_ref(), now, cost))
         .collect();
+    let outcomes: Outcomes = steps.iter().map(|step| step.outcome).collect();
     let admitted = policies
         .iter()
-        .zip(&steps)
-        .all(|(policy, step)| step.outcome.allowed || policy.is_shadow());
+        .zip(&outcomes)
+        .all(|(policy, outcome)| outcome.allowed || policy.is_shadow());
     let mut keep = None;
     if admitted {
         for (state, step) in states.iter_mut().zip(steps.iter_mut()) {
@@ -147,7 +165,33 @@ pub(crate) fn decide_all(
             }
         }
     }
-    (steps, keep)
+    (outcomes, keep)
+}
+
+/// [`decide_all`] for a set of one policy, without collecting steps: the step commits
+/// exactly when it admits (a lone shadow policy admits when enforcing it would). Returns
+/// the outcome and, when committed, how long (ms from `now`) the state must be kept.
+///
+/// Each arm has the algorithm's step inlined, so its `Step` and `Commit` never exist in
+/// memory: the commit becomes a store of the new state.
+#[inline]
+pub(crate) fn decide_one(
+    policy: &Policy,
+    state: &mut Option<State>,
+    now: u64,
+    cost: u64,
+) -> (PolicyOutcome, Option<u64>) {
+    let step = match policy.algorithm() {
+        Algorithm::FixedWindow => fixed_window::decide(policy, state.as_ref(), now, cost),
+        Algorithm::SlidingWindow => sliding_window::decide(policy, state.as_ref(), now, cost),
+        Algorithm::TokenBucket => token_bucket::decide(policy, state.as_ref(), now, cost),
+        Algorithm::SlidingLog => sliding_log::decide(policy, state.as_ref(), now, cost),
+    };
+    let keep = step.commit.map(|commit| {
+        commit.apply(state);
+        step.ttl_ms.max(1)
+    });
+    (step.outcome, keep)
 }
 
 /// The state after giving back `cost` units, or `None` when there is nothing to give
@@ -291,8 +335,7 @@ pub(crate) mod tests {
                         }
                     }
                 }
-                let (steps, keep) = decide_all(&policies, &mut states, now, u64::from(cost));
-                let outcomes: Vec<_> = steps.iter().map(|s| s.outcome).collect();
+                let (outcomes, keep) = decide_all(&policies, &mut states, now, u64::from(cost));
                 let decision = Decision::from_outcomes(&policies, outcomes.iter().copied());
                 assert_eq!(
                     (decision.is_allowed(), decision.would_deny()),
@@ -302,6 +345,36 @@ pub(crate) mod tests {
                 );
                 if let Some(keep) = keep {
                     expires = expires.max(now + keep);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn one_policy_alone_decides_as_the_rule_for_many_does() {
+        // Times that go forward, repeat, jump a window, and go back; costs that fit
+        // and costs that do not.
+        let steps = [
+            (5_000, 1),
+            (5_000, 60),
+            (5_001, 50),
+            (5_400, 3),
+            (4_000, 1),
+            (6_200, 100),
+            (6_300, 1),
+            (9_999, 2),
+            (12_000, 1),
+        ];
+        for base in seed_policies() {
+            for policy in [base.clone(), base.shadow()] {
+                let set = [policy];
+                let (mut one, mut each) = (vec![None], vec![None]);
+                for (now, cost) in steps {
+                    let by_one = decide_all(&set, &mut one, now, cost);
+                    let by_each = decide_each(&set, &mut each, now, cost);
+                    assert_eq!(by_one.0, by_each.0, "{:?} at {now}", set[0]);
+                    assert_eq!(by_one.1, by_each.1, "{:?} at {now}", set[0]);
+                    assert_eq!(one, each, "{:?} at {now}", set[0]);
                 }
             }
         }

@@ -8,6 +8,7 @@ use super::{Commit, State, Step};
 use crate::decision::PolicyOutcome;
 use crate::policy::Policy;
 
+#[inline]
 pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> Step {
     let (limit, w) = (policy.limit(), policy.window_ms());
     let empty = VecDeque::new();

@@ -6,29 +6,11 @@ use super::{Commit, State, Step};
 use crate::decision::PolicyOutcome;
 use crate::policy::Policy;
 
+#[inline(always)]
 pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> Step {
     let (limit, w) = (policy.limit(), policy.window_ms());
-    let mut idx = now / w;
     let asked = now;
-    let mut now = now;
-    let (mut prev, mut cur) = (0, 0);
-    if let Some(State::SlidingWindow {
-        window,
-        prev: p,
-        cur: c,
-    }) = state
-    {
-        if *window > idx {
-            // The clock went back: clamp to the start of the stored window.
-            idx = *window;
-            now = idx * w;
-        }
-        if *window == idx {
-            (prev, cur) = (*p, *c);
-        } else if *window + 1 == idx {
-            prev = *c;
-        }
-    }
+    let (idx, now, prev, mut cur) = current(state, now, w);
     let elapsed = now - idx * w;
     // The previous window's weight, scaled by w to stay in integers.
     let weighted = prev * (w - elapsed);
@@ -36,7 +18,13 @@ pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64
     if allowed {
         cur += cost;
     }
-    let remaining = ((limit * w - weighted) / w).saturating_sub(cur);
+    // No division while the previous window is empty (`limit * w / w`).
+    let room = if weighted == 0 {
+        limit
+    } else {
+        (limit * w - weighted) / w
+    };
+    let remaining = room.saturating_sub(cur);
     // Waits are counted from the time asked, as for the fixed window.
     let behind = now - asked;
     let reset = if cur > 0 {
@@ -75,6 +63,28 @@ pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64
 
 /// The current window's count goes down by `cost`, not below 0; once the window has
 /// changed, nothing is refunded.
+/// The window `now` counts in, the time read (clamped to the stored window's start
+/// when the clock went back), and the previous and current counts: the stored window
+/// while `now` is in it or before it, the next one (the stored count becomes `prev`),
+/// or a later one with nothing carried over. The same as comparing `now / w` with the
+/// stored window, without dividing on the common paths.
+#[inline(always)]
+fn current(state: Option<&State>, now: u64, w: u64) -> (u64, u64, u64, u64) {
+    match state {
+        Some(State::SlidingWindow { window, prev, cur }) => {
+            let start = window * w;
+            if now < start + w {
+                (*window, now.max(start), *prev, *cur)
+            } else if now < start + 2 * w {
+                (window + 1, now, *cur, 0)
+            } else {
+                (now / w, now, 0, 0)
+            }
+        }
+        _ => (now / w, now, 0, 0),
+    }
+}
+
 pub(super) fn refund(
     policy: &Policy,
     (window, prev, cur): (u64, u64, u64),
@@ -112,6 +122,38 @@ mod tests {
         assert!(decide_any(&p, state.as_ref(), at, 1).outcome.allowed);
         assert!(!decide_any(&p, state.as_ref(), at - 1, 1).outcome.allowed);
         assert_eq!(at, 1_100, "10*(1-e/1000)+1 <= 10 first at e=100");
+    }
+
+    #[test]
+    fn the_window_is_chosen_as_by_dividing() {
+        for w in [1, 7, 1_000, 60_000] {
+            for window in [0, 1, 5, 1_000] {
+                let state = State::SlidingWindow {
+                    window,
+                    prev: 2,
+                    cur: 3,
+                };
+                for now in (0..(window + 4) * w).step_by((w as usize / 3).max(1)) {
+                    // The rule as first written, dividing every time.
+                    let idx = now / w;
+                    let by_division = if window > idx {
+                        (window, window * w, 2, 3)
+                    } else if window == idx {
+                        (idx, now, 2, 3)
+                    } else if window + 1 == idx {
+                        (idx, now, 3, 0)
+                    } else {
+                        (idx, now, 0, 0)
+                    };
+                    assert_eq!(
+                        current(Some(&state), now, w),
+                        by_division,
+                        "{w} {window} {now}"
+                    );
+                }
+            }
+        }
+        assert_eq!(current(None, 2_500, 1_000), (2, 2_500, 0, 0));
     }
 
     #[test]

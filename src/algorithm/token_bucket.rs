@@ -5,6 +5,7 @@ use super::{Commit, State, Step};
 use crate::decision::PolicyOutcome;
 use crate::policy::Policy;
 
+#[inline(always)]
 pub(super) fn decide(policy: &Policy, state: Option<&State>, now_ms: u64, cost: u64) -> Step {
     let t = policy.emission_interval_us();
     let tolerance = policy.limit() * t;
