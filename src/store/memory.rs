@@ -22,7 +22,7 @@
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::future::{ready, Ready};
-use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError, Weak};
 use std::time::Duration;
@@ -360,57 +360,35 @@ impl Entry {
     }
 }
 
-/// A keyed hash for short byte strings (the subjects: an address, an id, a 16-byte
-/// digest), a few multiplications where SipHash takes rounds per 8 bytes.
+/// The hash of a subject under a policy set: foldhash, seeded at random per store.
 ///
-/// Folded 64x64->128 multiplications of the input mixed with four random per-store
-/// seeds (the construction of foldhash and wyhash): without the seeds, which never
-/// leave the process, a client cannot choose subjects that share a shard or a bucket.
-/// It is not a cryptographic hash; an attacker able to observe timing over very many
-/// requests is the limit of its promise, as with any fast keyed table hash.
+/// foldhash (the hash hashbrown uses by default) folds 64x64->128-bit products of the
+/// input with its seeds, a few multiplications where SipHash takes rounds per 8 bytes.
+/// Without the seeds, which never leave the process, a client cannot choose subjects
+/// that share a shard or a bucket. It is not a cryptographic hash; an attacker able to
+/// observe timing over very many requests is the limit of its promise, as with any fast
+/// keyed table hash.
 #[derive(Debug)]
 struct ShortKeyHasher {
-    seeds: [u64; 4],
+    state: foldhash::fast::RandomState,
 }
 
 impl ShortKeyHasher {
     fn new() -> Self {
-        // `RandomState` is the standard library's source of per-process random keys.
-        let random = RandomState::new();
         Self {
-            seeds: [0u64, 1, 2, 3].map(|i| random.hash_one(i) | 1),
+            state: foldhash::fast::RandomState::default(),
         }
     }
 
     /// The hash of `bytes` under the policy set `set` (its fingerprint).
     #[inline]
     fn hash(&self, set: u64, bytes: &[u8]) -> u64 {
-        let [s0, s1, s2, s3] = self.seeds;
-        let len = bytes.len();
-        // The length is mixed in first: the overlapping reads below are then unambiguous.
-        let mut acc = fold(set ^ s0, (len as u64) ^ s1);
-        let (a, b) = if len <= 16 {
-            short_words(bytes)
-        } else {
-            let mut rest = bytes;
-            while rest.len() > 16 {
-                let (a, b) = (word(rest, 0), word(rest, 8));
-                acc = fold(a ^ s2 ^ acc, b ^ s3);
-                rest = &rest[16..];
-            }
-            // The last 16 bytes, overlapping what came before.
-            (word(bytes, len - 16), word(bytes, len - 8))
-        };
-        acc = fold(a ^ s2 ^ acc, b ^ s3);
-        fold(acc ^ s0, s1.rotate_left(23))
+        let mut hasher = self.state.build_hasher();
+        hasher.write_u64(set);
+        // foldhash mixes the length into a byte string's hash itself.
+        hasher.write(bytes);
+        hasher.finish()
     }
-}
-
-/// The 64x64->128 product's halves xored: every input bit reaches most output bits.
-#[inline]
-fn fold(a: u64, b: u64) -> u64 {
-    let product = u128::from(a) * u128::from(b);
-    (product as u64) ^ ((product >> 64) as u64)
 }
 
 /// Eight little-endian bytes of `bytes` from `at` (the caller knows they are there).
@@ -419,27 +397,6 @@ fn word(bytes: &[u8], at: usize) -> u64 {
     let mut buf = [0u8; 8];
     buf.copy_from_slice(&bytes[at..at + 8]);
     u64::from_le_bytes(buf)
-}
-
-/// Up to 16 bytes as two words, by overlapping reads (the length tells them apart).
-#[inline]
-fn short_words(bytes: &[u8]) -> (u64, u64) {
-    let len = bytes.len();
-    if len >= 8 {
-        (word(bytes, 0), word(bytes, len - 8))
-    } else if len >= 4 {
-        let half = |at: usize| {
-            let mut buf = [0u8; 4];
-            buf.copy_from_slice(&bytes[at..at + 4]);
-            u64::from(u32::from_le_bytes(buf))
-        };
-        (half(0), half(len - 4))
-    } else if len > 0 {
-        let byte = |at: usize| u64::from(bytes[at]);
-        ((byte(0) << 16) | (byte(len / 2) << 8) | byte(len - 1), 0)
-    } else {
-        (0, 0)
-    }
 }
 
 /// Where the sweep is in its pass over the shards.
