@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::{AdminStore, CheckNow, Operation, PolicySet, Store, StoreError};
+use super::{AdminStore, CheckNow, Fnv1a, Operation, PolicySet, Store, StoreError};
 use crate::algorithm::{self, State};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
@@ -269,9 +269,9 @@ impl Hasher for KnownHash {
 
     fn write(&mut self, bytes: &[u8]) {
         // Only `write_u64` is used; anything else still hashes (FNV-1a).
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
-        }
+        let mut fnv = Fnv1a(self.0);
+        fnv.write(bytes);
+        self.0 = fnv.0;
     }
 
     fn write_u64(&mut self, n: u64) {

@@ -34,18 +34,7 @@ pub struct PolicySet {
 impl PolicySet {
     pub(crate) fn new(policies: Vec<Policy>) -> Self {
         // FNV-1a: stable across processes and releases, unlike `DefaultHasher`.
-        struct Fnv(u64);
-        impl Hasher for Fnv {
-            fn finish(&self) -> u64 {
-                self.0
-            }
-            fn write(&mut self, bytes: &[u8]) {
-                for b in bytes {
-                    self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
-                }
-            }
-        }
-        let mut h = Fnv(0xcbf2_9ce4_8422_2325);
+        let mut h = Fnv1a::new();
         policies.hash(&mut h);
         let max_cost = policies.iter().map(Policy::max_cost).min().unwrap_or(0);
         Self {
@@ -68,6 +57,28 @@ impl PolicySet {
     /// The largest cost every policy could admit (0 when there are none).
     pub fn max_cost(&self) -> u64 {
         self.max_cost
+    }
+}
+
+/// FNV-1a: a hash that is the same in every process and release.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fnv1a(pub(crate) u64);
+
+impl Fnv1a {
+    pub(crate) const fn new() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv1a {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
     }
 }
 
