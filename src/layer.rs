@@ -4,17 +4,17 @@
 //! use std::time::Duration;
 //!
 //! use http::{request::Parts, Request, Response, StatusCode};
-//! use redlimit::key::{KeyExtractor, KeyRejection};
+//! use redlimit::key::{KeyExtractor, KeyRejection, Secret};
 //! use redlimit::{Limiter, MemoryStore, Policy, RateLimitLayer, Subject};
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
 //! /// Limits each API key on its own; only a keyed hash of the key is kept.
-//! struct ApiKey;
+//! struct ApiKey(Secret);
 //!
 //! impl KeyExtractor for ApiKey {
 //!     fn extract(&self, parts: &Parts) -> Result<Subject, KeyRejection> {
 //!         match parts.headers.get("x-api-key") {
-//!             Some(key) => Ok(Subject::secret(b"server-side secret", key.as_bytes())),
+//!             Some(key) => Ok(self.0.subject(key.as_bytes())),
 //!             None => Err(KeyRejection::new(StatusCode::UNAUTHORIZED, "missing x-api-key")),
 //!         }
 //!     }
@@ -22,12 +22,15 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # std::env::set_var("API_KEY_SECRET", "a long random value");
+//! // The same secret on every instance that shares a store, from configuration.
+//! let secret = Secret::from_env("API_KEY_SECRET")?;
 //! let limiter = Limiter::new(
 //!     MemoryStore::new(),
 //!     Policy::sliding_log("default", 2, Duration::from_secs(60))?,
 //! );
 //! let service = ServiceBuilder::new()
-//!     .layer(RateLimitLayer::new(limiter, ApiKey))
+//!     .layer(RateLimitLayer::new(limiter, ApiKey(secret)))
 //!     .service_fn(|_req: Request<String>| async {
 //!         Ok::<_, std::convert::Infallible>(Response::new(String::from("hello")))
 //!     });
