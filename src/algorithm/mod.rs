@@ -172,8 +172,8 @@ fn decide_each(
 /// exactly when it admits (a lone shadow policy admits when enforcing it would). Returns
 /// the outcome and, when committed, how long (ms from `now`) the state must be kept.
 ///
-/// Each arm has the algorithm's step inlined, so its `Step` and `Commit` never exist in
-/// memory: the commit becomes a store of the new state.
+/// [`decide`] is inlined here with each algorithm's step, so a `Step` and its `Commit`
+/// need never exist in memory: the commit becomes a store of the new state.
 #[inline]
 pub(crate) fn decide_one(
     policy: &Policy,
@@ -181,12 +181,7 @@ pub(crate) fn decide_one(
     now: u64,
     cost: u64,
 ) -> (PolicyOutcome, Option<u64>) {
-    let step = match policy.algorithm() {
-        Algorithm::FixedWindow => fixed_window::decide(policy, state.as_ref(), now, cost),
-        Algorithm::SlidingWindow => sliding_window::decide(policy, state.as_ref(), now, cost),
-        Algorithm::TokenBucket => token_bucket::decide(policy, state.as_ref(), now, cost),
-        Algorithm::SlidingLog => sliding_log::decide(policy, state.as_ref(), now, cost),
-    };
+    let step = decide(policy, state.as_ref(), now, cost);
     let keep = step.commit.map(|commit| {
         commit.apply(state);
         step.ttl_ms.max(1)
