@@ -1,11 +1,18 @@
 -- redlimit: decide every policy of one subject in one call, all or nothing.
 --
 -- The store puts a line before this file: `local op, first = "c", 2` in the
--- check's script, `local op, first = ARGV[2], 3` in the admin operations' one.
+-- check's script, `local op, first = ARGV[2], 3` in the admin operations' one,
+-- `local op, first = "l", 4` in the leasing check's one.
 --
 -- KEYS[i]              the state key of policy i (all in the subject's hash tag)
 -- ARGV[1]              the cost of the request
--- ARGV[2]              admin script only: p (peek), r (refund) or x (reset)
+-- ARGV[2]              admin script only: p (peek), r (refund), x (reset), or
+--                      g:<ms> (a lease's give-back: a refund if the store's clock
+--                      is still before <ms>, the end of the lease's window, else a
+--                      peek: units of a past window are never taken from a later one);
+--                      leasing check only: the units wanted as a lease
+-- ARGV[3]              leasing check only: after a denial, the batch (units beyond
+--                      the cost) whose wait the reply adds
 -- ARGV[first + 3(i-1)] algorithm of policy i: fw, sw, tb or sl
 --     [first + 3(i-1) + 1] limit (capacity of a token bucket) of policy i,
 --                      negative for a shadow policy (decides, never denies)
@@ -14,6 +21,12 @@
 -- ARGV[first + 3n]     optional: the client's clock in ms; without it, Redis TIME
 --
 -- Reply: per policy, allowed (0/1), remaining, reset after (ms), retry after (ms).
+-- A leasing check adds four integers: the units granted as a lease (taken from
+-- every policy beyond the cost, at most what each admits now, 0 unless every
+-- policy admits), the ms to the end of the shortest current window among the
+-- window policies (0: none; a lease never outlives it), when denied the ms until
+-- the cost and the batch would fit (the instance asks again then), and the end of
+-- that window on the store's clock (what a give-back sends back).
 -- A check decides every policy before any state is written, and writes policy
 -- i only if it admits and every enforced (non-shadow) policy admits: enforced
 -- policies are all or nothing, a shadow one consumes when enforcing it would
@@ -48,9 +61,17 @@ else
   now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
 end
 local cost = tonumber(ARGV[1])
-if not (now and cost) or not (op == "c" or op == "p" or op == "r" or op == "x") then
+if string.sub(op, 1, 2) == "g:" then
+  local before = tonumber(string.sub(op, 3))
+  if before and now < before then
+    op = "r"
+  elseif before then
+    op = "p"
+  end
+end
+if not (now and cost) or not (op == "c" or op == "p" or op == "r" or op == "x" or op == "l") then
   return redis.error_reply(string.format(
-    "ERR redlimit: expected the cost, an operation (p, r or x) and the clock in ms, got %q, %q and %q",
+    "ERR redlimit: expected the cost, an operation (p, r, x or g:<ms>) and the clock in ms, got %q, %q and %q",
     string.sub(ARGV[1], 1, 24), string.sub(op, 1, 8), string.sub(ARGV[clock_at] or "(Redis TIME)", 1, 24)))
 end
 
@@ -61,6 +82,8 @@ end
 -- Decide every policy before writing anything. The tables start at the size of
 -- one policy's: growing them from empty costs a visible share of a call.
 local reply, writes, all = { 0, 0, 0, 0 }, { false, false }, true
+-- A leasing check decides again on the same states: it keeps them.
+local raws = op == "l" and {} or nil
 for i = 1, nkeys do
   local at = first + 3 * (i - 1)
   local decide = DECIDE[ARGV[at]]
@@ -83,6 +106,9 @@ for i = 1, nkeys do
   local raw = false
   if op ~= "x" then
     raw = redis.call("GET", KEYS[i])
+  end
+  if raws then
+    raws[i] = raw
   end
   if op == "r" and raw then
     local given_back = REFUND[ARGV[at]](limit, n, now, cost, raw)
@@ -108,7 +134,65 @@ for i = 1, nkeys do
   reply[base + 4] = retry
 end
 
-if op == "c" and all then
+if raws then
+  -- Translation of the lease rule in src/algorithm/mod.rs (`lease`).
+  local want, batch = tonumber(ARGV[2]), tonumber(ARGV[3])
+  if not (want and batch) then
+    return redis.error_reply("ERR redlimit: a leasing check takes the units wanted and the batch")
+  end
+  local grant, window_left, again = 0, 0, 0
+  if all then
+    -- At most what every policy admits now beyond the cost; none while a shadow
+    -- policy would deny, so shadow reports stay those of single checks.
+    grant = want
+    for i = 1, nkeys do
+      local base = 4 * (i - 1)
+      if reply[base + 1] == 0 then
+        grant = 0
+      elseif reply[base + 2] < grant then
+        grant = reply[base + 2]
+      end
+    end
+    for i = 1, nkeys do
+      local at = first + 3 * (i - 1)
+      local code, n = ARGV[at], tonumber(ARGV[at + 2])
+      if grant > 0 then
+        -- The same decision for cost + grant: admitted, since grant fits every policy.
+        local _, remaining, reset, _, ttl, nxt = DECIDE[code](math.abs(tonumber(ARGV[at + 1])), n, now, cost + grant, raws[i])
+        local base = 4 * (i - 1)
+        reply[base + 2] = remaining
+        reply[base + 3] = reset
+        writes[i] = nxt
+        writes[nkeys + i] = ttl
+      end
+      if code == "fw" or code == "sw" then
+        local left = n - now % n
+        if window_left == 0 or left < window_left then
+          window_left = left
+        end
+      end
+    end
+  elseif batch > 0 then
+    -- Denied: when would the cost and a batch more fit? The crate keeps cost + batch
+    -- within what every policy admits at once.
+    for i = 1, nkeys do
+      local at = first + 3 * (i - 1)
+      local limit = tonumber(ARGV[at + 1])
+      if limit > 0 then
+        local _, _, _, retry = DECIDE[ARGV[at]](limit, tonumber(ARGV[at + 2]), now, cost + batch, raws[i])
+        if retry > again then
+          again = retry
+        end
+      end
+    end
+  end
+  reply[4 * nkeys + 1] = grant
+  reply[4 * nkeys + 2] = window_left
+  reply[4 * nkeys + 3] = again
+  reply[4 * nkeys + 4] = window_left > 0 and now + window_left or 0
+end
+
+if (op == "c" or op == "l") and all then
   for i = 1, nkeys do
     local nxt = writes[i]
     if nxt then

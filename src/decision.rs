@@ -16,6 +16,10 @@ pub enum Origin {
     BlockCache,
     /// The local fallback store, deciding while the main store fails.
     Fallback,
+    /// This instance's lease of the subject's units ([`crate::lease`]): admitted from
+    /// units taken from the store earlier, or denied from the store's denial kept
+    /// until the instance asks again.
+    Lease,
     /// Nobody: the store failed (or timed out) with no fallback, and
     /// the layer's open failure mode (`FailureMode::Open`) let the request through
     /// unchecked. Such a decision is allowed and knows no figures: see
@@ -30,6 +34,7 @@ impl Origin {
             Origin::Store => "store",
             Origin::BlockCache => "block_cache",
             Origin::Fallback => "fallback",
+            Origin::Lease => "lease",
             Origin::FailOpen => "fail_open",
         }
     }
@@ -172,6 +177,14 @@ impl Decision {
     /// before its reset time.
     pub(crate) fn rebase(&mut self, retry_ms: u64, reset_ms: u64, origin: Origin) {
         self.outcome.retry_after_ms = retry_ms;
+        self.outcome.reset_after_ms = reset_ms;
+        self.origin = origin;
+    }
+
+    /// An admission seen again from a lease: `remaining` units known left and
+    /// `reset_ms` before the reset time.
+    pub(crate) fn rebase_allowed(&mut self, remaining: u64, reset_ms: u64, origin: Origin) {
+        self.outcome.remaining = remaining;
         self.outcome.reset_after_ms = reset_ms;
         self.origin = origin;
     }

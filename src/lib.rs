@@ -67,6 +67,7 @@ pub mod clock;
 mod decision;
 mod error;
 pub mod key;
+pub mod lease;
 mod limiter;
 pub mod policy;
 pub mod store;
@@ -88,7 +89,7 @@ pub use headers::HeaderStyle;
 pub use layer::{BodyStyle, FailureMode, Plan, RateLimit, RateLimitLayer};
 pub use limiter::{CheckFuture, Limiter};
 pub use policy::{Algorithm, Policy, PolicyError};
-pub use store::{CheckNow, MemoryStore, RedisStore, Store, StoreError};
+pub use store::{CheckNow, LeaseStore, MemoryStore, RedisStore, Store, StoreError};
 pub use subject::Subject;
 
 /// The pool crate [`RedisStore::new`] and [`RedisStore::cluster`] take, at the version

@@ -30,8 +30,12 @@ use crate::block_cache::BlockCache;
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::{Decision, Origin};
 use crate::error::Error;
+use crate::lease::{LeaseError, LeaseTable, Leases, Local};
 use crate::policy::Policy;
-use crate::store::{AdminStore, CheckNow, MemoryStore, Operation, PolicySet, Store, StoreError};
+use crate::store::{
+    AdminStore, CheckNow, LeaseFuture, LeaseStore, MemoryStore, Operation, PolicySet, Store,
+    StoreError,
+};
 use crate::subject::Subject;
 
 /// A store and the policies one kind of request is checked against.
@@ -53,6 +57,8 @@ struct Guard {
     clock: Arc<dyn Clock>,
     blocks: Option<BlockCache>,
     fallback: Option<MemoryStore>,
+    /// The lease settings and this limiter's leases, when on.
+    leases: Option<(Leases, Arc<LeaseTable>)>,
 }
 
 impl<S: Store> Limiter<S> {
@@ -71,6 +77,7 @@ impl<S: Store> Limiter<S> {
                 clock: Arc::new(MonotonicClock::new()),
                 blocks: None,
                 fallback: None,
+                leases: None,
             })
         });
         if Arc::get_mut(guard).is_none() {
@@ -80,6 +87,10 @@ impl<S: Store> Limiter<S> {
                 clock: Arc::clone(&guard.clock),
                 blocks: guard.blocks.as_ref().map(BlockCache::empty_like),
                 fallback: guard.fallback.clone(),
+                leases: guard.leases.as_ref().map(|(settings, table)| {
+                    let table = table.empty_like(Arc::clone(&guard.clock), None);
+                    (settings.clone(), Arc::new(table))
+                }),
             });
         }
         Arc::get_mut(guard).unwrap_or_else(|| unreachable!("the guard was just made unique"))
@@ -103,12 +114,22 @@ impl<S: Store> Limiter<S> {
 
     /// The clock of the block cache (the monotonic clock by default; a fake one in tests).
     pub fn local_clock(mut self, clock: impl Clock) -> Self {
-        self.guard_mut().clock = Arc::new(clock);
+        let guard = self.guard_mut();
+        guard.clock = Arc::new(clock);
+        if let Some((_, table)) = &mut guard.leases {
+            *table = Arc::new(table.empty_like(Arc::clone(&guard.clock), None));
+        }
         self
     }
 
     /// Adds a policy that must also admit every request. A policy with the same name
     /// as one already present replaces it (names key the state in Redis).
+    ///
+    /// # Panics
+    ///
+    /// With leases on ([`Limiter::leases`]), when the new set cannot lease (a sliding
+    /// log): add policies before turning leases on, which reports it as an error.
+    #[track_caller]
     pub fn policy(mut self, policy: Policy) -> Self {
         let mut policies: Vec<Policy> = self.set.policies().to_vec();
         match policies.iter_mut().find(|p| p.name() == policy.name()) {
@@ -116,6 +137,22 @@ impl<S: Store> Limiter<S> {
             None => policies.push(policy),
         }
         self.set = PolicySet::new(policies);
+        let set = self.set.clone();
+        if let Some(guard) = &mut self.guard {
+            if guard.leases.is_some() {
+                let guard = self.guard_mut();
+                if let Some((settings, table)) = &mut guard.leases {
+                    match settings.resolve(&set) {
+                        Ok(plan) => {
+                            *table = Arc::new(
+                                table.empty_like(Arc::clone(&guard.clock), Some((plan, set))),
+                            );
+                        }
+                        Err(error) => panic!("Limiter::policy after Limiter::leases: {error}"),
+                    }
+                }
+            }
+        }
         self
     }
 
@@ -157,6 +194,22 @@ impl<S: Store> Limiter<S> {
             set: self.set.clone(),
             cost,
         };
+        if let Some((_, leases)) = &guard.leases {
+            let now = guard.clock.now_ms();
+            match leases.try_local(&subject, cost, now) {
+                Local::Decided(decision) => return CheckFuture::settled(Ok(decision)),
+                Local::Ask(ask) => {
+                    return CheckFuture {
+                        state: CheckState::Lease {
+                            future: PendingLease(leases.check_leasing(subject, cost, ask)),
+                            asked_at: now,
+                        },
+                        after: Some(after),
+                    }
+                }
+                Local::Plain => {}
+            }
+        }
         match self.store.check_now(subject, &self.set, cost) {
             CheckNow::Decided(result) => CheckFuture::settled(after.finish(result)),
             CheckNow::Later(subject) => CheckFuture {
@@ -166,6 +219,50 @@ impl<S: Store> Limiter<S> {
                 after: Some(after),
             },
         }
+    }
+}
+
+impl<S: LeaseStore> Limiter<S> {
+    /// Serves hot subjects from leases: units taken from the store in the same call as
+    /// a check and spent by this instance without a round trip, under one budget
+    /// shared by every instance. See [`crate::lease`] for how, and for what leases
+    /// promise (no over-admission for window counters; a token bucket's burst grows by
+    /// at most its refill rate times the lease lifetime).
+    ///
+    /// Add every policy first. A sliding log never leases: a set with one is refused
+    /// ([`LeaseError::SlidingLog`]).
+    pub fn leases(mut self, leases: Leases) -> Result<Self, LeaseError> {
+        let plan = leases.resolve(&self.set)?;
+        let (store, set) = (self.store.clone(), self.set.clone());
+        let guard = self.guard_mut();
+        let table = LeaseTable::new(plan, set, store, Arc::clone(&guard.clock));
+        guard.leases = Some((leases, Arc::new(table)));
+        Ok(self)
+    }
+
+    /// Gives back the units of every expired lease now and waits for the store, as the
+    /// background sweep does every quarter lifetime; returns how many calls it made.
+    /// For tests on a fake clock and for a clean shutdown.
+    #[doc(hidden)]
+    pub async fn sweep_leases(&self) -> usize {
+        let Some((_, table)) = self.guard.as_ref().and_then(|g| g.leases.as_ref()) else {
+            return 0;
+        };
+        let calls = table.sweep(table.now_ms());
+        let made = calls.len();
+        for call in calls {
+            let _ = call.await;
+        }
+        made
+    }
+
+    /// Subjects whose rate or lease this limiter tracks.
+    #[doc(hidden)]
+    pub fn leased_subjects(&self) -> usize {
+        self.guard
+            .as_ref()
+            .and_then(|g| g.leases.as_ref())
+            .map_or(0, |(_, table)| table.len())
     }
 }
 
@@ -358,7 +455,17 @@ pin_project! {
     #[derive(Debug)]
     enum CheckState<F> {
         Store { #[pin] future: F },
+        Lease { future: PendingLease, asked_at: u64 },
         Ready { result: Option<Result<Decision, Error>> },
+    }
+}
+
+/// A leasing check on its way (the store's future, boxed).
+struct PendingLease(LeaseFuture);
+
+impl std::fmt::Debug for PendingLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PendingLease")
     }
 }
 
@@ -381,7 +488,7 @@ impl<F> CheckFuture<F> {
     pub(crate) fn take_settled(&mut self) -> Option<Result<Decision, Error>> {
         match &mut self.state {
             CheckState::Ready { result } => result.take(),
-            CheckState::Store { .. } => None,
+            CheckState::Store { .. } | CheckState::Lease { .. } => None,
         }
     }
 }
@@ -411,6 +518,24 @@ where
                 let outcome = match this.after.take() {
                     Some(after) => after.finish(result),
                     None => result.map_err(Error::from),
+                };
+                report(&outcome);
+                Poll::Ready(outcome)
+            }
+            CheckStateProj::Lease { future, asked_at } => {
+                let result = std::task::ready!(future.0.as_mut().poll(cx));
+                let outcome = match this.after.take() {
+                    Some(after) => {
+                        let result = match &after.guard.leases {
+                            Some((_, table)) => {
+                                let now = after.guard.clock.now_ms();
+                                table.granted(&after.subject, after.cost, *asked_at, now, result)
+                            }
+                            None => result.map(|(decision, _)| decision),
+                        };
+                        after.finish(result)
+                    }
+                    None => result.map(|(decision, _)| decision).map_err(Error::from),
                 };
                 report(&outcome);
                 Poll::Ready(outcome)

@@ -24,6 +24,7 @@ use smallvec::SmallVec;
 
 use crate::decision::PolicyOutcome;
 use crate::policy::{Algorithm, Policy};
+use crate::store::Grant;
 
 mod fixed_window;
 mod sliding_log;
@@ -187,6 +188,80 @@ pub(crate) fn decide_one(
         step.ttl_ms.max(1)
     });
     (step.outcome, keep)
+}
+
+/// A leasing check: [`decide_all`] of `cost`, and when every policy admits (shadow
+/// ones included, so their reports stay those of single checks), `want` more units
+/// taken from every policy, at most what each admits now; when an enforced policy
+/// denies, the wait until `cost + batch` would fit. The rule `lua/main.lua`'s lease
+/// part follows; see [`crate::lease`].
+///
+/// The grant never exceeds a policy's `remaining` after the cost, which is exactly
+/// what that policy admits on top of it, so deciding `cost + grant` admits again.
+pub(crate) fn decide_leasing(
+    policies: &[Policy],
+    states: &mut [Option<State>],
+    now: u64,
+    cost: u64,
+    want: u64,
+    batch: u64,
+) -> (Outcomes, Option<u64>, Grant) {
+    let firsts: Outcomes = policies
+        .iter()
+        .zip(states.iter())
+        .map(|(policy, state)| decide(policy, state.as_ref(), now, cost).outcome)
+        .collect();
+    let admitted = policies
+        .iter()
+        .zip(&firsts)
+        .all(|(policy, outcome)| outcome.allowed || policy.is_shadow());
+    if !admitted {
+        let ask_again_ms = if batch == 0 {
+            0
+        } else {
+            policies
+                .iter()
+                .zip(states.iter())
+                .filter(|(policy, _)| !policy.is_shadow())
+                .map(|(policy, state)| {
+                    decide(policy, state.as_ref(), now, cost + batch)
+                        .outcome
+                        .retry_after_ms
+                })
+                .max()
+                .unwrap_or(0)
+        };
+        let grant = Grant {
+            ask_again_ms,
+            ..Grant::default()
+        };
+        return (firsts, None, grant);
+    }
+    let units = firsts.iter().fold(want, |units, outcome| {
+        if outcome.allowed {
+            units.min(outcome.remaining)
+        } else {
+            0
+        }
+    });
+    let window_left_ms = policies
+        .iter()
+        .filter(|policy| {
+            matches!(
+                policy.algorithm(),
+                Algorithm::FixedWindow | Algorithm::SlidingWindow
+            )
+        })
+        .map(|policy| policy.window_ms() - now % policy.window_ms())
+        .min();
+    let (outcomes, keep) = decide_all(policies, states, now, cost + units);
+    let grant = Grant {
+        units,
+        window_left_ms,
+        ask_again_ms: 0,
+        window_end_ms: window_left_ms.map(|left| now + left),
+    };
+    (outcomes, keep, grant)
 }
 
 /// The state after giving back `cost` units, or `None` when there is nothing to give

@@ -29,7 +29,10 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::{AdminStore, CheckNow, Fnv1a, Operation, PolicySet, Store, StoreError};
+use super::{
+    AdminStore, CheckNow, Fnv1a, GiveBackFuture, Grant, LeaseAsk, LeaseFuture, LeaseStore,
+    Operation, PolicySet, Store, StoreError,
+};
 use crate::algorithm::{self, State};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
@@ -611,6 +614,40 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// A leasing check on one entry, under its shard's lock (the model of the Redis
+    /// store's; see [`crate::lease`]).
+    pub(crate) fn decide_leasing(
+        &self,
+        subject: Subject,
+        set: &PolicySet,
+        cost: u64,
+        ask: LeaseAsk,
+    ) -> (Decision, Grant) {
+        let inner = &*self.inner;
+        let now = inner.now_and_sweep();
+        let policies = set.policies();
+        let probe = inner.probe(set, subject.as_bytes());
+        let mut shard = inner.shard(probe.hash).lock();
+        let entry = match shard.get_mut(probe.as_parts()) {
+            Some(entry) => entry,
+            None => shard.entry(probe.key()).or_insert_with(Entry::fresh),
+        };
+        entry.renew(policies.len(), now);
+        let (outcomes, keep, grant) = algorithm::decide_leasing(
+            policies,
+            entry.states.as_mut_slice(),
+            now,
+            cost,
+            ask.want,
+            ask.batch,
+        );
+        entry.keep(now, keep);
+        drop(shard);
+        (Decision::from_outcomes(policies, outcomes), grant)
+    }
+}
+
 /// A check of several policies on the entry `decide` found and renewed, all or nothing
 /// (out of line: the one-policy path stays small enough to inline).
 #[inline(never)]
@@ -754,6 +791,36 @@ impl Store for MemoryStore {
 impl AdminStore for MemoryStore {
     fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
         ready(Ok(self.run_op(op, subject, set, cost)))
+    }
+}
+
+/// Leases from one process's memory gain nothing over its checks; the memory store
+/// leases as the model of the Redis store's leasing check, for tests that run leases
+/// on a fake clock and compare the two.
+impl LeaseStore for MemoryStore {
+    fn check_leasing(
+        &self,
+        subject: Subject,
+        set: &PolicySet,
+        cost: u64,
+        ask: LeaseAsk,
+    ) -> LeaseFuture {
+        Box::pin(ready(Ok(self.decide_leasing(subject, set, cost, ask))))
+    }
+
+    fn give_back(
+        &self,
+        subject: Subject,
+        set: &PolicySet,
+        units: u64,
+        before_ms: u64,
+    ) -> GiveBackFuture {
+        let op = if self.inner.clock.now_ms() < before_ms {
+            Operation::Refund
+        } else {
+            Operation::Peek
+        };
+        Box::pin(ready(Ok(self.run_op(op, subject, set, units))))
     }
 }
 

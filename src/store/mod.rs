@@ -10,6 +10,7 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
+use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::decision::Decision;
@@ -173,6 +174,69 @@ impl<S: AdminStore> AdminStore for Arc<S> {
     fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
         (**self).run(op, subject, set, cost)
     }
+}
+
+/// What a leasing check asks for beyond its cost (see [`crate::lease`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseAsk {
+    /// Units wanted as a lease, taken from every policy beyond the cost if all admit.
+    pub want: u64,
+    /// When the check is denied: the wait for the cost and this many more units is
+    /// reported too ([`Grant::ask_again_ms`]). `cost + batch` must not exceed
+    /// [`PolicySet::max_cost`].
+    pub batch: u64,
+}
+
+/// What a leasing check got beyond its decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Grant {
+    /// Units taken from every policy beyond the cost (0 when denied).
+    pub units: u64,
+    /// Milliseconds to the end of the shortest current window among the set's window
+    /// policies, from the time the store decided at; `None` when no policy has
+    /// windows (a token bucket). A lease never outlives it.
+    pub window_left_ms: Option<u64>,
+    /// The end of that window on the store's clock (ms): what
+    /// [`LeaseStore::give_back`] takes, so that units are never given back to a later
+    /// window than the one they were taken from.
+    pub window_end_ms: Option<u64>,
+    /// When denied: milliseconds until the cost and [`LeaseAsk::batch`] more units
+    /// would fit (0 when allowed).
+    pub ask_again_ms: u64,
+}
+
+/// The pending result of [`LeaseStore::check_leasing`].
+pub type LeaseFuture =
+    Pin<Box<dyn Future<Output = Result<(Decision, Grant), StoreError>> + Send + 'static>>;
+
+/// The pending result of [`LeaseStore::give_back`].
+pub type GiveBackFuture =
+    Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>>;
+
+/// A store shared by several instances that can also hand out leases: units taken
+/// from a subject's budget in the same atomic call as a check, for the instance to
+/// spend locally ([`crate::lease`]). A store of one process has no use for them.
+pub trait LeaseStore: AdminStore + Clone {
+    /// [`Store::check`] of `cost`, and when every policy admits, up to `ask.want` more
+    /// units taken from every policy at once (never more than each admits now).
+    fn check_leasing(
+        &self,
+        subject: Subject,
+        set: &PolicySet,
+        cost: u64,
+        ask: LeaseAsk,
+    ) -> LeaseFuture;
+
+    /// Gives back `units` a lease did not spend, as [`Operation::Refund`] does, if the
+    /// store's clock is still before `before_ms` (the lease's [`Grant::window_end_ms`]);
+    /// after it the window the units came from is over and nothing changes.
+    fn give_back(
+        &self,
+        subject: Subject,
+        set: &PolicySet,
+        units: u64,
+        before_ms: u64,
+    ) -> GiveBackFuture;
 }
 
 /// What went wrong with a store: it is never shown to clients as a 429.

@@ -151,7 +151,10 @@ use deadpool_redis::redis::Value;
 use deadpool_redis::Pool;
 use smallvec::SmallVec;
 
-use super::{AdminStore, Operation, PolicySet, Store, StoreError, StoreErrorKind};
+use super::{
+    AdminStore, GiveBackFuture, Grant, LeaseAsk, LeaseFuture, LeaseStore, Operation, PolicySet,
+    Store, StoreError, StoreErrorKind,
+};
 use crate::clock::Clock;
 use crate::decision::{Decision, PolicyOutcome};
 use crate::policy::Policy;
@@ -291,14 +294,14 @@ impl RedisStore {
     /// code of the algorithms `policies` use, so limiters of different algorithms run
     /// different scripts (and the rare admin operations a script of their own).
     pub fn script_source(policies: &[Policy]) -> &'static str {
-        script::Shape::of(policies, Operation::Check)
+        script::Shape::of(policies, Operation::Check, false)
             .script()
             .source()
     }
 
     /// The SHA-1 of [`RedisStore::script_source`], as `EVALSHA` takes it.
     pub fn script_sha1(policies: &[Policy]) -> &'static str {
-        script::Shape::of(policies, Operation::Check)
+        script::Shape::of(policies, Operation::Check, false)
             .script()
             .sha1()
     }
@@ -339,6 +342,37 @@ impl RedisStore {
             cost,
             op,
             policies: Arc::clone(set.policies()),
+            lease: None,
+            give_back_before: None,
+        }
+    }
+
+    /// How many calls this store and its clones have sent to Redis (each one round
+    /// trip, whatever came back): for metrics, and for measuring what leases save.
+    pub fn calls_sent(&self) -> u64 {
+        self.link.calls.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sends `call` on the store's connection within the timeout.
+    fn send(&self, call: Call) -> impl Future<Output = Result<(Call, Value), StoreError>> {
+        let link = Arc::clone(&self.link);
+        let timeout = self.settings.timeout;
+        async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            // While connected, the connection is lent at once: no timer for that.
+            let mut lent = match link.current() {
+                Some(lent) => lent,
+                None => tokio::time::timeout_at(deadline, link.lend())
+                    .await
+                    .map_err(|_| StoreError::timeout())??,
+            };
+            match tokio::time::timeout_at(deadline, link.eval(&mut lent, &call)).await {
+                Ok(reply) => Ok((call, reply?)),
+                Err(_) => {
+                    link.timed_out(&lent);
+                    Err(StoreError::timeout())
+                }
+            }
         }
     }
 
@@ -408,40 +442,67 @@ impl Store for RedisStore {
 /// arguments: the admin operations share the check's per-algorithm Lua.
 impl AdminStore for RedisStore {
     fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
-        let call = self.call(op, &subject, set, cost);
-        let link = Arc::clone(&self.link);
-        let timeout = self.settings.timeout;
+        let sent = self.send(self.call(op, &subject, set, cost));
         Box::pin(async move {
-            let deadline = tokio::time::Instant::now() + timeout;
-            // While connected, the connection is lent at once: no timer for that.
-            let mut lent = match link.current() {
-                Some(lent) => lent,
-                None => tokio::time::timeout_at(deadline, link.lend())
-                    .await
-                    .map_err(|_| StoreError::timeout())??,
-            };
-            let reply = match tokio::time::timeout_at(deadline, link.eval(&mut lent, &call)).await {
-                Ok(reply) => reply?,
-                Err(_) => {
-                    link.timed_out(&lent);
-                    return Err(StoreError::timeout());
-                }
-            };
-            decision(&call.policies, reply)
+            let (call, reply) = sent.await?;
+            let (decision, _) = decision(&call.policies, reply, false)?;
+            Ok(decision)
         })
     }
 }
 
-/// Reads the script's reply: four integers per policy.
-fn decision(policies: &Arc<[Policy]>, reply: Value) -> Result<Decision, StoreError> {
+/// A leasing check is one `FCALL` of the library's lease function: the check's
+/// decision, then the lease taken from the same states in the same call.
+impl LeaseStore for RedisStore {
+    fn check_leasing(
+        &self,
+        subject: Subject,
+        set: &PolicySet,
+        cost: u64,
+        ask: LeaseAsk,
+    ) -> LeaseFuture {
+        let mut call = self.call(Operation::Check, &subject, set, cost);
+        call.lease = Some(ask);
+        let sent = self.send(call);
+        Box::pin(async move {
+            let (call, reply) = sent.await?;
+            decision(&call.policies, reply, true)
+        })
+    }
+
+    fn give_back(
+        &self,
+        subject: Subject,
+        set: &PolicySet,
+        units: u64,
+        before_ms: u64,
+    ) -> GiveBackFuture {
+        let mut call = self.call(Operation::Refund, &subject, set, units);
+        call.give_back_before = Some(before_ms);
+        let sent = self.send(call);
+        Box::pin(async move {
+            let (call, reply) = sent.await?;
+            Ok(decision(&call.policies, reply, false)?.0)
+        })
+    }
+}
+
+/// Reads the script's reply: four integers per policy, and for a leasing check
+/// (`lease`) four more: the units granted, the window's ms left, the ms to ask again,
+/// the window's end.
+fn decision(
+    policies: &Arc<[Policy]>,
+    reply: Value,
+    lease: bool,
+) -> Result<(Decision, Grant), StoreError> {
     let protocol = |what: String| StoreError::new(StoreErrorKind::Protocol, what);
     let Value::Array(items) = reply else {
         return Err(protocol(format!("expected an array, got {reply:?}")));
     };
-    if items.len() != 4 * policies.len() {
+    let expected = 4 * policies.len() + if lease { 4 } else { 0 };
+    if items.len() != expected {
         return Err(protocol(format!(
-            "expected {} integers, got {}",
-            4 * policies.len(),
+            "expected {expected} integers, got {}",
             items.len()
         )));
     }
@@ -449,8 +510,28 @@ fn decision(policies: &Arc<[Policy]>, reply: Value) -> Result<Decision, StoreErr
         Value::Int(n) => u64::try_from(*n).ok(),
         _ => None,
     };
+    let (per_policy, extra) = items.split_at(4 * policies.len());
+    let grant = match extra {
+        [units, window_left, again, window_end] => {
+            let (Some(units), Some(window_left), Some(again), Some(window_end)) = (
+                number(units),
+                number(window_left),
+                number(again),
+                number(window_end),
+            ) else {
+                return Err(protocol(format!("expected 4 integers, got {extra:?}")));
+            };
+            Grant {
+                units,
+                window_left_ms: (window_left > 0).then_some(window_left),
+                ask_again_ms: again,
+                window_end_ms: (window_end > 0).then_some(window_end),
+            }
+        }
+        _ => Grant::default(),
+    };
     let mut outcomes = SmallVec::<[PolicyOutcome; 4]>::new();
-    for (policy, item) in policies.iter().zip(items.chunks_exact(4)) {
+    for (policy, item) in policies.iter().zip(per_policy.chunks_exact(4)) {
         let (Some(allowed), Some(remaining), Some(reset), Some(retry)) = (
             number(&item[0]),
             number(&item[1]),
@@ -470,7 +551,7 @@ fn decision(policies: &Arc<[Policy]>, reply: Value) -> Result<Decision, StoreErr
             retry_after_ms: retry,
         });
     }
-    Ok(Decision::from_outcomes(policies, outcomes))
+    Ok((Decision::from_outcomes(policies, outcomes), grant))
 }
 
 #[cfg(test)]
@@ -549,7 +630,7 @@ mod tests {
     fn replies_map_to_outcomes_with_the_policy_limits() {
         let policies = policies();
         let reply = Value::Array([1, 2, 500, 0, 0, 0, 400, 30].map(Value::Int).to_vec());
-        let d = decision(&policies, reply).unwrap();
+        let (d, _) = decision(&policies, reply, false).unwrap();
         assert!(!d.is_allowed());
         assert_eq!(d.denied_by(), Some("b"));
         assert_eq!(d.limit(), 5);
@@ -567,7 +648,7 @@ mod tests {
             Value::Array(vec![Value::Okay; 8]),
         ];
         for reply in bad {
-            let err = decision(&policies, reply).unwrap_err();
+            let err = decision(&policies, reply, false).unwrap_err();
             assert_eq!(err.kind(), StoreErrorKind::Protocol);
         }
     }
@@ -597,7 +678,7 @@ mod tests {
                 .map(|(i, a)| policy(a, &format!("p{i}")))
                 .collect();
             let source = RedisStore::script_source(&policies);
-            let admin = script::Shape::of(&policies, Operation::Refund)
+            let admin = script::Shape::of(&policies, Operation::Refund, false)
                 .script()
                 .source();
             for a in Algorithm::ALL {

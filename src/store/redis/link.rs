@@ -57,6 +57,8 @@ pub(super) struct Link {
     /// after a restart load it once, not once each; `loads` counts finished loads.
     loading: Mutex<()>,
     loads: AtomicU64,
+    /// Calls sent (each one round trip, whatever it answered).
+    pub(super) calls: AtomicU64,
 }
 
 struct State {
@@ -108,6 +110,7 @@ impl Link {
             functions: AtomicBool::new(true),
             loading: Mutex::new(()),
             loads: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
         }
     }
 
@@ -171,6 +174,7 @@ impl Link {
         lent: &mut Lent,
         call: &Call,
     ) -> Result<Value, StoreError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
         match self.send(lent, call).await {
             Ok(value) => {
                 self.answered();

@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 use deadpool_redis::redis::{Cmd, Script};
 
 use crate::policy::{Algorithm, Policy};
-use crate::store::Operation;
+use crate::store::{LeaseAsk, Operation};
 
 /// The helpers every script starts with.
 const COMMON: &str = include_str!("../../../lua/common.lua");
@@ -34,17 +34,20 @@ pub(super) struct Shape(u8);
 
 /// The bit of a [`Shape`] that says the script serves the admin operations.
 const ADMIN: u8 = 0x10;
+/// The bit of a [`Shape`] that says the script is the leasing check.
+const LEASE: u8 = 0x20;
 
 impl Shape {
-    /// The shape of a call of `op` on `policies`.
-    pub(super) fn of(policies: &[Policy], op: Operation) -> Self {
+    /// The shape of a call of `op` on `policies` (`lease`: a check that also asks for
+    /// a lease).
+    pub(super) fn of(policies: &[Policy], op: Operation, lease: bool) -> Self {
         let algorithms = policies
             .iter()
             .fold(0, |bits, p| bits | 1 << index(p.algorithm()));
-        Self(if op == Operation::Check {
-            algorithms
-        } else {
-            algorithms | ADMIN
+        Self(match (op, lease) {
+            (Operation::Check, false) => algorithms,
+            (Operation::Check, true) => algorithms | LEASE,
+            _ => algorithms | ADMIN,
         })
     }
 
@@ -52,10 +55,14 @@ impl Shape {
         self.0 & ADMIN != 0
     }
 
+    fn is_lease(self) -> bool {
+        self.0 & LEASE != 0
+    }
+
     /// The script of this shape.
     pub(super) fn script(self) -> &'static ShapeScript {
-        static SCRIPTS: [OnceLock<ShapeScript>; 32] = [const { OnceLock::new() }; 32];
-        SCRIPTS[usize::from(self.0 & 0x1f)].get_or_init(|| ShapeScript::compose(self))
+        static SCRIPTS: [OnceLock<ShapeScript>; 64] = [const { OnceLock::new() }; 64];
+        SCRIPTS[usize::from(self.0 & 0x3f)].get_or_init(|| ShapeScript::compose(self))
     }
 }
 
@@ -97,6 +104,8 @@ impl ShapeScript {
         // operation of an admin call).
         source.push_str(if admin {
             "local op, first = ARGV[2], 3\n"
+        } else if shape.is_lease() {
+            "local op, first = \"l\", 4\n"
         } else {
             "local op, first = \"c\", 2\n"
         });
@@ -132,6 +141,7 @@ pub(super) struct Library {
     source: String,
     check: String,
     admin: String,
+    lease: String,
 }
 
 impl Library {
@@ -153,15 +163,18 @@ impl Library {
         let hash = Script::new(&body);
         let name = format!("redlimit_{}", &hash.get_hash()[..16]);
         let (check, admin) = (format!("{name}_check"), format!("{name}_admin"));
+        let lease = format!("{name}_lease");
         let source = format!(
             "#!lua name={name}\n{body}\
              redis.register_function('{check}', function(keys, args) return run(keys, args, 'c', 2) end)\n\
-             redis.register_function('{admin}', function(keys, args) return run(keys, args, args[2], 3) end)\n"
+             redis.register_function('{admin}', function(keys, args) return run(keys, args, args[2], 3) end)\n\
+             redis.register_function('{lease}', function(keys, args) return run(keys, args, 'l', 4) end)\n"
         );
         Self {
             source,
             check,
             admin,
+            lease,
         }
     }
 
@@ -223,30 +236,39 @@ pub(super) struct Call {
     pub(super) cost: u64,
     pub(super) op: Operation,
     pub(super) policies: Arc<[Policy]>,
+    /// A check that also asks for a lease: the units wanted and the batch.
+    pub(super) lease: Option<LeaseAsk>,
+    /// A refund that is a lease's give-back: only before this time (ms, the store's
+    /// clock), sent as the operation `g:<ms>`.
+    pub(super) give_back_before: Option<u64>,
 }
 
 impl Call {
+    fn shape(&self) -> Shape {
+        Shape::of(&self.policies, self.op, self.lease.is_some())
+    }
+
     /// The command, sent `via` a function or a script; the arguments are the same.
     pub(super) fn command(&self, via: Via) -> Cmd {
         let mut cmd = match via {
             Via::Function => {
                 let library = Library::get();
                 let mut cmd = deadpool_redis::redis::cmd("FCALL");
-                cmd.arg(if self.op == Operation::Check {
-                    &library.check
-                } else {
-                    &library.admin
+                cmd.arg(match (self.op, self.lease) {
+                    (Operation::Check, None) => &library.check,
+                    (Operation::Check, Some(_)) => &library.lease,
+                    _ => &library.admin,
                 });
                 cmd
             }
             Via::Script => {
                 let mut cmd = deadpool_redis::redis::cmd("EVALSHA");
-                cmd.arg(Shape::of(&self.policies, self.op).script().sha1());
+                cmd.arg(self.shape().script().sha1());
                 cmd
             }
             Via::ScriptSource => {
                 let mut cmd = deadpool_redis::redis::cmd("EVAL");
-                cmd.arg(Shape::of(&self.policies, self.op).script().source());
+                cmd.arg(self.shape().script().source());
                 cmd
             }
         };
@@ -259,8 +281,12 @@ impl Call {
             cmd.arg(key.as_str());
         }
         cmd.arg(self.cost);
-        if self.op != Operation::Check {
+        if let Some(before) = self.give_back_before {
+            cmd.arg(format!("g:{before}"));
+        } else if self.op != Operation::Check {
             cmd.arg(op_code(self.op));
+        } else if let Some(ask) = self.lease {
+            cmd.arg(ask.want).arg(ask.batch);
         }
         for policy in self.policies.iter() {
             let algorithm = policy.algorithm();

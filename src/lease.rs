@@ -1,0 +1,709 @@
+//! Leases: a hot subject's units taken from a shared store in batches and spent
+//! locally, so a subject sending thousands of requests a second costs the store a few
+//! calls a second, with one budget across every instance.
+//!
+//! ```no_run
+//! use redlimit::{deadpool_redis, lease::Leases, Limiter, Policy, RedisStore};
+//! use std::time::Duration;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = deadpool_redis::Config::from_url("redis://127.0.0.1:6379/")
+//!     .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+//! // 1000 a second per API key across the fleet; keys sending 50 a second or more to
+//! // this instance spend leases of up to 100 units, each living at most 100 ms.
+//! let limiter = Limiter::new(
+//!     RedisStore::new(pool),
+//!     Policy::sliding_window("api", 1000, Duration::from_secs(1))?,
+//! )
+//! .leases(Leases::new())?;
+//! let decision = limiter.check("key-7", 1).await?;
+//! # let _ = decision; Ok(()) }
+//! ```
+//!
+//! # How a lease works
+//!
+//! Each instance counts, per subject, the units asked of it in the current and the last
+//! lease lifetime. A subject below [`Leases::min_rate`] is checked as without leases:
+//! one store call per request, exact. Above it, the instance's next store call for the
+//! subject is a *leasing check* ([`LeaseStore::check_leasing`]): in the one atomic call
+//! a check makes, the store decides the request, and if every policy admits it also
+//! takes up to `want` more units from every policy (all or nothing, never more than
+//! each admits now). `want` is the units the subject asked of this instance in a
+//! lifetime, at most [`Leases::max_units`]: it grows with the subject's rate and
+//! shrinks when leases go unspent. The instance then admits the subject's requests
+//! from the lease without a store call until the units run out or the lease expires.
+//! A lease lives at most [`Leases::lifetime`] and never past the end of the current
+//! window of any window policy of the set (the store says how far that is). Units left
+//! when it expires are given back through the refund path
+//! ([`Limiter::refund`](crate::Limiter::refund)): a window policy takes them back while
+//! its window lasts. A set with a token bucket writes them off: its refund moves the
+//! arrival time back, which after the bucket has refilled past the lease would credit
+//! the same units twice; written-off units come back by refill within
+//! `units x interval`.
+//!
+//! A denied leasing check is kept: the instance answers the subject locally with that
+//! denial until it may ask again, so a denied hot subject costs the store nothing.
+//!
+//! # What leases promise
+//!
+//! With `L` the lease lifetime and `n` instances:
+//!
+//! - **Fixed window and sliding window counter: no over-admission.** A unit is counted
+//!   in the store when its lease is taken, in the window the lease was taken in, and
+//!   spent in that same window (a lease ends with it). So the store's counts are never
+//!   below what the instances admitted, and every admission satisfies the policy's own
+//!   inequality: for a fixed window `admitted(window) <= limit`; for a sliding window
+//!   counter, at every admission `previous * (w - elapsed) / w + current <= limit`.
+//! - **Token bucket: a burst at most `L / emission interval` larger.** Units leave the
+//!   bucket when leased and are spent up to `L` later; over any interval of length `d`
+//!   the instances admit at most `capacity + ceil(L / interval) + d / interval`:
+//!   the refill rate times the lifetime more than one store would.
+//! - **Under-admission: units are stranded at most one lifetime, plus a quarter of one
+//!   for the sweep.** When a subject's demand on an instance stops, its lease's units
+//!   wait for the lease to expire, then go back to the store (a background task looks
+//!   every `L / 4`). With a token bucket they are written off and come back by refill,
+//!   within `units x interval` (at most [`Leases::max_units`] intervals).
+//! - **Denials are the store's.** Every denial comes from a store call on the whole
+//!   budget, with the store's `Retry-After`, and is then answered locally until the
+//!   instance asks again: after the store's retry time, once the cost and a batch of
+//!   half a lease more would fit ([`Leases::batch_after_denial`]; `1` asks again as
+//!   soon as the cost fits, as without leases).
+//! - **Headers:** a decision from a lease reports the binding policy's remaining as the
+//!   store last said it, plus the lease's unspent units: what this instance knows.
+//!   Other instances' spending since is not in it.
+//!
+//! A sliding log never leases: exactness is its promise, and
+//! [`Limiter::leases`](crate::Limiter::leases) refuses it ([`LeaseError::SlidingLog`]).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::decision::{Decision, Origin};
+use crate::policy::{Algorithm, Policy};
+use crate::store::{
+    GiveBackFuture, Grant, LeaseAsk, LeaseFuture, LeaseStore, PolicySet, StoreError,
+};
+use crate::subject::Subject;
+
+/// Lease settings for a limiter ([`Limiter::leases`](crate::Limiter::leases)); see
+/// the [module docs](self) for what they do and promise.
+#[derive(Debug, Clone)]
+pub struct Leases {
+    lifetime: Option<Duration>,
+    max_units: Option<u64>,
+    min_rate: u32,
+    batch_after_denial: Option<u64>,
+    max_subjects: usize,
+}
+
+impl Default for Leases {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Leases {
+    /// The default settings: a lifetime of a tenth of the shortest window (for a token
+    /// bucket, of the time it takes to fill), at most 1 s; leases of at most a tenth of
+    /// the smallest limit; subjects lease from 50 units a second on one instance; at
+    /// most 10,000 subjects tracked per limiter.
+    pub fn new() -> Self {
+        Self {
+            lifetime: None,
+            max_units: None,
+            min_rate: 50,
+            batch_after_denial: None,
+            max_subjects: 10_000,
+        }
+    }
+
+    /// How long a lease may live (it never outlives its window either). Longer means
+    /// fewer store calls and, for a token bucket, a larger possible burst.
+    pub fn lifetime(mut self, lifetime: Duration) -> Self {
+        self.lifetime = Some(lifetime);
+        self
+    }
+
+    /// The most units one lease takes. Larger leases mean fewer calls, and that one
+    /// instance can hold more of a subject's budget for a while.
+    pub fn max_units(mut self, units: u64) -> Self {
+        self.max_units = Some(units);
+        self
+    }
+
+    /// The rate, in units a second asked of one instance, from which a subject leases.
+    /// Below it every request is one exact store call.
+    pub fn min_rate(mut self, units_per_second: u32) -> Self {
+        self.min_rate = units_per_second;
+        self
+    }
+
+    /// After a leasing subject is denied, the instance asks the store again once the
+    /// cost and this many more units would fit (half the lease size by default; `1`
+    /// asks as soon as the cost alone fits, as a limiter without leases would). Until
+    /// then it answers the subject's requests with the denial, locally.
+    pub fn batch_after_denial(mut self, units: u64) -> Self {
+        self.batch_after_denial = Some(units);
+        self
+    }
+
+    /// How many subjects one limiter tracks the rate of (10,000 by default). Subjects
+    /// past it are checked without leases until idle ones are swept out.
+    pub fn max_subjects(mut self, subjects: usize) -> Self {
+        self.max_subjects = subjects;
+        self
+    }
+
+    /// The settings for `set`, or why it cannot lease.
+    pub(crate) fn resolve(&self, set: &PolicySet) -> Result<Plan, LeaseError> {
+        let policies = set.policies();
+        if let Some(log) = policies
+            .iter()
+            .find(|p| p.algorithm() == Algorithm::SlidingLog)
+        {
+            return Err(LeaseError::SlidingLog(log.name().to_owned()));
+        }
+        let shortest_ms = policies.iter().map(span_ms).min().unwrap_or(1_000);
+        let lifetime_ms = match self.lifetime {
+            Some(lifetime) => u64::try_from(lifetime.as_millis()).unwrap_or(u64::MAX),
+            None => (shortest_ms / 10).clamp(1, 1_000),
+        };
+        if lifetime_ms == 0 {
+            return Err(LeaseError::ZeroLifetime);
+        }
+        let smallest_limit = policies.iter().map(Policy::limit).min().unwrap_or(1);
+        let max_units = self.max_units.unwrap_or((smallest_limit / 10).max(1));
+        if max_units == 0 {
+            return Err(LeaseError::ZeroUnits);
+        }
+        if self.batch_after_denial == Some(0) {
+            return Err(LeaseError::ZeroUnits);
+        }
+        // Units a lifetime at the threshold rate; a subject needs two to gain anything.
+        let min_units = (u64::from(self.min_rate) * lifetime_ms)
+            .div_ceil(1_000)
+            .max(2);
+        Ok(Plan {
+            lifetime_ms,
+            max_units,
+            min_units,
+            batch_after_denial: self.batch_after_denial,
+            max_cost: set.max_cost(),
+            max_subjects: self.max_subjects,
+            // A token bucket's refund moves its arrival time back by the units; once
+            // the bucket has refilled past them meanwhile, that would credit units
+            // twice. Its unspent units are written off instead: they come back by
+            // refill within `units x interval`.
+            gives_back: policies
+                .iter()
+                .all(|p| p.algorithm() != Algorithm::TokenBucket),
+        })
+    }
+}
+
+/// The time a policy takes to forget a subject: its window, or for a token bucket the
+/// time to fill from empty.
+fn span_ms(policy: &Policy) -> u64 {
+    match policy.algorithm() {
+        Algorithm::TokenBucket => policy
+            .limit()
+            .saturating_mul(policy.emission_interval_us())
+            .div_ceil(1_000)
+            .max(1),
+        _ => policy.window_ms(),
+    }
+}
+
+/// Why a limiter cannot lease as configured.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LeaseError {
+    /// A sliding log promises exact admission; a lease would spend its units later
+    /// than the log records them.
+    #[error("policy {0:?} is a sliding log, which never leases: exactness is its promise (use a sliding window counter or a token bucket to lease)")]
+    SlidingLog(String),
+    /// A lease that lives 0 ms would never be spent.
+    #[error("a lease lifetime must be at least 1 ms")]
+    ZeroLifetime,
+    /// A lease (or a batch) of 0 units would never admit anything.
+    #[error("leases and batches must be at least 1 unit")]
+    ZeroUnits,
+}
+
+/// [`Leases`] resolved for one policy set.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Plan {
+    lifetime_ms: u64,
+    max_units: u64,
+    /// Units asked in a lifetime from which a subject leases.
+    min_units: u64,
+    batch_after_denial: Option<u64>,
+    max_cost: u64,
+    max_subjects: usize,
+    /// Whether unspent units go back to the store: not with a token bucket in the set.
+    gives_back: bool,
+}
+
+/// The store, as the lease table uses it: type-erased so the limiter's own type does
+/// not change with leases on.
+trait Source: Send + Sync + 'static {
+    fn check_leasing(
+        &self,
+        subject: Subject,
+        set: &PolicySet,
+        cost: u64,
+        ask: LeaseAsk,
+    ) -> LeaseFuture;
+    fn give_back(
+        &self,
+        subject: Subject,
+        set: &PolicySet,
+        units: u64,
+        before_ms: u64,
+    ) -> GiveBackFuture;
+}
+
+impl<S: LeaseStore> Source for S {
+    fn check_leasing(
+        &self,
+        subject: Subject,
+        set: &PolicySet,
+        cost: u64,
+        ask: LeaseAsk,
+    ) -> LeaseFuture {
+        LeaseStore::check_leasing(self, subject, set, cost, ask)
+    }
+
+    fn give_back(
+        &self,
+        subject: Subject,
+        set: &PolicySet,
+        units: u64,
+        before_ms: u64,
+    ) -> GiveBackFuture {
+        LeaseStore::give_back(self, subject, set, units, before_ms)
+    }
+}
+
+/// What [`LeaseTable::try_local`] decided.
+#[derive(Debug)]
+pub(crate) enum Local {
+    /// Admitted from a lease, or denied from a kept denial: no store call.
+    Decided(Decision),
+    /// Ask the store with a leasing check.
+    Ask(LeaseAsk),
+    /// Check as without leases.
+    Plain,
+}
+
+/// The leases and rates of one limiter's subjects, shared by its clones.
+pub(crate) struct LeaseTable {
+    plan: Plan,
+    set: PolicySet,
+    source: Arc<dyn Source>,
+    clock: Arc<dyn Clock>,
+    /// Picks a subject's shard.
+    hash: foldhash::fast::RandomState,
+    shards: Box<[Mutex<Shard>]>,
+    /// Whether the sweeper task runs (started with the first lease, on its runtime).
+    sweeping: Mutex<bool>,
+}
+
+impl fmt::Debug for LeaseTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseTable")
+            .field("plan", &self.plan)
+            .field("subjects", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+const SHARDS: usize = 16;
+
+type Shard = HashMap<Subject, Entry, foldhash::fast::RandomState>;
+
+/// One subject on this instance.
+#[derive(Debug)]
+struct Entry {
+    /// Start of the current rate period (one lifetime long), local ms.
+    period_start: u64,
+    /// Units asked in the current period and in the one before it.
+    this_period: u64,
+    last_period: u64,
+    /// When the subject was last asked for, local ms.
+    last_seen: u64,
+    /// A leasing check is in flight: others check without leasing meanwhile.
+    asking: bool,
+    lease: Option<Lease>,
+    denial: Option<Denial>,
+}
+
+/// Units this instance holds for a subject.
+#[derive(Debug)]
+struct Lease {
+    units: u64,
+    /// Local ms after which the lease is spent no more.
+    expires: u64,
+    /// Local ms the store's decision describes.
+    decided_at: u64,
+    /// The store's decision when the lease was taken (remaining after the lease).
+    decision: Decision,
+    /// The end of the lease's window on the store's clock, for the give-back.
+    window_end: Option<u64>,
+}
+
+/// A leasing check the store denied, answered locally until `until`.
+#[derive(Debug)]
+struct Denial {
+    until: u64,
+    cost: u64,
+    decided_at: u64,
+    decision: Decision,
+}
+
+impl LeaseTable {
+    pub(crate) fn new<S: LeaseStore>(
+        plan: Plan,
+        set: PolicySet,
+        store: S,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self {
+            plan,
+            set,
+            source: Arc::new(store),
+            clock,
+            hash: foldhash::fast::RandomState::default(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            sweeping: Mutex::new(false),
+        }
+    }
+
+    /// An empty table of the same store on `clock`, with the same plan and set or
+    /// `replan`'s: for a limiter configured after it was cloned or after leases were
+    /// turned on.
+    pub(crate) fn empty_like(
+        &self,
+        clock: Arc<dyn Clock>,
+        replan: Option<(Plan, PolicySet)>,
+    ) -> Self {
+        let (plan, set) = replan.unwrap_or_else(|| (self.plan, self.set.clone()));
+        Self {
+            plan,
+            set,
+            source: Arc::clone(&self.source),
+            clock,
+            hash: foldhash::fast::RandomState::default(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            sweeping: Mutex::new(false),
+        }
+    }
+
+    fn shard(&self, subject: &Subject) -> MutexGuard<'_, Shard> {
+        let hash = self.hash.hash_one(subject.as_bytes());
+        // The high bits: the map inside uses the low ones of its own hash.
+        lock(&self.shards[(hash >> 60) as usize % SHARDS])
+    }
+
+    /// Subjects tracked now.
+    pub(crate) fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).len()).sum()
+    }
+
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// Decides from what this instance holds, or says how to ask the store. Gives back
+    /// an expired lease's units on the way.
+    pub(crate) fn try_local(self: &Arc<Self>, subject: &Subject, cost: u64, now: u64) -> Local {
+        let plan = self.plan;
+        let mut shard = self.shard(subject);
+        if !shard.contains_key(subject) {
+            if shard.len() * SHARDS >= plan.max_subjects {
+                return Local::Plain;
+            }
+            shard.insert(
+                subject.clone(),
+                Entry {
+                    period_start: now,
+                    this_period: 0,
+                    last_period: 0,
+                    last_seen: now,
+                    asking: false,
+                    lease: None,
+                    denial: None,
+                },
+            );
+        }
+        let Some(entry) = shard.get_mut(subject) else {
+            return Local::Plain;
+        };
+        entry.last_seen = now;
+        let since = now.saturating_sub(entry.period_start);
+        if since >= plan.lifetime_ms {
+            entry.last_period = if since >= 2 * plan.lifetime_ms {
+                0
+            } else {
+                entry.this_period
+            };
+            entry.this_period = 0;
+            entry.period_start = now;
+        }
+        entry.this_period = entry.this_period.saturating_add(cost);
+
+        if let Some(denial) = &entry.denial {
+            if now < denial.until && cost >= denial.cost {
+                let mut decision = denial.decision.clone();
+                let waited = now.saturating_sub(denial.decided_at);
+                decision.rebase(
+                    denial.until - now,
+                    decision.outcome().reset_after_ms.saturating_sub(waited),
+                    Origin::Lease,
+                );
+                return Local::Decided(decision);
+            }
+            if now >= denial.until {
+                entry.denial = None;
+            }
+        }
+
+        let mut expired = None;
+        if let Some(lease) = &mut entry.lease {
+            if now < lease.expires {
+                if lease.units >= cost {
+                    lease.units -= cost;
+                    let elapsed = now.saturating_sub(lease.decided_at);
+                    let mut decision = lease.decision.clone();
+                    let remaining = decision.remaining().saturating_add(lease.units);
+                    let reset = decision.outcome().reset_after_ms.saturating_sub(elapsed);
+                    decision.rebase_allowed(remaining, reset, Origin::Lease);
+                    return Local::Decided(decision);
+                }
+            } else {
+                expired = entry
+                    .lease
+                    .take()
+                    .filter(|lease| lease.units > 0)
+                    .map(|lease| (lease.units, lease.window_end));
+            }
+        }
+
+        let rate = entry.this_period.max(entry.last_period);
+        let ask = if rate >= plan.min_units && !entry.asking {
+            entry.asking = true;
+            let want = rate.clamp(1, plan.max_units);
+            let room = plan.max_cost.saturating_sub(cost);
+            let batch = plan
+                .batch_after_denial
+                .unwrap_or((want / 2).max(1))
+                .min(room);
+            Local::Ask(LeaseAsk { want, batch })
+        } else {
+            Local::Plain
+        };
+        drop(shard);
+        if let Some((units, window_end)) = expired {
+            self.give_back(subject.clone(), units, window_end);
+        }
+        ask
+    }
+
+    /// The store's leasing check.
+    pub(crate) fn check_leasing(&self, subject: Subject, cost: u64, ask: LeaseAsk) -> LeaseFuture {
+        self.source.check_leasing(subject, &self.set, cost, ask)
+    }
+
+    /// Records what a leasing check asked at local time `asked_at` got, and returns
+    /// the decision for the request that asked: its remaining counts the new lease.
+    pub(crate) fn granted(
+        self: &Arc<Self>,
+        subject: &Subject,
+        cost: u64,
+        asked_at: u64,
+        now: u64,
+        result: Result<(Decision, Grant), StoreError>,
+    ) -> Result<Decision, StoreError> {
+        let mut shard = self.shard(subject);
+        let entry = shard.get_mut(subject);
+        let (mut decision, grant) = match result {
+            Ok(answer) => answer,
+            Err(error) => {
+                if let Some(entry) = entry {
+                    entry.asking = false;
+                }
+                return Err(error);
+            }
+        };
+        let Some(entry) = entry else {
+            // Swept out meanwhile: the units cannot be spent here; give them back.
+            drop(shard);
+            if grant.units > 0 {
+                self.give_back(subject.clone(), grant.units, grant.window_end_ms);
+            }
+            return Ok(decision);
+        };
+        entry.asking = false;
+        if !decision.is_allowed() {
+            let wait = decision
+                .outcome()
+                .retry_after_ms
+                .max(grant.ask_again_ms)
+                .max(1);
+            entry.denial = Some(Denial {
+                until: asked_at.saturating_add(wait),
+                cost,
+                decided_at: asked_at,
+                decision: decision.clone(),
+            });
+            return Ok(decision);
+        }
+        if grant.units == 0 {
+            return Ok(decision);
+        }
+        // The lease starts when the call was sent, so it ends no later than the window
+        // the store decided in, whatever the round trip took.
+        let life = grant.window_left_ms.map_or(self.plan.lifetime_ms, |left| {
+            left.min(self.plan.lifetime_ms)
+        });
+        let expires = asked_at.saturating_add(life);
+        let mut stale = None;
+        match &mut entry.lease {
+            Some(lease) if now < lease.expires => {
+                // Two leases at once: one, ending with the earlier.
+                lease.units += grant.units;
+                lease.expires = lease.expires.min(expires);
+                lease.window_end = lease.window_end.min(grant.window_end_ms);
+                lease.decided_at = asked_at;
+                lease.decision = decision.clone();
+            }
+            slot => {
+                stale = slot
+                    .take()
+                    .filter(|lease| lease.units > 0)
+                    .map(|lease| (lease.units, lease.window_end));
+                *slot = Some(Lease {
+                    units: grant.units,
+                    expires,
+                    decided_at: asked_at,
+                    decision: decision.clone(),
+                    window_end: grant.window_end_ms,
+                });
+            }
+        }
+        let held = entry.lease.as_ref().map_or(0, |lease| lease.units);
+        drop(shard);
+        if let Some((units, window_end)) = stale {
+            self.give_back(subject.clone(), units, window_end);
+        }
+        self.start_sweeping();
+        let remaining = decision.remaining().saturating_add(held);
+        let reset = decision.outcome().reset_after_ms;
+        decision.rebase_allowed(remaining, reset, Origin::Store);
+        Ok(decision)
+    }
+
+    /// Gives `units` back to the store in the background (written off without a
+    /// runtime, when the store fails, or when the set has a token bucket).
+    /// Only units of a window that has not ended on the store's clock go back
+    /// (`window_end`): the store checks it, so a late give-back changes nothing.
+    fn give_back(self: &Arc<Self>, subject: Subject, units: u64, window_end: Option<u64>) {
+        let (true, Some(before)) = (self.plan.gives_back, window_end) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let units = units.min(self.plan.max_cost);
+        let call = self.source.give_back(subject, &self.set, units, before);
+        runtime.spawn(async move {
+            if let Err(error) = call.await {
+                tracing::debug!(%error, units, "could not give back a lease's units: written off");
+            }
+        });
+    }
+
+    /// Gives back the units of every expired lease and forgets subjects idle for two
+    /// lifetimes. Returns the give-back calls, for callers that wait for them.
+    pub(crate) fn sweep(&self, now: u64) -> Vec<GiveBackFuture> {
+        let idle_after = 2 * self.plan.lifetime_ms;
+        let mut returns = Vec::new();
+        for shard in self.shards.iter() {
+            let mut shard = lock(shard);
+            shard.retain(|subject, entry| {
+                if entry
+                    .lease
+                    .as_ref()
+                    .is_some_and(|lease| now >= lease.expires)
+                {
+                    if let Some(lease) = entry.lease.take() {
+                        if let (true, true, Some(before)) =
+                            (lease.units > 0, self.plan.gives_back, lease.window_end)
+                        {
+                            let units = lease.units.min(self.plan.max_cost);
+                            returns.push(self.source.give_back(
+                                subject.clone(),
+                                &self.set,
+                                units,
+                                before,
+                            ));
+                        }
+                    }
+                }
+                if entry
+                    .denial
+                    .as_ref()
+                    .is_some_and(|denial| now >= denial.until)
+                {
+                    entry.denial = None;
+                }
+                entry.asking
+                    || entry.lease.is_some()
+                    || entry.denial.is_some()
+                    || now.saturating_sub(entry.last_seen) < idle_after
+            });
+        }
+        returns
+    }
+
+    /// Starts the background sweep on the current runtime, once.
+    fn start_sweeping(self: &Arc<Self>) {
+        let mut sweeping = lock(&self.sweeping);
+        if *sweeping {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        *sweeping = true;
+        let table: Weak<Self> = Arc::downgrade(self);
+        let every = Duration::from_millis((self.plan.lifetime_ms / 4).max(1));
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(table) = table.upgrade() else {
+                    return;
+                };
+                let returns = table.sweep(table.now_ms());
+                drop(table);
+                for call in returns {
+                    if let Err(error) = call.await {
+                        tracing::debug!(%error, "could not give back a lease's units: written off");
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// Locks a shard; a panic elsewhere while it was held leaves plain data behind, still
+/// usable.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
