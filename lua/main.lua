@@ -11,8 +11,9 @@
 --                      is still before <ms>, the end of the lease's window, else a
 --                      peek: units of a past window are never taken from a later one);
 --                      leasing check only: the units wanted as a lease
--- ARGV[3]              leasing check only: after a denial, the batch (units beyond
---                      the cost) whose wait the reply adds
+-- ARGV[3]              leasing check only: the batch: no lease of fewer units
+--                      (0: any), and when the cost is denied or admitted without a
+--                      lease, the reply adds the wait until cost + batch fit
 -- ARGV[first + 3(i-1)] algorithm of policy i: fw, sw, tb or sl
 --     [first + 3(i-1) + 1] limit (capacity of a token bucket) of policy i,
 --                      negative for a shadow policy (decides, never denies)
@@ -22,11 +23,12 @@
 --
 -- Reply: per policy, allowed (0/1), remaining, reset after (ms), retry after (ms).
 -- A leasing check adds four integers: the units granted as a lease (taken from
--- every policy beyond the cost, at most what each admits now, 0 unless every
--- policy admits), the ms to the end of the shortest current window among the
--- window policies (0: none; a lease never outlives it), when denied the ms until
--- the cost and the batch would fit (the instance asks again then), and the end of
--- that window on the store's clock (what a give-back sends back).
+-- every policy beyond the cost, at most `want` and what each admits now, none
+-- unless every policy admits and at least `batch` fit), the ms to the end of the
+-- shortest current window among the window policies (0: none; a lease never
+-- outlives it), without a lease the ms until the cost and the batch would fit (the
+-- instance asks again then), and the end of that window on the store's clock
+-- (what a give-back sends back).
 -- A check decides every policy before any state is written, and writes policy
 -- i only if it admits and every enforced (non-shadow) policy admits: enforced
 -- policies are all or nothing, a shadow one consumes when enforcing it would
@@ -141,17 +143,39 @@ if raws then
     return redis.error_reply("ERR redlimit: a leasing check takes the units wanted and the batch")
   end
   local grant, window_left, again = 0, 0, 0
+  -- When would the cost and `batch` more fit? (The crate keeps cost + batch within
+  -- what every enforced policy admits at once.)
+  local function wait_for_batch()
+    local longest = 0
+    for i = 1, nkeys do
+      local at = first + 3 * (i - 1)
+      local limit = tonumber(ARGV[at + 1])
+      if limit > 0 then
+        local _, _, _, retry = DECIDE[ARGV[at]](limit, tonumber(ARGV[at + 2]), now, cost + batch, raws[i])
+        if retry > longest then
+          longest = retry
+        end
+      end
+    end
+    return longest
+  end
   if all then
     -- At most what every policy admits now beyond the cost; none while a shadow
     -- policy would deny, so shadow reports stay those of single checks.
-    grant = want
+    local room = want
     for i = 1, nkeys do
       local base = 4 * (i - 1)
       if reply[base + 1] == 0 then
-        grant = 0
-      elseif reply[base + 2] < grant then
-        grant = reply[base + 2]
+        room = 0
+      elseif reply[base + 2] < room then
+        room = reply[base + 2]
       end
+    end
+    -- Less than a batch left: the cost alone, and when a batch will fit.
+    if room >= batch then
+      grant = room
+    else
+      again = wait_for_batch()
     end
     for i = 1, nkeys do
       local at = first + 3 * (i - 1)
@@ -173,18 +197,7 @@ if raws then
       end
     end
   elseif batch > 0 then
-    -- Denied: when would the cost and a batch more fit? The crate keeps cost + batch
-    -- within what every policy admits at once.
-    for i = 1, nkeys do
-      local at = first + 3 * (i - 1)
-      local limit = tonumber(ARGV[at + 1])
-      if limit > 0 then
-        local _, _, _, retry = DECIDE[ARGV[at]](limit, tonumber(ARGV[at + 2]), now, cost + batch, raws[i])
-        if retry > again then
-          again = retry
-        end
-      end
-    end
+    again = wait_for_batch()
   end
   reply[4 * nkeys + 1] = grant
   reply[4 * nkeys + 2] = window_left

@@ -42,7 +42,10 @@
 //! `units x interval`.
 //!
 //! A denied leasing check is kept: the instance answers the subject locally with that
-//! denial until it may ask again, so a denied hot subject costs the store nothing.
+//! denial until it may ask again, so a denied hot subject costs the store nothing. So
+//! is a check admitted when less than a batch is left: a sliding window or a token
+//! bucket under steady overload frees units one at a time, and asking for each would
+//! cost a call per unit.
 //!
 //! # What leases promise
 //!
@@ -63,11 +66,15 @@
 //!   wait for the lease to expire, then go back to the store (a background task looks
 //!   every `L / 4`). With a token bucket they are written off and come back by refill,
 //!   within `units x interval` (at most [`Leases::max_units`] intervals).
-//! - **Denials are the store's.** Every denial comes from a store call on the whole
-//!   budget, with the store's `Retry-After`, and is then answered locally until the
-//!   instance asks again: after the store's retry time, once the cost and a batch of
-//!   half a lease more would fit ([`Leases::batch_after_denial`]; `1` asks again as
-//!   soon as the cost fits, as without leases).
+//! - **Denials come from the store's figures.** A leasing subject is denied when a
+//!   store call on the whole budget denies it, or when the store admitted it with
+//!   fewer than a batch ([`Leases::batch`]) of units left: either way the store says
+//!   when the cost and a batch will fit, and the instance answers the subject locally
+//!   with a denial until then, its `Retry-After` counting down to that time. That
+//!   is the store's retry time for the request plus, at most, the time a batch takes
+//!   to free up (half a lease by default; with a batch of `1`, exactly the store's
+//!   retry time for the next unit, as without leases). A fixed window needs no batch:
+//!   its denials are the store's, until the window ends.
 //! - **Headers:** a decision from a lease reports the binding policy's remaining as the
 //!   store last said it, plus the lease's unspent units: what this instance knows.
 //!   Other instances' spending since is not in it.
@@ -78,6 +85,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -88,6 +96,8 @@ use crate::store::{
     GiveBackFuture, Grant, LeaseAsk, LeaseFuture, LeaseStore, PolicySet, StoreError,
 };
 use crate::subject::Subject;
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::Notify;
 
 /// Lease settings for a limiter ([`Limiter::leases`](crate::Limiter::leases)); see
 /// the [module docs](self) for what they do and promise.
@@ -96,7 +106,7 @@ pub struct Leases {
     lifetime: Option<Duration>,
     max_units: Option<u64>,
     min_rate: u32,
-    batch_after_denial: Option<u64>,
+    batch: Option<u64>,
     max_subjects: usize,
 }
 
@@ -116,7 +126,7 @@ impl Leases {
             lifetime: None,
             max_units: None,
             min_rate: 50,
-            batch_after_denial: None,
+            batch: None,
             max_subjects: 10_000,
         }
     }
@@ -142,12 +152,18 @@ impl Leases {
         self
     }
 
-    /// After a leasing subject is denied, the instance asks the store again once the
-    /// cost and this many more units would fit (half the lease size by default; `1`
-    /// asks as soon as the cost alone fits, as a limiter without leases would). Until
-    /// then it answers the subject's requests with the denial, locally.
-    pub fn batch_after_denial(mut self, units: u64) -> Self {
-        self.batch_after_denial = Some(units);
+    /// The smallest lease worth a call. When fewer units than this are left beyond a
+    /// request, the store admits the request alone and says when the cost and a batch
+    /// will fit; a denied request gets the same answer. Until then this instance
+    /// answers the subject locally with a denial, instead of asking for a unit or two
+    /// at a time while a sliding window or a token bucket frees units one by one.
+    ///
+    /// Half the lease wanted by default (0 for sets of fixed windows only, whose units
+    /// do not pile up while a subject waits). `1` waits only until the next unit fits:
+    /// every local denial then says exactly when the store would admit the next
+    /// request. Larger batches mean fewer calls and later answers.
+    pub fn batch(mut self, units: u64) -> Self {
+        self.batch = Some(units);
         self
     }
 
@@ -180,9 +196,7 @@ impl Leases {
         if max_units == 0 {
             return Err(LeaseError::ZeroUnits);
         }
-        if self.batch_after_denial == Some(0) {
-            return Err(LeaseError::ZeroUnits);
-        }
+
         // Units a lifetime at the threshold rate; a subject needs two to gain anything.
         let min_units = (u64::from(self.min_rate) * lifetime_ms)
             .div_ceil(1_000)
@@ -191,7 +205,16 @@ impl Leases {
             lifetime_ms,
             max_units,
             min_units,
-            batch_after_denial: self.batch_after_denial,
+            // A fixed window's units do not pile up while a subject waits: whatever is
+            // left of the window is leased, down to the last unit.
+            batch: if policies
+                .iter()
+                .all(|p| p.algorithm() == Algorithm::FixedWindow)
+            {
+                Some(self.batch.unwrap_or(0))
+            } else {
+                self.batch
+            },
             max_cost: set.max_cost(),
             max_subjects: self.max_subjects,
             // A token bucket's refund moves its arrival time back by the units; once
@@ -241,7 +264,9 @@ pub(crate) struct Plan {
     max_units: u64,
     /// Units asked in a lifetime from which a subject leases.
     min_units: u64,
-    batch_after_denial: Option<u64>,
+    /// The smallest lease, and the batch a paused subject waits for (`None`: half the
+    /// lease wanted).
+    batch: Option<u64>,
     max_cost: u64,
     max_subjects: usize,
     /// Whether unspent units go back to the store: not with a token bucket in the set.
@@ -290,15 +315,20 @@ impl<S: LeaseStore> Source for S {
 }
 
 /// What [`LeaseTable::try_local`] decided.
-#[derive(Debug)]
 pub(crate) enum Local {
     /// Admitted from a lease, or denied from a kept denial: no store call.
     Decided(Decision),
-    /// Ask the store with a leasing check.
+    /// Ask the store with a leasing check ([`LeaseTable::ask`]).
     Ask(LeaseAsk),
+    /// Another request's leasing check is in flight: wait for its answer
+    /// ([`LeaseTable::after_wait`]).
+    Wait(Pin<Box<OwnedNotified>>),
     /// Check as without leases.
     Plain,
 }
+
+/// A decision on its way from the lease table.
+pub(crate) type DecisionFuture = GiveBackFuture;
 
 /// The leases and rates of one limiter's subjects, shared by its clones.
 pub(crate) struct LeaseTable {
@@ -336,8 +366,9 @@ struct Entry {
     last_period: u64,
     /// When the subject was last asked for, local ms.
     last_seen: u64,
-    /// A leasing check is in flight: others check without leasing meanwhile.
-    asking: bool,
+    /// A leasing check is in flight: the subject's other requests wait for it here
+    /// (woken when it is answered, fails or is dropped) instead of asking too.
+    asked: Option<Arc<Notify>>,
     lease: Option<Lease>,
     denial: Option<Denial>,
 }
@@ -434,7 +465,7 @@ impl LeaseTable {
                     this_period: 0,
                     last_period: 0,
                     last_seen: now,
-                    asking: false,
+                    asked: None,
                     lease: None,
                     denial: None,
                 },
@@ -493,15 +524,22 @@ impl LeaseTable {
             }
         }
 
+        if let Some(asked) = &entry.asked {
+            // Registered before the lock is released, so no wake-up can be missed.
+            let mut answered = Box::pin(Arc::clone(asked).notified_owned());
+            answered.as_mut().enable();
+            drop(shard);
+            if let Some((units, window_end)) = expired {
+                self.give_back(subject.clone(), units, window_end);
+            }
+            return Local::Wait(answered);
+        }
         let rate = entry.this_period.max(entry.last_period);
-        let ask = if rate >= plan.min_units && !entry.asking {
-            entry.asking = true;
+        let ask = if rate >= plan.min_units {
+            entry.asked = Some(Arc::new(Notify::new()));
             let want = rate.clamp(1, plan.max_units);
             let room = plan.max_cost.saturating_sub(cost);
-            let batch = plan
-                .batch_after_denial
-                .unwrap_or((want / 2).max(1))
-                .min(room);
+            let batch = plan.batch.unwrap_or((want / 2).max(1)).min(room);
             Local::Ask(LeaseAsk { want, batch })
         } else {
             Local::Plain
@@ -513,9 +551,58 @@ impl LeaseTable {
         ask
     }
 
-    /// The store's leasing check.
-    pub(crate) fn check_leasing(&self, subject: Subject, cost: u64, ask: LeaseAsk) -> LeaseFuture {
-        self.source.check_leasing(subject, &self.set, cost, ask)
+    /// The store's leasing check for `ask`, sent at local time `asked_at`, recorded
+    /// when it is answered. If the future is dropped first, the subject's waiters are
+    /// woken to ask for themselves.
+    pub(crate) fn ask(
+        self: &Arc<Self>,
+        subject: Subject,
+        cost: u64,
+        ask: LeaseAsk,
+        asked_at: u64,
+    ) -> DecisionFuture {
+        let call = self
+            .source
+            .check_leasing(subject.clone(), &self.set, cost, ask);
+        let mut pending = Asking {
+            table: Arc::clone(self),
+            subject: Some(subject),
+        };
+        Box::pin(async move {
+            let result = call.await;
+            let table = Arc::clone(&pending.table);
+            match pending.subject.take() {
+                Some(subject) => table.granted(&subject, cost, asked_at, table.now_ms(), result),
+                None => result.map(|(decision, _)| decision),
+            }
+        })
+    }
+
+    /// Waits for the subject's leasing check in flight, then decides as
+    /// [`LeaseTable::try_local`] says (asking the store itself if it must).
+    pub(crate) fn after_wait(
+        self: &Arc<Self>,
+        mut answered: Pin<Box<OwnedNotified>>,
+        subject: Subject,
+        cost: u64,
+    ) -> DecisionFuture {
+        let table = Arc::clone(self);
+        Box::pin(async move {
+            loop {
+                answered.as_mut().await;
+                let now = table.now_ms();
+                match table.try_local(&subject, cost, now) {
+                    Local::Decided(decision) => return Ok(decision),
+                    Local::Ask(ask) => return table.ask(subject, cost, ask, now).await,
+                    Local::Wait(next) => answered = next,
+                    Local::Plain => {
+                        let plain = LeaseAsk { want: 0, batch: 0 };
+                        let call = table.source.check_leasing(subject, &table.set, cost, plain);
+                        return call.await.map(|(decision, _)| decision);
+                    }
+                }
+            }
+        })
     }
 
     /// Records what a leasing check asked at local time `asked_at` got, and returns
@@ -533,8 +620,8 @@ impl LeaseTable {
         let (mut decision, grant) = match result {
             Ok(answer) => answer,
             Err(error) => {
-                if let Some(entry) = entry {
-                    entry.asking = false;
+                if let Some(asked) = entry.and_then(|entry| entry.asked.take()) {
+                    asked.notify_waiters();
                 }
                 return Err(error);
             }
@@ -547,7 +634,10 @@ impl LeaseTable {
             }
             return Ok(decision);
         };
-        entry.asking = false;
+        if let Some(asked) = entry.asked.take() {
+            // The waiters find the new lease or denial once this lock is released.
+            asked.notify_waiters();
+        }
         if !decision.is_allowed() {
             let wait = decision
                 .outcome()
@@ -563,6 +653,17 @@ impl LeaseTable {
             return Ok(decision);
         }
         if grant.units == 0 {
+            if grant.ask_again_ms > 0 {
+                // Admitted, but less than a batch is left: the subject waits here until
+                // the store said a batch will fit, rather than asking for a few units
+                // at a time.
+                entry.denial = Some(Denial {
+                    until: asked_at.saturating_add(grant.ask_again_ms),
+                    cost: 1,
+                    decided_at: asked_at,
+                    decision: decision.clone().paused(grant.ask_again_ms),
+                });
+            }
             return Ok(decision);
         }
         // The lease starts when the call was sent, so it ends no later than the window
@@ -661,7 +762,7 @@ impl LeaseTable {
                 {
                     entry.denial = None;
                 }
-                entry.asking
+                entry.asked.is_some()
                     || entry.lease.is_some()
                     || entry.denial.is_some()
                     || now.saturating_sub(entry.last_seen) < idle_after
@@ -697,6 +798,25 @@ impl LeaseTable {
                 }
             }
         });
+    }
+}
+
+/// A leasing check in flight: dropped unanswered (the request was cancelled), it
+/// wakes the subject's waiters so that one of them asks instead.
+struct Asking {
+    table: Arc<LeaseTable>,
+    /// Taken when the answer is recorded.
+    subject: Option<Subject>,
+}
+
+impl Drop for Asking {
+    fn drop(&mut self) {
+        if let Some(subject) = self.subject.take() {
+            let mut shard = self.table.shard(&subject);
+            if let Some(asked) = shard.get_mut(&subject).and_then(|e| e.asked.take()) {
+                asked.notify_waiters();
+            }
+        }
     }
 }
 

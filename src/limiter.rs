@@ -30,11 +30,10 @@ use crate::block_cache::BlockCache;
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::{Decision, Origin};
 use crate::error::Error;
-use crate::lease::{LeaseError, LeaseTable, Leases, Local};
+use crate::lease::{DecisionFuture, LeaseError, LeaseTable, Leases, Local};
 use crate::policy::Policy;
 use crate::store::{
-    AdminStore, CheckNow, LeaseFuture, LeaseStore, MemoryStore, Operation, PolicySet, Store,
-    StoreError,
+    AdminStore, CheckNow, LeaseStore, MemoryStore, Operation, PolicySet, Store, StoreError,
 };
 use crate::subject::Subject;
 
@@ -201,8 +200,15 @@ impl<S: Store> Limiter<S> {
                 Local::Ask(ask) => {
                     return CheckFuture {
                         state: CheckState::Lease {
-                            future: PendingLease(leases.check_leasing(subject, cost, ask)),
-                            asked_at: now,
+                            future: PendingLease(leases.ask(subject, cost, ask, now)),
+                        },
+                        after: Some(after),
+                    }
+                }
+                Local::Wait(answered) => {
+                    return CheckFuture {
+                        state: CheckState::Lease {
+                            future: PendingLease(leases.after_wait(answered, subject, cost)),
                         },
                         after: Some(after),
                     }
@@ -455,13 +461,13 @@ pin_project! {
     #[derive(Debug)]
     enum CheckState<F> {
         Store { #[pin] future: F },
-        Lease { future: PendingLease, asked_at: u64 },
+        Lease { future: PendingLease },
         Ready { result: Option<Result<Decision, Error>> },
     }
 }
 
-/// A leasing check on its way (the store's future, boxed).
-struct PendingLease(LeaseFuture);
+/// A leasing check, or a wait for one, on its way (boxed: it holds the store's call).
+struct PendingLease(DecisionFuture);
 
 impl std::fmt::Debug for PendingLease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -522,20 +528,11 @@ where
                 report(&outcome);
                 Poll::Ready(outcome)
             }
-            CheckStateProj::Lease { future, asked_at } => {
+            CheckStateProj::Lease { future } => {
                 let result = std::task::ready!(future.0.as_mut().poll(cx));
                 let outcome = match this.after.take() {
-                    Some(after) => {
-                        let result = match &after.guard.leases {
-                            Some((_, table)) => {
-                                let now = after.guard.clock.now_ms();
-                                table.granted(&after.subject, after.cost, *asked_at, now, result)
-                            }
-                            None => result.map(|(decision, _)| decision),
-                        };
-                        after.finish(result)
-                    }
-                    None => result.map(|(decision, _)| decision).map_err(Error::from),
+                    Some(after) => after.finish(result),
+                    None => result.map_err(Error::from),
                 };
                 report(&outcome);
                 Poll::Ready(outcome)

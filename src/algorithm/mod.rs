@@ -191,10 +191,11 @@ pub(crate) fn decide_one(
 }
 
 /// A leasing check: [`decide_all`] of `cost`, and when every policy admits (shadow
-/// ones included, so their reports stay those of single checks), `want` more units
-/// taken from every policy, at most what each admits now; when an enforced policy
-/// denies, the wait until `cost + batch` would fit. The rule `lua/main.lua`'s lease
-/// part follows; see [`crate::lease`].
+/// ones included, so their reports stay those of single checks) and at least `batch`
+/// more units fit every policy, up to `want` more taken from every policy, at most
+/// what each admits now. Without a lease (denied, or fewer than `batch` left), the
+/// wait until `cost + batch` would fit the enforced policies. The rule
+/// `lua/main.lua`'s lease part follows; see [`crate::lease`].
 ///
 /// The grant never exceeds a policy's `remaining` after the cost, which is exactly
 /// what that policy admits on top of it, so deciding `cost + grant` admits again.
@@ -215,21 +216,24 @@ pub(crate) fn decide_leasing(
         .iter()
         .zip(&firsts)
         .all(|(policy, outcome)| outcome.allowed || policy.is_shadow());
+    let wait_for_batch = |states: &[Option<State>]| {
+        policies
+            .iter()
+            .zip(states)
+            .filter(|(policy, _)| !policy.is_shadow())
+            .map(|(policy, state)| {
+                decide(policy, state.as_ref(), now, cost + batch)
+                    .outcome
+                    .retry_after_ms
+            })
+            .max()
+            .unwrap_or(0)
+    };
     if !admitted {
         let ask_again_ms = if batch == 0 {
             0
         } else {
-            policies
-                .iter()
-                .zip(states.iter())
-                .filter(|(policy, _)| !policy.is_shadow())
-                .map(|(policy, state)| {
-                    decide(policy, state.as_ref(), now, cost + batch)
-                        .outcome
-                        .retry_after_ms
-                })
-                .max()
-                .unwrap_or(0)
+            wait_for_batch(states)
         };
         let grant = Grant {
             ask_again_ms,
@@ -237,13 +241,18 @@ pub(crate) fn decide_leasing(
         };
         return (firsts, None, grant);
     }
-    let units = firsts.iter().fold(want, |units, outcome| {
+    let room = firsts.iter().fold(want, |room, outcome| {
         if outcome.allowed {
-            units.min(outcome.remaining)
+            room.min(outcome.remaining)
         } else {
             0
         }
     });
+    let (units, ask_again_ms) = if room >= batch {
+        (room, 0)
+    } else {
+        (0, wait_for_batch(states))
+    };
     let window_left_ms = policies
         .iter()
         .filter(|policy| {
@@ -258,7 +267,7 @@ pub(crate) fn decide_leasing(
     let grant = Grant {
         units,
         window_left_ms,
-        ask_again_ms: 0,
+        ask_again_ms,
         window_end_ms: window_left_ms.map(|left| now + left),
     };
     (outcomes, keep, grant)
