@@ -11,9 +11,9 @@
 --                      is still before <ms>, the end of the lease's window, else a
 --                      peek: units of a past window are never taken from a later one);
 --                      leasing check only: the units wanted as a lease
--- ARGV[3]              leasing check only: the batch: no lease of fewer units
---                      (0: any), and when the cost is denied or admitted without a
---                      lease, the reply adds the wait until cost + batch fit
+-- ARGV[3]              leasing check only: the batch: the check admits only if
+--                      the cost and this many more units fit (0: the cost alone),
+--                      and when denied the reply adds the wait until they do
 -- ARGV[first + 3(i-1)] algorithm of policy i: fw, sw, tb or sl
 --     [first + 3(i-1) + 1] limit (capacity of a token bucket) of policy i,
 --                      negative for a shadow policy (decides, never denies)
@@ -23,10 +23,10 @@
 --
 -- Reply: per policy, allowed (0/1), remaining, reset after (ms), retry after (ms).
 -- A leasing check adds four integers: the units granted as a lease (taken from
--- every policy beyond the cost, at most `want` and what each admits now, none
--- unless every policy admits and at least `batch` fit), the ms to the end of the
+-- every policy beyond the cost, at most `want` and what each admits now, at least
+-- `batch`; none while a shadow policy would deny), the ms to the end of the
 -- shortest current window among the window policies (0: none; a lease never
--- outlives it), without a lease the ms until the cost and the batch would fit (the
+-- outlives it), when denied the ms until the cost and the batch would fit (the
 -- instance asks again then), and the end of that window on the store's clock
 -- (what a give-back sends back).
 -- A check decides every policy before any state is written, and writes policy
@@ -160,22 +160,34 @@ if raws then
     return longest
   end
   if all then
-    -- At most what every policy admits now beyond the cost; none while a shadow
-    -- policy would deny, so shadow reports stay those of single checks.
-    local room = want
+    -- At most what every policy admits now beyond the cost. No lease while a shadow
+    -- policy would deny: the cost alone, so shadow reports stay those of checks.
+    local room, shadow_denies = want, false
     for i = 1, nkeys do
       local base = 4 * (i - 1)
       if reply[base + 1] == 0 then
-        room = 0
+        shadow_denies = true
       elseif reply[base + 2] < room then
         room = reply[base + 2]
       end
     end
-    -- Less than a batch left: the cost alone, and when a batch will fit.
-    if room >= batch then
+    if shadow_denies then
+      room = 0
+    elseif room >= batch then
       grant = room
     else
+      -- Fewer than a batch beyond the cost: denied, nothing written, until the cost
+      -- and a batch fit. A unit at a time would cost a call a unit.
       again = wait_for_batch()
+      all = false
+      for i = 1, nkeys do
+        local base = 4 * (i - 1)
+        if tonumber(ARGV[first + 3 * (i - 1) + 1]) > 0 then
+          reply[base + 1] = 0
+          reply[base + 2] = 0
+          reply[base + 4] = again
+        end
+      end
     end
     for i = 1, nkeys do
       local at = first + 3 * (i - 1)

@@ -189,18 +189,6 @@ impl Decision {
         self.origin = origin;
     }
 
-    /// A denial made locally from an admission the store made: nothing left of the
-    /// binding policy until `retry_ms` from now, when the store said more will fit (a
-    /// lease's pause, [`crate::lease`]).
-    pub(crate) fn paused(mut self, retry_ms: u64) -> Self {
-        self.allowed = false;
-        self.outcome.allowed = false;
-        self.outcome.remaining = 0;
-        self.outcome.retry_after_ms = retry_ms;
-        self.shadow_denier = None;
-        self
-    }
-
     /// The decision of a request let through because the store could not decide: allowed,
     /// nothing consumed, and no figure known (remaining, reset and retry read 0, the
     /// limit is the first policy's).

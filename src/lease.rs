@@ -41,11 +41,12 @@
 //! the same units twice; written-off units come back by refill within
 //! `units x interval`.
 //!
-//! A denied leasing check is kept: the instance answers the subject locally with that
-//! denial until it may ask again, so a denied hot subject costs the store nothing. So
-//! is a check admitted when less than a batch is left: a sliding window or a token
-//! bucket under steady overload frees units one at a time, and asking for each would
-//! cost a call per unit.
+//! A leasing check admits only when the cost and a batch ([`Leases::batch`], half the
+//! lease by default) fit: a sliding window or a token bucket under steady overload
+//! frees units one at a time, and asking for each would cost a call per unit. A
+//! denied leasing check is kept: the instance answers the subject locally with that
+//! denial until the store said the cost and a batch will fit, so a denied hot subject
+//! costs the store nothing.
 //!
 //! # What leases promise
 //!
@@ -66,15 +67,13 @@
 //!   wait for the lease to expire, then go back to the store (a background task looks
 //!   every `L / 4`). With a token bucket they are written off and come back by refill,
 //!   within `units x interval` (at most [`Leases::max_units`] intervals).
-//! - **Denials come from the store's figures.** A leasing subject is denied when a
-//!   store call on the whole budget denies it, or when the store admitted it with
-//!   fewer than a batch ([`Leases::batch`]) of units left: either way the store says
-//!   when the cost and a batch will fit, and the instance answers the subject locally
-//!   with a denial until then, its `Retry-After` counting down to that time. That
-//!   is the store's retry time for the request plus, at most, the time a batch takes
-//!   to free up (half a lease by default; with a batch of `1`, exactly the store's
-//!   retry time for the next unit, as without leases). A fixed window needs no batch:
-//!   its denials are the store's, until the window ends.
+//! - **Denials come from the store.** A leasing subject is denied by a store call on
+//!   the whole budget, when the cost and a batch ([`Leases::batch`]) do not fit; the
+//!   store says when they will, and the instance answers the subject locally with that
+//!   denial until then, its `Retry-After` counting down to that time: the store's
+//!   retry time for the request plus, at most, the time a batch takes to free up. A
+//!   fixed window needs no batch: its denials and retry times are exactly those of a
+//!   limiter without leases (the window's end).
 //! - **Headers:** a decision from a lease reports the binding policy's remaining as the
 //!   store last said it, plus the lease's unspent units: what this instance knows.
 //!   Other instances' spending since is not in it.
@@ -152,16 +151,17 @@ impl Leases {
         self
     }
 
-    /// The smallest lease worth a call. When fewer units than this are left beyond a
-    /// request, the store admits the request alone and says when the cost and a batch
-    /// will fit; a denied request gets the same answer. Until then this instance
-    /// answers the subject locally with a denial, instead of asking for a unit or two
-    /// at a time while a sliding window or a token bucket frees units one by one.
+    /// The smallest lease worth a call. A leasing check admits only if the request's
+    /// cost and this many more units fit; otherwise it is denied, consuming nothing,
+    /// with the time until they will fit, and this instance answers the subject
+    /// locally with that denial until then. Without it, a sliding window or a token
+    /// bucket under steady overload, which frees units one by one, would cost a store
+    /// call for every unit.
     ///
     /// Half the lease wanted by default (0 for sets of fixed windows only, whose units
-    /// do not pile up while a subject waits). `1` waits only until the next unit fits:
-    /// every local denial then says exactly when the store would admit the next
-    /// request. Larger batches mean fewer calls and later answers.
+    /// do not pile up while a subject waits: they lease what is left, to the last
+    /// unit). With `1`, a leasing check admits whenever one more unit than the cost
+    /// fits. Larger batches mean fewer calls and later answers.
     pub fn batch(mut self, units: u64) -> Self {
         self.batch = Some(units);
         self
@@ -653,17 +653,6 @@ impl LeaseTable {
             return Ok(decision);
         }
         if grant.units == 0 {
-            if grant.ask_again_ms > 0 {
-                // Admitted, but less than a batch is left: the subject waits here until
-                // the store said a batch will fit, rather than asking for a few units
-                // at a time.
-                entry.denial = Some(Denial {
-                    until: asked_at.saturating_add(grant.ask_again_ms),
-                    cost: 1,
-                    decided_at: asked_at,
-                    decision: decision.clone().paused(grant.ask_again_ms),
-                });
-            }
             return Ok(decision);
         }
         // The lease starts when the call was sent, so it ends no later than the window

@@ -190,11 +190,11 @@ pub(crate) fn decide_one(
     (step.outcome, keep)
 }
 
-/// A leasing check: [`decide_all`] of `cost`, and when every policy admits (shadow
-/// ones included, so their reports stay those of single checks) and at least `batch`
-/// more units fit every policy, up to `want` more taken from every policy, at most
-/// what each admits now. Without a lease (denied, or fewer than `batch` left), the
-/// wait until `cost + batch` would fit the enforced policies. The rule
+/// A leasing check: [`decide_all`] of `cost` plus a lease of up to `want` more units
+/// taken from every policy, at most what each admits now. The check admits only if
+/// the cost and `batch` more fit every policy; otherwise it is denied, nothing
+/// written, with the wait until they do. While a shadow policy would deny, no lease:
+/// the cost alone, as a check (shadow reports stay those of checks). The rule
 /// `lua/main.lua`'s lease part follows; see [`crate::lease`].
 ///
 /// The grant never exceeds a policy's `remaining` after the cost, which is exactly
@@ -241,18 +241,37 @@ pub(crate) fn decide_leasing(
         };
         return (firsts, None, grant);
     }
-    let room = firsts.iter().fold(want, |room, outcome| {
-        if outcome.allowed {
-            room.min(outcome.remaining)
-        } else {
-            0
-        }
-    });
-    let (units, ask_again_ms) = if room >= batch {
-        (room, 0)
-    } else {
-        (0, wait_for_batch(states))
-    };
+    let shadow_denies = firsts.iter().any(|outcome| !outcome.allowed);
+    let room = firsts
+        .iter()
+        .fold(want, |room, outcome| room.min(outcome.remaining));
+    if !shadow_denies && room < batch {
+        // Fewer than a batch beyond the cost: denied, nothing written, until the cost
+        // and a batch fit.
+        let ask_again_ms = wait_for_batch(states);
+        let outcomes = policies
+            .iter()
+            .zip(firsts)
+            .map(|(policy, outcome)| {
+                if policy.is_shadow() {
+                    outcome
+                } else {
+                    PolicyOutcome {
+                        allowed: false,
+                        remaining: 0,
+                        retry_after_ms: ask_again_ms,
+                        ..outcome
+                    }
+                }
+            })
+            .collect();
+        let grant = Grant {
+            ask_again_ms,
+            ..Grant::default()
+        };
+        return (outcomes, None, grant);
+    }
+    let units = if shadow_denies { 0 } else { room };
     let window_left_ms = policies
         .iter()
         .filter(|policy| {
@@ -267,7 +286,7 @@ pub(crate) fn decide_leasing(
     let grant = Grant {
         units,
         window_left_ms,
-        ask_again_ms,
+        ask_again_ms: 0,
         window_end_ms: window_left_ms.map(|left| now + left),
     };
     (outcomes, keep, grant)
