@@ -92,7 +92,7 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Origin};
 use crate::policy::{Algorithm, Policy};
 use crate::store::{
-    GiveBackFuture, Grant, LeaseAsk, LeaseFuture, LeaseStore, PolicySet, StoreError,
+    GiveBackFuture, Grant, LeaseAsk, LeaseFuture, LeaseStore, PolicySet, StoreError, StoreErrorKind,
 };
 use crate::subject::Subject;
 use tokio::sync::futures::OwnedNotified;
@@ -320,9 +320,9 @@ pub(crate) enum Local {
     Decided(Decision),
     /// Ask the store with a leasing check ([`LeaseTable::ask`]).
     Ask(LeaseAsk),
-    /// Another request's leasing check is in flight: wait for its answer
-    /// ([`LeaseTable::after_wait`]).
-    Wait(Pin<Box<OwnedNotified>>),
+    /// Another request's leasing check (this number) is in flight: wait for its
+    /// answer ([`LeaseTable::after_wait`]).
+    Wait(Pin<Box<OwnedNotified>>, u64),
     /// Check as without leases.
     Plain,
 }
@@ -369,6 +369,13 @@ struct Entry {
     /// A leasing check is in flight: the subject's other requests wait for it here
     /// (woken when it is answered, fails or is dropped) instead of asking too.
     asked: Option<Arc<Notify>>,
+    /// Counts the leasing checks sent, so a waiter knows whether the one it waited
+    /// for failed.
+    asks: u64,
+    /// The last failed leasing check: its number and its error's kind and text. Its
+    /// waiters answer with the same failure at once, rather than each asking a
+    /// store that just failed and waiting out another timeout.
+    failed: Option<(u64, StoreErrorKind, String)>,
     lease: Option<Lease>,
     denial: Option<Denial>,
 }
@@ -466,6 +473,8 @@ impl LeaseTable {
                     last_period: 0,
                     last_seen: now,
                     asked: None,
+                    asks: 0,
+                    failed: None,
                     lease: None,
                     denial: None,
                 },
@@ -528,15 +537,17 @@ impl LeaseTable {
             // Registered before the lock is released, so no wake-up can be missed.
             let mut answered = Box::pin(Arc::clone(asked).notified_owned());
             answered.as_mut().enable();
+            let awaited = entry.asks;
             drop(shard);
             if let Some((units, window_end)) = expired {
                 self.give_back(subject.clone(), units, window_end);
             }
-            return Local::Wait(answered);
+            return Local::Wait(answered, awaited);
         }
         let rate = entry.this_period.max(entry.last_period);
         let ask = if rate >= plan.min_units {
             entry.asked = Some(Arc::new(Notify::new()));
+            entry.asks += 1;
             let want = rate.clamp(1, plan.max_units);
             let room = plan.max_cost.saturating_sub(cost);
             let batch = plan.batch.unwrap_or((want / 2).max(1)).min(room);
@@ -583,6 +594,7 @@ impl LeaseTable {
     pub(crate) fn after_wait(
         self: &Arc<Self>,
         mut answered: Pin<Box<OwnedNotified>>,
+        mut awaited: u64,
         subject: Subject,
         cost: u64,
     ) -> DecisionFuture {
@@ -590,11 +602,14 @@ impl LeaseTable {
         Box::pin(async move {
             loop {
                 answered.as_mut().await;
+                if let Some(error) = table.failure_of(&subject, awaited) {
+                    return Err(error);
+                }
                 let now = table.now_ms();
                 match table.try_local(&subject, cost, now) {
                     Local::Decided(decision) => return Ok(decision),
                     Local::Ask(ask) => return table.ask(subject, cost, ask, now).await,
-                    Local::Wait(next) => answered = next,
+                    Local::Wait(next, number) => (answered, awaited) = (next, number),
                     Local::Plain => {
                         let plain = LeaseAsk { want: 0, batch: 0 };
                         let call = table.source.check_leasing(subject, &table.set, cost, plain);
@@ -602,6 +617,18 @@ impl LeaseTable {
                     }
                 }
             }
+        })
+    }
+
+    /// The failure of leasing check number `ask` of `subject`, if it failed.
+    fn failure_of(&self, subject: &Subject, ask: u64) -> Option<StoreError> {
+        let shard = self.shard(subject);
+        let (number, kind, text) = shard.get(subject)?.failed.as_ref()?;
+        (*number == ask).then(|| {
+            StoreError::new(
+                *kind,
+                format!("the leasing check this request waited for failed: {text}"),
+            )
         })
     }
 
@@ -620,8 +647,11 @@ impl LeaseTable {
         let (mut decision, grant) = match result {
             Ok(answer) => answer,
             Err(error) => {
-                if let Some(asked) = entry.and_then(|entry| entry.asked.take()) {
-                    asked.notify_waiters();
+                if let Some(entry) = entry {
+                    entry.failed = Some((entry.asks, error.kind(), error.to_string()));
+                    if let Some(asked) = entry.asked.take() {
+                        asked.notify_waiters();
+                    }
                 }
                 return Err(error);
             }
@@ -634,6 +664,7 @@ impl LeaseTable {
             }
             return Ok(decision);
         };
+        entry.failed = None;
         if let Some(asked) = entry.asked.take() {
             // The waiters find the new lease or denial once this lock is released.
             asked.notify_waiters();

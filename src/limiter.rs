@@ -205,10 +205,12 @@ impl<S: Store> Limiter<S> {
                         after: Some(after),
                     }
                 }
-                Local::Wait(answered) => {
+                Local::Wait(answered, awaited) => {
                     return CheckFuture {
                         state: CheckState::Lease {
-                            future: PendingLease(leases.after_wait(answered, subject, cost)),
+                            future: PendingLease(
+                                leases.after_wait(answered, awaited, subject, cost),
+                            ),
                         },
                         after: Some(after),
                     }

@@ -9,11 +9,24 @@
 //! - random arrivals through 2 to 8 instances sharing one Redis never admit beyond
 //!   each algorithm's bound (zero for the window counters, `ceil(L / interval)` more
 //!   burst for a token bucket), on every window;
+//! - through the layer, leased answers carry the `RateLimit` headers and kept denials
+//!   the store's `Retry-After`; a Redis that hangs or stops under a leasing subject
+//!   is answered by the failure mode (open here), never a 429, and decisions resume;
 //! - configurations that cannot lease are refused.
 
 mod support;
 
+use std::net::SocketAddr;
 use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::{Extension, Router};
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use redlimit::key::ClientIp;
+use redlimit::{redis, Decision, RateLimitLayer};
+use tower::ServiceExt;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
@@ -240,6 +253,175 @@ fn a_sliding_log_added_after_leases_is_a_loud_mistake() {
         .leases(Leases::new())
         .unwrap()
         .policy(Policy::sliding_log("exact", 10, Duration::from_secs(1)).unwrap());
+}
+
+// ---------------------------------------------------------------------------------
+// Through the layer, as the README recommends, and when Redis fails.
+
+/// The README's handler.
+async fn handler(Extension(decision): Extension<Decision>) -> String {
+    if decision.is_checked() {
+        format!("{} left ({:?})", decision.remaining(), decision.origin())
+    } else {
+        "not counted".to_owned()
+    }
+}
+
+fn from(client: [u8; 4]) -> Request<Body> {
+    let mut request = Request::get("/").body(Body::empty()).unwrap();
+    request
+        .extensions_mut()
+        .insert(SocketAddr::from((client, 40_000)));
+    request
+}
+
+#[tokio::test]
+async fn leased_answers_carry_the_headers_and_denials_their_retry_after() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(20_000_000);
+    let policy = Policy::fixed_window("api", 30, Duration::from_secs(10)).unwrap();
+    let limiter = instance(&server, &clock, &policy, Leases::new().min_rate(1));
+    let store = limiter.store().clone();
+    let app = Router::new()
+        .route("/", get(handler))
+        .layer(RateLimitLayer::new(limiter, ClientIp::new()));
+    let client = [203, 0, 113, 9];
+    let mut from_lease = 0;
+    for n in 1..=30 {
+        let ok = app.clone().oneshot(from(client)).await.unwrap();
+        assert_eq!(ok.status(), StatusCode::OK, "request {n}");
+        // This instance holds the rest of the window's budget in leases of 3 (a tenth
+        // of the limit): it knows exactly what is left.
+        let header = ok.headers()["ratelimit"].to_str().unwrap().to_owned();
+        assert!(
+            header.contains(&format!("r={}", 30 - n)),
+            "request {n}: {header}"
+        );
+        let text =
+            String::from_utf8(ok.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+        if text.ends_with("(Lease)") {
+            from_lease += 1;
+        }
+    }
+    assert!(from_lease >= 15, "{from_lease} of 30 from leases");
+    let calls = store.calls_sent();
+    for _ in 0..20 {
+        let denied = app.clone().oneshot(from(client)).await.unwrap();
+        assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+        // The window ends 10 s after 20,000,000 ms: the store's retry time.
+        assert_eq!(denied.headers()["retry-after"], "10");
+    }
+    assert_eq!(
+        store.calls_sent(),
+        calls + 1,
+        "one call denied, the rest answered here"
+    );
+}
+
+#[tokio::test]
+async fn a_redis_that_stops_or_hangs_under_a_leasing_subject_is_never_a_429() {
+    let mut server = RedisServer::start();
+    let policy = Policy::sliding_window("api", 100_000, Duration::from_secs(1)).unwrap();
+    let clock = FakeClock::new(30_000_000);
+    // A short timeout: the hang costs each call 100 ms.
+    let store = RedisStore::new(server.pool())
+        .client_clock(clock.clone())
+        .timeout(Duration::from_millis(100));
+    let leases = Leases::new()
+        .lifetime(Duration::from_millis(20))
+        .min_rate(1);
+    let limiter = Limiter::new(store, policy)
+        .local_clock(clock.clone())
+        .leases(leases)
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(handler))
+        .layer(RateLimitLayer::new(limiter, ClientIp::new()));
+    let client = [192, 0, 2, 1];
+    let send = |app: &Router| {
+        let app = app.clone();
+        async move {
+            let response = app.oneshot(from(client)).await.unwrap();
+            let status = response.status();
+            let text = String::from_utf8(
+                response
+                    .into_body()
+                    .collect()
+                    .await
+                    .unwrap()
+                    .to_bytes()
+                    .to_vec(),
+            )
+            .unwrap();
+            (status, text)
+        }
+    };
+    for _ in 0..50 {
+        assert_eq!(send(&app).await.0, StatusCode::OK);
+    }
+    // Hung: 16 concurrent requests, one leasing check in flight and the others waiting
+    // on it; when it times out its waiters answer with its failure at once (fail open),
+    // rather than each asking the hung store in turn.
+    let mut probe = server.conn().await;
+    {
+        let _paused = server.pause();
+        // Stopped for sure: a command of our own gets no answer.
+        let ping = redis::cmd("PING");
+        let ping = ping.query_async::<String>(&mut probe);
+        assert!(tokio::time::timeout(Duration::from_millis(100), ping)
+            .await
+            .is_err());
+        clock.advance(Duration::from_millis(25)); // the lease expires
+        let started = std::time::Instant::now();
+        let answers = futures_join(&app, 16, &send).await;
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_millis(16 * 100 / 2),
+            "{took:?}: the waiters asked in turn"
+        );
+        let mut unchecked = 0;
+        for (status, text) in answers {
+            assert_eq!(status, StatusCode::OK, "{text}");
+            unchecked += usize::from(text == "not counted");
+        }
+        assert_eq!(unchecked, 16, "every request met the hang");
+    }
+    // Stopped: the handler runs, not counted, never a 429.
+    server.stop();
+    for _ in 0..20 {
+        let (status, text) = send(&app).await;
+        assert_eq!((status, text.as_str()), (StatusCode::OK, "not counted"));
+    }
+    // Back: decisions again.
+    server.restart();
+    let mut back = false;
+    for _ in 0..200 {
+        let (status, text) = send(&app).await;
+        assert_eq!(status, StatusCode::OK);
+        if text.ends_with("(Store)") || text.ends_with("(Lease)") {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(back, "decisions came back after the restart");
+}
+
+/// `n` requests at once.
+async fn futures_join<F, Fut>(app: &Router, n: usize, send: &F) -> Vec<(StatusCode, String)>
+where
+    F: Fn(&Router) -> Fut,
+    Fut: std::future::Future<Output = (StatusCode, String)> + Send + 'static,
+{
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        tasks.spawn(send(app));
+    }
+    let mut answers = Vec::new();
+    while let Some(answer) = tasks.join_next().await {
+        answers.push(answer.expect("a request task"));
+    }
+    answers
 }
 
 // ---------------------------------------------------------------------------------
