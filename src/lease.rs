@@ -847,3 +847,116 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::FakeClock;
+    use crate::MemoryStore;
+
+    fn set(policies: Vec<Policy>) -> PolicySet {
+        PolicySet::new(policies)
+    }
+
+    fn sliding(limit: u32, window_ms: u64) -> Policy {
+        Policy::sliding_window("s", limit, Duration::from_millis(window_ms)).unwrap()
+    }
+
+    #[test]
+    fn defaults_follow_the_shortest_window_and_the_smallest_limit() {
+        let plan = Leases::new()
+            .resolve(&set(vec![sliding(1_000, 1_000)]))
+            .unwrap();
+        assert_eq!(plan.lifetime_ms, 100, "a tenth of the window");
+        assert_eq!(plan.max_units, 100, "a tenth of the limit");
+        assert_eq!(plan.min_units, 5, "50 a second over 100 ms");
+        assert_eq!(plan.batch, None, "half the lease, decided per ask");
+        assert!(plan.gives_back);
+
+        // A token bucket of 10 refilled at 1 a second fills in 10 s: the lifetime is
+        // capped at 1 s; its units are written off, not given back.
+        let bucket = Policy::token_bucket("b", 10, 1, Duration::from_secs(1)).unwrap();
+        let plan = Leases::new().resolve(&set(vec![bucket])).unwrap();
+        assert_eq!((plan.lifetime_ms, plan.max_units), (1_000, 1));
+        assert!(!plan.gives_back);
+
+        // Fixed windows lease down to the last unit: no batch.
+        let fixed = Policy::fixed_window("f", 100, Duration::from_secs(60)).unwrap();
+        let plan = Leases::new().resolve(&set(vec![fixed])).unwrap();
+        assert_eq!(plan.batch, Some(0));
+
+        // A subject needs two units a lifetime to gain anything from a lease.
+        let plan = Leases::new()
+            .min_rate(1)
+            .resolve(&set(vec![sliding(10, 100)]))
+            .unwrap();
+        assert_eq!((plan.lifetime_ms, plan.min_units), (10, 2));
+    }
+
+    fn table(clock: &FakeClock, policy: Policy, leases: Leases) -> Arc<LeaseTable> {
+        let set = set(vec![policy]);
+        let plan = leases.resolve(&set).unwrap();
+        let store = MemoryStore::with_clock(clock.clone());
+        Arc::new(LeaseTable::new(plan, set, store, Arc::new(clock.clone())))
+    }
+
+    #[tokio::test]
+    async fn a_subject_asks_for_its_rate_and_spends_the_grant_here() {
+        let clock = FakeClock::new(1_000_000);
+        let table = table(&clock, sliding(1_000, 1_000), Leases::new());
+        let subject = Subject::new("s");
+        for _ in 0..4 {
+            assert!(matches!(
+                table.try_local(&subject, 1, 1_000_000),
+                Local::Plain
+            ));
+        }
+        let Local::Ask(ask) = table.try_local(&subject, 1, 1_000_000) else {
+            panic!("the fifth unit in a lifetime asks for a lease");
+        };
+        assert_eq!(ask, LeaseAsk { want: 5, batch: 2 });
+        let answer = table
+            .source
+            .check_leasing(subject.clone(), &table.set, 1, ask)
+            .await;
+        let decision = table
+            .granted(&subject, 1, 1_000_000, 1_000_000, answer)
+            .unwrap();
+        // 1 for this request and 5 leased: 994 left in the store, 999 here.
+        assert_eq!(decision.remaining(), 999);
+        for left in (0..5).rev() {
+            let Local::Decided(decision) = table.try_local(&subject, 1, 1_000_010) else {
+                panic!("served from the lease");
+            };
+            assert_eq!(decision.origin(), Origin::Lease);
+            assert_eq!(decision.remaining(), 994 + left);
+        }
+        // The lease is spent: the next unit asks again, for the rate seen (11 units).
+        let Local::Ask(ask) = table.try_local(&subject, 1, 1_000_020) else {
+            panic!("asks again");
+        };
+        assert_eq!(ask.want, 11);
+        // Meanwhile the subject's other requests wait for that answer.
+        assert!(matches!(
+            table.try_local(&subject, 1, 1_000_020),
+            Local::Wait(_, 2)
+        ));
+    }
+
+    #[test]
+    fn subjects_past_the_bound_are_checked_without_leases() {
+        let clock = FakeClock::new(0);
+        let table = table(
+            &clock,
+            sliding(1_000, 1_000),
+            Leases::new().max_subjects(32),
+        );
+        for i in 0..1_000 {
+            let _ = table.try_local(&Subject::new(format!("s{i}")), 1, 0);
+        }
+        assert!(table.len() <= 32, "{} tracked", table.len());
+        // Idle subjects are swept after two lifetimes, which makes room again.
+        assert!(table.sweep(200).is_empty());
+        assert_eq!(table.len(), 0);
+    }
+}
