@@ -92,7 +92,7 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Origin};
 use crate::policy::{Algorithm, Policy};
 use crate::store::{
-    GiveBackFuture, Grant, LeaseAsk, LeaseFuture, LeaseStore, PolicySet, StoreError, StoreErrorKind,
+    GiveBackFuture, Grant, LeaseAsk, LeaseStore, PolicySet, StoreError, StoreErrorKind,
 };
 use crate::subject::Subject;
 use tokio::sync::futures::OwnedNotified;
@@ -273,47 +273,6 @@ pub(crate) struct Plan {
     gives_back: bool,
 }
 
-/// The store, as the lease table uses it: type-erased so the limiter's own type does
-/// not change with leases on.
-trait Source: Send + Sync + 'static {
-    fn check_leasing(
-        &self,
-        subject: Subject,
-        set: &PolicySet,
-        cost: u64,
-        ask: LeaseAsk,
-    ) -> LeaseFuture;
-    fn give_back(
-        &self,
-        subject: Subject,
-        set: &PolicySet,
-        units: u64,
-        before_ms: u64,
-    ) -> GiveBackFuture;
-}
-
-impl<S: LeaseStore> Source for S {
-    fn check_leasing(
-        &self,
-        subject: Subject,
-        set: &PolicySet,
-        cost: u64,
-        ask: LeaseAsk,
-    ) -> LeaseFuture {
-        LeaseStore::check_leasing(self, subject, set, cost, ask)
-    }
-
-    fn give_back(
-        &self,
-        subject: Subject,
-        set: &PolicySet,
-        units: u64,
-        before_ms: u64,
-    ) -> GiveBackFuture {
-        LeaseStore::give_back(self, subject, set, units, before_ms)
-    }
-}
-
 /// What [`LeaseTable::try_local`] decided.
 pub(crate) enum Local {
     /// Admitted from a lease, or denied from a kept denial: no store call.
@@ -334,7 +293,7 @@ pub(crate) type DecisionFuture = GiveBackFuture;
 pub(crate) struct LeaseTable {
     plan: Plan,
     set: PolicySet,
-    source: Arc<dyn Source>,
+    source: Arc<dyn LeaseStore>,
     clock: Arc<dyn Clock>,
     /// Picks a subject's shard.
     hash: foldhash::fast::RandomState,
@@ -404,16 +363,16 @@ struct Denial {
 }
 
 impl LeaseTable {
-    pub(crate) fn new<S: LeaseStore>(
+    pub(crate) fn new(
         plan: Plan,
         set: PolicySet,
-        store: S,
+        store: Arc<dyn LeaseStore>,
         clock: Arc<dyn Clock>,
     ) -> Self {
         Self {
             plan,
             set,
-            source: Arc::new(store),
+            source: store,
             clock,
             hash: foldhash::fast::RandomState::default(),
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
@@ -896,7 +855,7 @@ mod tests {
     fn table(clock: &FakeClock, policy: Policy, leases: Leases) -> Arc<LeaseTable> {
         let set = set(vec![policy]);
         let plan = leases.resolve(&set).unwrap();
-        let store = MemoryStore::with_clock(clock.clone());
+        let store = Arc::new(MemoryStore::with_clock(clock.clone()));
         Arc::new(LeaseTable::new(plan, set, store, Arc::new(clock.clone())))
     }
 

@@ -230,7 +230,7 @@ impl<S: Store> Limiter<S> {
     }
 }
 
-impl<S: LeaseStore> Limiter<S> {
+impl<S: Store + LeaseStore + Clone> Limiter<S> {
     /// Serves hot subjects from leases: units taken from the store in the same call as
     /// a check and spent by this instance without a round trip, under one budget
     /// shared by every instance. See [`crate::lease`] for how, and for what leases
@@ -241,7 +241,8 @@ impl<S: LeaseStore> Limiter<S> {
     /// ([`LeaseError::SlidingLog`]).
     pub fn leases(mut self, leases: Leases) -> Result<Self, LeaseError> {
         let plan = leases.resolve(&self.set)?;
-        let (store, set) = (self.store.clone(), self.set.clone());
+        let store: Arc<dyn LeaseStore> = Arc::new(self.store.clone());
+        let set = self.set.clone();
         let guard = self.guard_mut();
         let table = LeaseTable::new(plan, set, store, Arc::clone(&guard.clock));
         guard.leases = Some((leases, Arc::new(table)));

@@ -216,7 +216,10 @@ pub type GiveBackFuture =
 /// A store shared by several instances that can also hand out leases: units taken
 /// from a subject's budget in the same atomic call as a check, for the instance to
 /// spend locally ([`crate::lease`]). A store of one process has no use for them.
-pub trait LeaseStore: AdminStore + Clone {
+///
+/// Object-safe (boxed futures), so a limiter keeps its store behind
+/// `Arc<dyn LeaseStore>` for leases and its type does not change with them on.
+pub trait LeaseStore: Send + Sync + 'static {
     /// [`Store::check`] of `cost`, and when every policy admits, up to `ask.want` more
     /// units taken from every policy at once (never more than each admits now).
     fn check_leasing(
@@ -237,6 +240,28 @@ pub trait LeaseStore: AdminStore + Clone {
         units: u64,
         before_ms: u64,
     ) -> GiveBackFuture;
+}
+
+impl<S: LeaseStore> LeaseStore for Arc<S> {
+    fn check_leasing(
+        &self,
+        subject: Subject,
+        set: &PolicySet,
+        cost: u64,
+        ask: LeaseAsk,
+    ) -> LeaseFuture {
+        (**self).check_leasing(subject, set, cost, ask)
+    }
+
+    fn give_back(
+        &self,
+        subject: Subject,
+        set: &PolicySet,
+        units: u64,
+        before_ms: u64,
+    ) -> GiveBackFuture {
+        (**self).give_back(subject, set, units, before_ms)
+    }
 }
 
 /// What went wrong with a store: it is never shown to clients as a 429.
