@@ -16,7 +16,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A source of time in milliseconds.
 ///
@@ -28,21 +28,43 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 
 /// Wall-clock time since the Unix epoch, made monotonic.
 ///
-/// Reads the system time once, then advances with [`Instant`], so a wall-clock step
-/// (NTP, a manual change) can never move decisions backwards. Windows stay aligned to
-/// the Unix epoch, as they are in Redis.
+/// Reads the system time once, then advances with a monotonic counter, so a wall-clock
+/// step (NTP, a manual change) can never move decisions backwards. Windows stay aligned
+/// to the Unix epoch, as they are in Redis.
+///
+/// The counter is the CPU's time-stamp counter where it is invariant (x86-64) or the
+/// system counter (aarch64), read through [`quanta`] and scaled to nanoseconds by the
+/// ratio quanta measures once per process against the OS monotonic clock (about 10 to
+/// 20 ms, spent by the first clock made); elsewhere quanta reads the OS monotonic clock
+/// itself. Why: the memory store reads the clock once per decision, and
+/// [`std::time::Instant::now`] (`clock_gettime` through the vDSO) cost about three
+/// times a counter read on the benchmark machine, a fifth to a third of a whole decision
+/// (BENCHMARKS.md, "Memory store"). governor reads time the same way.
+///
+/// The ratio is measured, not told: quanta stops once its mean error is under 10 ns,
+/// over a few milliseconds, so this clock may drift from the wall clock by parts per
+/// million (a second or so a day at most), as a monotonic clock that NTP does not steer
+/// would. That moves where windows start by as much, never the decisions of one store
+/// against each other: they all read the same clock.
 #[derive(Debug, Clone)]
 pub struct MonotonicClock {
     anchor_unix_ms: u64,
-    anchor: Instant,
+    clock: quanta::Clock,
+    /// The counter's raw value at `anchor_unix_ms`.
+    anchor_raw: u64,
 }
 
 impl MonotonicClock {
     /// A clock anchored at the current system time.
+    ///
+    /// The first clock a process makes waits while quanta measures the counter's rate
+    /// (about 10 to 20 ms, at most 200 ms); later ones reuse it.
     pub fn new() -> Self {
+        let clock = quanta::Clock::new();
         Self {
             anchor_unix_ms: unix_ms_now(),
-            anchor: Instant::now(),
+            anchor_raw: clock.raw(),
+            clock,
         }
     }
 }
@@ -54,9 +76,12 @@ impl Default for MonotonicClock {
 }
 
 impl Clock for MonotonicClock {
+    #[inline]
     fn now_ms(&self) -> u64 {
-        let elapsed = u64::try_from(self.anchor.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.anchor_unix_ms.saturating_add(elapsed)
+        // `delta_as_nanos` reads 0 for a counter behind the anchor (another core's
+        // counter a few cycles behind): never before the anchor.
+        let elapsed_ns = self.clock.delta_as_nanos(self.anchor_raw, self.clock.raw());
+        self.anchor_unix_ms.saturating_add(elapsed_ns / 1_000_000)
     }
 }
 
