@@ -187,7 +187,8 @@ impl<S: Store> Limiter<S> {
                 return CheckFuture::settled(Ok(decision));
             }
         }
-        let after = After {
+        // What runs once the store answers: made only for a check that goes to it.
+        let after = || After {
             guard: Arc::clone(guard),
             subject: subject.clone(),
             set: self.set.clone(),
@@ -196,28 +197,32 @@ impl<S: Store> Limiter<S> {
         if let Some((_, leases)) = &guard.leases {
             let now = guard.clock.now_ms();
             match leases.try_local(&subject, cost, now) {
+                // Served from a lease or a kept denial: nothing to do afterwards.
                 Local::Decided(decision) => return CheckFuture::settled(Ok(decision)),
                 Local::Ask(ask) => {
+                    let after = Some(after());
                     return CheckFuture {
                         state: CheckState::Lease {
                             future: PendingLease(leases.ask(subject, cost, ask, now)),
                         },
-                        after: Some(after),
-                    }
+                        after,
+                    };
                 }
                 Local::Wait(answered, awaited) => {
+                    let after = Some(after());
                     return CheckFuture {
                         state: CheckState::Lease {
                             future: PendingLease(
                                 leases.after_wait(answered, awaited, subject, cost),
                             ),
                         },
-                        after: Some(after),
-                    }
+                        after,
+                    };
                 }
                 Local::Plain => {}
             }
         }
+        let after = after();
         match self.store.check_now(subject, &self.set, cost) {
             CheckNow::Decided(result) => CheckFuture::settled(after.finish(result)),
             CheckNow::Later(subject) => CheckFuture {
