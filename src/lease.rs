@@ -389,15 +389,7 @@ impl LeaseTable {
         replan: Option<(Plan, PolicySet)>,
     ) -> Self {
         let (plan, set) = replan.unwrap_or_else(|| (self.plan, self.set.clone()));
-        Self {
-            plan,
-            set,
-            source: Arc::clone(&self.source),
-            clock,
-            hash: foldhash::fast::RandomState::default(),
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            sweeping: Mutex::new(false),
-        }
+        Self::new(plan, set, Arc::clone(&self.source), clock)
     }
 
     fn shard(&self, subject: &Subject) -> MutexGuard<'_, Shard> {
@@ -492,19 +484,13 @@ impl LeaseTable {
             }
         }
 
-        if let Some(asked) = &entry.asked {
+        let rate = entry.this_period.max(entry.last_period);
+        let local = if let Some(asked) = &entry.asked {
             // Registered before the lock is released, so no wake-up can be missed.
             let mut answered = Box::pin(Arc::clone(asked).notified_owned());
             answered.as_mut().enable();
-            let awaited = entry.asks;
-            drop(shard);
-            if let Some((units, window_end)) = expired {
-                self.give_back(subject.clone(), units, window_end);
-            }
-            return Local::Wait(answered, awaited);
-        }
-        let rate = entry.this_period.max(entry.last_period);
-        let ask = if rate >= plan.min_units {
+            Local::Wait(answered, entry.asks)
+        } else if rate >= plan.min_units {
             entry.asked = Some(Arc::new(Notify::new()));
             entry.asks += 1;
             let want = rate.clamp(1, plan.max_units);
@@ -518,7 +504,7 @@ impl LeaseTable {
         if let Some((units, window_end)) = expired {
             self.give_back(subject.clone(), units, window_end);
         }
-        ask
+        local
     }
 
     /// The store's leasing check for `ask`, sent at local time `asked_at`, recorded

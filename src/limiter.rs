@@ -136,19 +136,20 @@ impl<S: Store> Limiter<S> {
             None => policies.push(policy),
         }
         self.set = PolicySet::new(policies);
-        let set = self.set.clone();
-        if let Some(guard) = &mut self.guard {
-            if guard.leases.is_some() {
-                let guard = self.guard_mut();
-                if let Some((settings, table)) = &mut guard.leases {
-                    match settings.resolve(&set) {
-                        Ok(plan) => {
-                            *table = Arc::new(
-                                table.empty_like(Arc::clone(&guard.clock), Some((plan, set))),
-                            );
-                        }
-                        Err(error) => panic!("Limiter::policy after Limiter::leases: {error}"),
+        if self
+            .guard
+            .as_ref()
+            .is_some_and(|guard| guard.leases.is_some())
+        {
+            let set = self.set.clone();
+            let guard = self.guard_mut();
+            if let Some((settings, table)) = &mut guard.leases {
+                match settings.resolve(&set) {
+                    Ok(plan) => {
+                        let clock = Arc::clone(&guard.clock);
+                        *table = Arc::new(table.empty_like(clock, Some((plan, set))));
                     }
+                    Err(error) => panic!("Limiter::policy after Limiter::leases: {error}"),
                 }
             }
         }
@@ -196,30 +197,22 @@ impl<S: Store> Limiter<S> {
         };
         if let Some((_, leases)) = &guard.leases {
             let now = guard.clock.now_ms();
-            match leases.try_local(&subject, cost, now) {
+            let pending = match leases.try_local(&subject, cost, now) {
                 // Served from a lease or a kept denial: nothing to do afterwards.
                 Local::Decided(decision) => return CheckFuture::settled(Ok(decision)),
-                Local::Ask(ask) => {
-                    let after = Some(after());
-                    return CheckFuture {
-                        state: CheckState::Lease {
-                            future: PendingLease(leases.ask(subject, cost, ask, now)),
-                        },
-                        after,
-                    };
-                }
+                Local::Ask(ask) => Some(leases.ask(subject.clone(), cost, ask, now)),
                 Local::Wait(answered, awaited) => {
-                    let after = Some(after());
-                    return CheckFuture {
-                        state: CheckState::Lease {
-                            future: PendingLease(
-                                leases.after_wait(answered, awaited, subject, cost),
-                            ),
-                        },
-                        after,
-                    };
+                    Some(leases.after_wait(answered, awaited, subject.clone(), cost))
                 }
-                Local::Plain => {}
+                Local::Plain => None,
+            };
+            if let Some(future) = pending {
+                return CheckFuture {
+                    state: CheckState::Lease {
+                        future: PendingLease(future),
+                    },
+                    after: Some(after()),
+                };
             }
         }
         let after = after();

@@ -242,6 +242,12 @@ fn sets_that_cannot_lease_are_refused_with_a_reason() {
     let zero =
         Limiter::new(MemoryStore::new(), sliding(10, 1_000)).leases(Leases::new().max_units(0));
     assert!(matches!(zero, Err(LeaseError::ZeroUnits)));
+    // A policy that can lease, added after leases, re-plans them.
+    let replanned = Limiter::new(MemoryStore::new(), sliding(10, 1_000))
+        .leases(Leases::new())
+        .unwrap()
+        .policy(Policy::fixed_window("daily", 1_000, Duration::from_secs(86_400)).unwrap());
+    assert_eq!(replanned.policies().len(), 2);
     let message = LeaseError::SlidingLog("exact".into()).to_string();
     assert!(message.contains("never leases"), "{message}");
 }
