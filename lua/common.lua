@@ -15,6 +15,11 @@
 -- refund functions, exists in the admin operations' scripts only).
 local DECIDE = {}
 
+-- How many windows (a token bucket: fill times) a clock may go back and still
+-- decide on the stored state: MAX_CLOCK_BACK in src/algorithm/mod.rs. State
+-- further ahead of the clock is foreign and read as fresh.
+local MAX_BACK = 4
+
 -- Floor division of non-negative integers, exact: fmod is exact in IEEE
 -- arithmetic, so a - fmod(a, b) is an exact multiple of b.
 local function idiv(a, b)

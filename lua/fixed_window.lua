@@ -9,12 +9,11 @@ local function fixed_window(limit, w, now, cost, raw)
     local a, b = string.match(raw, "^(%d+):(%d+)$")
     window, c = field(a), field(b)
   end
-  if window and c then
-    if window >= idx then
-      -- Same window, or a clock that went back: stay in the stored window.
-      idx = window
-      count = c
-    end
+  -- Same window, or a clock that went back by up to MAX_BACK windows: stay in the
+  -- stored window. Further ahead, it is state this clock cannot have written.
+  if window and c and window >= idx and window <= idx + MAX_BACK then
+    idx = window
+    count = c
   end
   -- Counted from the time asked: a clock that went back waits out the stored window
   -- too (the store decides on its stored time, the caller waits on its own clock).
@@ -47,7 +46,8 @@ DECIDE.fw = fixed_window
 local function fixed_window_refund(_limit, w, now, cost, raw)
   local a, b = string.match(raw, "^(%d+):(%d+)$")
   local window, c = field(a), field(b)
-  if window and c and window >= idiv(now, w) and c > 0 then
+  local idx = idiv(now, w)
+  if window and c and window >= idx and window <= idx + MAX_BACK and c > 0 then
     return int(window) .. ":" .. int(math.max(c - cost, 0))
   end
   return nil

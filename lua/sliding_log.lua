@@ -55,6 +55,12 @@ end
 
 local function sliding_log(limit, w, now, cost, raw)
   local n, head, base, len, stamp = sl_ring(raw, limit)
+  if len > 0 and stamp(len - 1) > now + MAX_BACK * w then
+    -- A newest stamp more than MAX_BACK windows ahead: state this clock cannot
+    -- have written, not a clock that went back. Read as empty, replaced when
+    -- admitting.
+    n, head, base, len = 0, 0, 0, 0
+  end
   -- A clock that went back is clamped to the newest stamp: stamps stay sorted.
   local asked = now
   if len > 0 then
@@ -132,7 +138,7 @@ DECIDE.sl = sliding_log
 -- when nothing changes.
 local function sliding_log_refund(limit, w, now, cost, raw)
   local n, head, base, len, stamp = sl_ring(raw, limit)
-  if len == 0 then
+  if len == 0 or stamp(len - 1) > now + MAX_BACK * w then
     return nil
   end
   now = math.max(now, stamp(len - 1))

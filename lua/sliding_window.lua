@@ -11,6 +11,11 @@ local function sliding_window(limit, w, now, cost, raw)
     local a, b, d = string.match(raw, "^(%d+):(%d+):(%d+)$")
     window, p, c = field(a), field(b), field(d)
   end
+  if window and window > idx + MAX_BACK then
+    -- More than MAX_BACK windows ahead: state this clock cannot have written,
+    -- not a clock that went back. Start fresh.
+    window = nil
+  end
   if window and p and c then
     if window > idx then
       -- The clock went back: clamp to the start of the stored window.
@@ -77,7 +82,8 @@ DECIDE.sw = sliding_window
 local function sliding_window_refund(_limit, w, now, cost, raw)
   local a, b, d = string.match(raw, "^(%d+):(%d+):(%d+)$")
   local window, p, c = field(a), field(b), field(d)
-  if window and p and c and window >= idiv(now, w) and c > 0 then
+  local idx = idiv(now, w)
+  if window and p and c and window >= idx and window <= idx + MAX_BACK and c > 0 then
     return int(window) .. ":" .. int(p) .. ":" .. int(math.max(c - cost, 0))
   end
   return nil

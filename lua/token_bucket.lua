@@ -10,6 +10,11 @@ local function token_bucket(limit, t, now_ms, cost, raw)
   if raw and string.match(raw, "^%d+$") then
     stored = field(raw)
   end
+  -- More than MAX_BACK + 1 fill times ahead: a bucket admits one fill time ahead,
+  -- so this is no clock that went back but state this clock cannot have written.
+  if stored and stored - asked > (MAX_BACK + 1) * tolerance then
+    stored = nil
+  end
   if stored then
     -- A clock that went back is clamped to the last moment the stored state
     -- can describe (an empty bucket), so the bucket never looks fuller.
@@ -51,7 +56,7 @@ local function token_bucket_refund(limit, t, now_ms, cost, raw)
   if string.match(raw, "^%d+$") then
     tat = field(raw)
   end
-  if tat == nil then
+  if tat == nil or tat - now_ms * 1000 > (MAX_BACK + 1) * limit * t then
     return nil
   end
   local now = math.max(now_ms * 1000, tat - limit * t)

@@ -27,6 +27,13 @@ const MAX_EXACT: u64 = 1 << 53;
 pub const MAX_SLIDING_LOG_LIMIT: u32 = 100_000;
 /// Longest policy name: it travels in every response header and Redis key.
 pub const MAX_NAME_LEN: usize = 64;
+/// Longest window, and longest fill time (capacity x refill interval) of a token
+/// bucket: 3,653 days, ten years. The Lua side computes in doubles, exact below 2^53;
+/// a token bucket stores its arrival time in microseconds since the epoch, up to two
+/// fill times ahead of now, and 2^53 µs is only 285 years. Ten years keeps every stored
+/// time exact for centuries, where a bucket filled once per 250 years would be read
+/// back as empty in Redis.
+pub const MAX_WINDOW: Duration = Duration::from_secs(3_653 * 86_400);
 
 /// The four algorithms of the seed documents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -88,8 +95,9 @@ pub enum PolicyError {
     /// The refill amount of a token bucket is zero.
     #[error("policy {0:?}: the refill amount must be at least 1")]
     ZeroRefill(String),
-    /// Numbers too large to compute exactly (limit x window over 2^53, or a refill
-    /// faster than one token per microsecond).
+    /// Numbers too large to compute exactly (limit x window over 2^53, a window or
+    /// fill time over [`MAX_WINDOW`], or a refill faster than one token per
+    /// microsecond).
     #[error("policy {0:?}: {1}")]
     OutOfRange(String, &'static str),
 }
@@ -201,9 +209,12 @@ impl Policy {
         }
         let tolerance_us = emission_us
             .checked_mul(u64::from(capacity))
-            .filter(|t| *t < MAX_EXACT)
+            .filter(|t| *t <= max_window_us())
             .ok_or_else(|| {
-                PolicyError::OutOfRange(name.clone(), "capacity x refill interval is too large")
+                PolicyError::OutOfRange(
+                    name.clone(),
+                    "the fill time (capacity x refill interval) must be at most 10 years",
+                )
             })?;
         Ok(Self {
             name: name.into(),
@@ -228,6 +239,12 @@ impl Policy {
         let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
         if window_ms == 0 {
             return Err(PolicyError::WindowTooShort(name));
+        }
+        if window > MAX_WINDOW {
+            return Err(PolicyError::OutOfRange(
+                name,
+                "the window must be at most 10 years",
+            ));
         }
         if u64::from(limit)
             .checked_mul(window_ms)
@@ -307,6 +324,11 @@ impl Policy {
     pub fn is_shadow(&self) -> bool {
         self.shadow
     }
+}
+
+/// [`MAX_WINDOW`] in microseconds.
+const fn max_window_us() -> u64 {
+    MAX_WINDOW.as_secs() * 1_000_000
 }
 
 fn checked_name(name: String) -> Result<String, PolicyError> {

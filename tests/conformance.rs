@@ -145,3 +145,79 @@ async fn memory_and_redis_match_on_generated_traces() {
     );
     server.assert_every_key_expires().await;
 }
+
+/// Numbers at the edge of what the constructors accept decide the same in Redis (Lua
+/// doubles) as in memory (u64): a window or fill time of ten years, the largest limits
+/// and costs, a clock far into this century. Past the edge, the constructors refuse:
+/// the token buckets that once admitted 5 of 5 in Redis and 1 of 5 in memory.
+#[tokio::test]
+async fn memory_and_redis_match_at_the_largest_numbers_the_constructors_accept() {
+    use redlimit::policy::MAX_WINDOW;
+    use std::time::Duration;
+    let day = Duration::from_secs(86_400);
+    for refused in [
+        Policy::token_bucket("tb", 100_000, 1, day),
+        Policy::token_bucket("tb", 1, 1, day * 365 * 250),
+        Policy::token_bucket("tb", u32::MAX, 1, Duration::from_secs(2)),
+        Policy::fixed_window("fw", 1, MAX_WINDOW + Duration::from_millis(1)),
+        Policy::sliding_log("sl", 1, MAX_WINDOW * 2),
+    ] {
+        assert!(
+            matches!(refused, Err(redlimit::PolicyError::OutOfRange(..))),
+            "{refused:?}"
+        );
+    }
+    let server = RedisServer::start();
+    let largest = [
+        // A fill time of exactly ten years, one token at a time or all at once.
+        Policy::token_bucket("tb", 1, 1, MAX_WINDOW).unwrap(),
+        Policy::token_bucket("tb", 3_653, 1, day).unwrap(),
+        Policy::token_bucket("tb", 3_653 * 86_400, 1, Duration::from_secs(1)).unwrap(),
+        Policy::fixed_window("fw", 1, MAX_WINDOW).unwrap(),
+        Policy::fixed_window("fw", u32::MAX, Duration::from_secs(2_000)).unwrap(),
+        Policy::sliding_window("sw", 1, MAX_WINDOW).unwrap(),
+        Policy::sliding_window("sw", u32::MAX, Duration::from_secs(2_000)).unwrap(),
+        Policy::sliding_log("sl", 3, MAX_WINDOW).unwrap(),
+    ];
+    // 2096: about 3.9e15 µs since the epoch, where a ten-year bucket stores up to
+    // five fill times ahead (clock back) well under 2^53 µs.
+    for start in [1_800_000_000_000u64, 3_900_000_000_000] {
+        for (p, policy) in largest.iter().enumerate() {
+            let max = u32::try_from(policy.max_cost()).unwrap_or(u32::MAX);
+            let mut run = SideBySide::new(
+                &server,
+                std::slice::from_ref(policy),
+                start,
+                format!("edge-{start}-{p}"),
+            )
+            .await;
+            let mut admitted = 0;
+            let mut now = start;
+            for (i, (advance, cost)) in [
+                (0, max),
+                (0, 1),
+                (1, max),
+                (policy.window_ms() / 2, 1),
+                (policy.window_ms() / 2, max / 2 + 1),
+                (policy.window_ms() * 3, max),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                now += advance;
+                let what = format!("{policy:?} from {start}: step {i} at {now}, cost {cost}");
+                if run
+                    .step_checked(now, cost, &what, &server)
+                    .await
+                    .is_allowed()
+                {
+                    admitted += 1;
+                }
+            }
+            assert!(
+                (2..6).contains(&admitted),
+                "{policy:?} from {start}: {admitted} of 6 (the first, the last, never all)"
+            );
+        }
+    }
+}

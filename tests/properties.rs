@@ -1038,6 +1038,8 @@ fn keys_are_injective(inputs: Vec<Input>, prefix: &str) -> Result<(), TestCaseEr
         Policy::fixed_window("a", 1, ms(1_000)).expect("valid"),
         Policy::token_bucket("a.b-c_9", 3, 1, ms(100)).expect("valid"),
     ];
+    let set =
+        redlimit::Limiter::new(store.clone(), policies[0].clone()).policy(policies[1].clone());
     // Lookalikes: each raw value's escaped text as a raw value, and small edits.
     let mut all = inputs.clone();
     for input in &inputs {
@@ -1097,7 +1099,7 @@ fn keys_are_injective(inputs: Vec<Input>, prefix: &str) -> Result<(), TestCaseEr
             ),
         }
         for policy in &policies {
-            let key = store.key(&subject, policy);
+            let key = store.key(&subject, set.policy_set(), policy);
             let tag = tag_of(&key);
             prop_assert_eq!(tag, Some(expected.as_str()), "{:?}: key {}", input, key);
             prop_assert!(
@@ -1109,7 +1111,7 @@ fn keys_are_injective(inputs: Vec<Input>, prefix: &str) -> Result<(), TestCaseEr
             // What Redis Cluster hashes: every policy of a subject in one slot.
             prop_assert_eq!(hash_tag(key.as_bytes()), expected.as_bytes());
             prop_assert!(
-                key.len() <= 32 + 2 + 3 * 128 + 2 + 64 + 3,
+                key.len() <= 32 + 2 + 3 * 128 + 2 + 13 + 64 + 3,
                 "{} bytes",
                 key.len()
             );

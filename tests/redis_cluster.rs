@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use deadpool_redis::redis;
 use redlimit::clock::FakeClock;
 use redlimit::store::StoreErrorKind;
-use redlimit::{Decision, Error, Limiter, Policy, RedisStore, Subject};
+use redlimit::{Decision, Error, Limiter, Policy, RedisStore};
 use support::cluster::{NodeInfo, RedisCluster};
-use support::hash_tag;
 use support::outage::ConnectionCounter;
+use support::{hash_tag, key_of};
 use tokio::task::JoinSet;
 
 /// The call timeout of the failover test, and how late past it a call may return.
@@ -216,7 +216,7 @@ async fn subjects_on(
     let mut subjects = Vec::new();
     for i in 0.. {
         let subject = format!("{prefix}:{i}");
-        let key = store.key(&Subject::new(subject.as_str()), policy);
+        let key = key_of(store, subject.as_str(), policy);
         if master.serves(cluster.slot(&key).await) {
             subjects.push(subject);
             if subjects.len() == count {

@@ -46,11 +46,11 @@ async fn bytes_per_subject(policy: Policy, cost: u32, subjects: usize) -> f64 {
     // Load the function library and open the connection before the baseline.
     limiter.check("warm-up", 1).await.unwrap();
     redis::cmd("DEL")
-        .arg(
-            limiter
-                .store()
-                .key(&"warm-up".into(), &limiter.policies()[0]),
-        )
+        .arg(limiter.store().key(
+            &"warm-up".into(),
+            limiter.policy_set(),
+            &limiter.policies()[0],
+        ))
         .query_async::<()>(&mut conn)
         .await
         .unwrap();

@@ -11,7 +11,7 @@ use deadpool_redis::redis::{self, AsyncCommands};
 use redlimit::clock::{Clock, FakeClock};
 use redlimit::store::StoreErrorKind;
 use redlimit::{Error, Limiter, Policy, RedisStore, Subject};
-use support::{hash_tag, RedisServer};
+use support::{hash_tag, key_of, RedisServer};
 use tokio::task::JoinSet;
 
 /// A store that tolerates a loaded CI machine: 5 s before a call times out.
@@ -364,7 +364,10 @@ async fn hostile_subjects_reach_only_their_own_state() {
     for subject in &subjects {
         let mut escaped = String::new();
         subject.write_key_part(&mut escaped);
-        let own: Vec<String> = policies.iter().map(|p| store.key(subject, p)).collect();
+        let own: Vec<String> = policies
+            .iter()
+            .map(|p| store.key(subject, limiter.policy_set(), p))
+            .collect();
         for key in &own {
             assert!(keys.contains(key.as_bytes()), "{key} missing");
             assert!(
@@ -515,7 +518,7 @@ async fn every_write_sets_the_ttl_its_state_needs() {
             Duration::from_millis(ttl),
             "{policy:?}"
         );
-        let key = store.key(&Subject::new("s"), &policy);
+        let key = key_of(&store, "s", &policy);
         let pttl: i64 = conn.pttl(&key).await.unwrap();
         assert!(
             (ttl as i64 - 200..=ttl as i64).contains(&pttl),
@@ -564,7 +567,7 @@ async fn server_clock_mode_shares_one_time_between_stores() {
     }
     assert_eq!(admitted, 5, "both stores count on one budget");
     let stored: String = conn
-        .get(a.store().key(&Subject::new("shared"), &policy))
+        .get(key_of(a.store(), "shared", &policy))
         .await
         .unwrap();
     let index: u64 = stored.split(':').next().unwrap().parse().unwrap();
@@ -584,7 +587,7 @@ async fn states_are_compact_strings() {
     // Redis Lua's `struct` library (checked on the server the tests run).
     let log = Policy::sliding_log("sl", 4, second).unwrap();
     let limiter = Limiter::new(store.clone(), log.clone());
-    let key = store.key(&Subject::new("s"), &log);
+    let key = key_of(&store, "s", &log);
     let mut admitted = Vec::new();
     for step in 0..7u64 {
         clock.advance(Duration::from_millis(300));
@@ -621,7 +624,7 @@ async fn states_are_compact_strings() {
         .check("s", 1)
         .await
         .unwrap();
-    let key = store.key(&Subject::new("s"), &bucket);
+    let key = key_of(&store, "s", &bucket);
     let encoding: String = redis::cmd("OBJECT")
         .arg("ENCODING")
         .arg(&key)
@@ -647,10 +650,7 @@ async fn states_are_compact_strings() {
             .check("s", 1)
             .await
             .unwrap();
-        let state: String = conn
-            .get(store.key(&Subject::new("s"), &policy))
-            .await
-            .unwrap();
+        let state: String = conn.get(key_of(&store, "s", &policy)).await.unwrap();
         assert_eq!(state, expected);
     }
     server.assert_every_key_expires().await;
@@ -668,7 +668,7 @@ async fn a_sliding_log_state_in_redis_is_the_model_s_stamps() {
     let store = store(&server).client_clock(clock.clone());
     let limit = 4;
     let policy = Policy::sliding_log("sl", limit, Duration::from_secs(1)).unwrap();
-    let key = store.key(&Subject::new("s"), &policy);
+    let key = key_of(&store, "s", &policy);
     let limiter = Limiter::new(store, policy);
     let mut expected: std::collections::VecDeque<u64> = Default::default();
     // (ms to move the clock, negative for back; cost)
@@ -726,4 +726,85 @@ async fn a_sliding_log_state_in_redis_is_the_model_s_stamps() {
         RedisStore::sliding_log_stamps(&raw, u64::from(limit)),
         Some(Vec::from(expected))
     );
+}
+
+/// What a limiter under a changed policy sees, on one store: the old configuration
+/// spends the limit, then the new one (same name, a window 3 600 times longer) counts.
+/// Returns the new one's denial after its own limit and the old one's next answer.
+async fn after_a_policy_change<S: redlimit::store::Store + Clone>(
+    store: S,
+    old: Policy,
+    new: Policy,
+    subject: &str,
+) -> (redlimit::Decision, redlimit::Decision) {
+    let old = Limiter::new(store.clone(), old);
+    for i in 0..5 {
+        assert!(old.check(subject, 1).await.unwrap().is_allowed(), "old {i}");
+    }
+    let new = Limiter::new(store, new);
+    for i in 0..5 {
+        let fresh = new.check(subject, 1).await.unwrap();
+        assert!(fresh.is_allowed(), "new {i}: counts from zero: {fresh:?}");
+    }
+    let denied = new.check(subject, 1).await.unwrap();
+    (denied, old.check(subject, 1).await.unwrap())
+}
+
+/// A policy changed under the same name (a rolling deploy that lengthened the window,
+/// or a second service on the same Redis that also calls its policy "api") never reads
+/// the other's state: it counts from zero, its denial names a wait within two of its
+/// own windows (a sliding window waits into the next one), its key expires within that window, and the old configuration keeps its own
+/// count. The memory store, the control, does the same.
+#[tokio::test]
+async fn a_policy_changed_under_its_name_counts_apart_and_never_locks_out() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let clock = FakeClock::new(1_800_000_000_000);
+    let (second, hour) = (Duration::from_secs(1), Duration::from_secs(3_600));
+    let pairs = [
+        (
+            Policy::fixed_window("api", 5, second),
+            Policy::fixed_window("api", 5, hour),
+        ),
+        (
+            Policy::sliding_window("api", 5, second),
+            Policy::sliding_window("api", 5, hour),
+        ),
+        (
+            Policy::sliding_log("api", 5, second),
+            Policy::sliding_log("api", 5, hour),
+        ),
+        (
+            Policy::token_bucket("api", 5, 5, second),
+            Policy::token_bucket("api", 5, 5, hour),
+        ),
+    ];
+    for (old, new) in pairs {
+        let (old, new) = (old.unwrap(), new.unwrap());
+        let subject = format!("deploy-{}", old.algorithm());
+        let redis = store(&server).client_clock(clock.clone());
+        let memory = redlimit::MemoryStore::with_clock(clock.clone());
+        let (on_redis, old_on_redis) =
+            after_a_policy_change(redis.clone(), old.clone(), new.clone(), &subject).await;
+        let (in_memory, old_in_memory) =
+            after_a_policy_change(memory, old.clone(), new.clone(), &subject).await;
+        for (what, denied, old_next) in [
+            ("redis", &on_redis, &old_on_redis),
+            ("memory", &in_memory, &old_in_memory),
+        ] {
+            let retry = denied.retry_after().expect("a denial names a wait");
+            assert!(
+                !denied.is_allowed() && retry <= 2 * hour && denied.reset_after() <= 2 * hour,
+                "{what} {new:?}: {denied:?}"
+            );
+            assert!(!old_next.is_allowed(), "{what} {old:?}: its own count");
+        }
+        assert_eq!(on_redis.retry_after(), in_memory.retry_after(), "{new:?}");
+        let pttl: i64 = conn
+            .pttl(key_of(&redis, subject.as_str(), &new))
+            .await
+            .unwrap();
+        assert!(pttl > 0 && pttl <= 2 * 3_600_000, "{new:?}: PTTL {pttl} ms");
+    }
+    server.assert_every_key_expires().await;
 }

@@ -92,7 +92,7 @@ async fn measure(
                             let id = next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             let cmd = reference::command(
                                 policy.algorithm(),
-                                &store.key(&subject(i), &policy),
+                                &store.key(&subject(i), limiter.policy_set(), &policy),
                                 &now.to_string(),
                                 cost,
                                 &policy,
@@ -218,7 +218,7 @@ fn report(rows: &[Row]) {
     println!();
     println!(
         "`used_memory` delta / subjects, one policy per subject at 1000 per minute, `FLUSHALL` between \
-         measurements; keys named `rl:{{<12-digit subject>}}:api:<code>` for both layouts (the seed's \
+         measurements; keys named `rl:{{<12-digit subject>}}:<set tag>:api:<code>` for both layouts (the seed's \
          window scripts append the window number)."
     );
     println!();

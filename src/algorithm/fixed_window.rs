@@ -34,15 +34,29 @@ pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64
 /// changed since, nothing is refunded. A stored window ahead of the clock is the one a
 /// check would use.
 /// The window `now` counts in and its count so far: the stored window while `now` is
-/// in it, or before it (a clock that went back: stay in the stored window); else a new
-/// one. The same as comparing `now / w` with the stored window, without dividing on
-/// the common path.
+/// in it, or up to [`MAX_CLOCK_BACK`](super::MAX_CLOCK_BACK) windows before it (a
+/// clock that went back: stay in the stored window); else a new one. A stored window
+/// further ahead is no clock that went back but state this clock cannot have written:
+/// it starts fresh, so a wait is never longer than `MAX_CLOCK_BACK + 1` windows. The same as comparing `now / w` with the stored window,
+/// without dividing on the common path.
 #[inline(always)]
 fn current(state: Option<&State>, now: u64, w: u64) -> (u64, u64) {
     match state {
-        Some(State::FixedWindow { window, count }) if now < (window + 1) * w => (*window, *count),
+        Some(State::FixedWindow { window, count })
+            if now < (window + 1) * w && !ahead(*window, now, w) =>
+        {
+            (*window, *count)
+        }
         _ => (now / w, 0),
     }
+}
+
+/// Whether a stored window starts more than [`MAX_CLOCK_BACK`](super::MAX_CLOCK_BACK)
+/// windows after `now` (its index above `now / w + MAX_CLOCK_BACK`): foreign state, not
+/// a clock that went back.
+#[inline(always)]
+pub(super) fn ahead(window: u64, now: u64, w: u64) -> bool {
+    window * w > now + super::MAX_CLOCK_BACK * w
 }
 
 pub(super) fn refund(
@@ -52,7 +66,8 @@ pub(super) fn refund(
     now: u64,
     cost: u64,
 ) -> Option<State> {
-    (window >= now / policy.window_ms() && count > 0).then(|| State::FixedWindow {
+    let w = policy.window_ms();
+    (window >= now / w && !ahead(window, now, w) && count > 0).then(|| State::FixedWindow {
         window,
         count: count.saturating_sub(cost),
     })
@@ -83,12 +98,15 @@ mod tests {
             for window in [0, 1, 5, 1_000] {
                 let state = State::FixedWindow { window, count: 3 };
                 for now in (0..(window + 4) * w).step_by((w as usize / 3).max(1)) {
-                    // The rule as first written: a new window only when `now / w` is past it.
-                    let by_division = if window >= now / w {
-                        (window, 3)
-                    } else {
-                        (now / w, 0)
-                    };
+                    // By division: the stored window while `now / w` is in it or at most
+                    // MAX_CLOCK_BACK windows before it.
+                    let idx = now / w;
+                    let by_division =
+                        if window >= idx && window <= idx + super::super::MAX_CLOCK_BACK {
+                            (window, 3)
+                        } else {
+                            (now / w, 0)
+                        };
                     assert_eq!(
                         current(Some(&state), now, w),
                         by_division,

@@ -90,6 +90,11 @@ impl Commit {
                     });
                 }
                 if let Some(State::SlidingLog { stamps }) = state {
+                    // Stamps newer than this one are foreign state the decision read
+                    // as an empty log (a clock more than a window behind them).
+                    if stamps.back().is_some_and(|newest| *newest > stamp) {
+                        stamps.clear();
+                    }
                     for _ in 0..count {
                         if stamps.len() as u64 >= limit {
                             stamps.pop_front();
@@ -101,6 +106,15 @@ impl Commit {
         }
     }
 }
+
+/// How far a clock may go back, in windows (a token bucket: fill times), and still
+/// decide on the stored state: it stays in the stored window, waits for the stored
+/// time, never floods. State further ahead of the clock than this is not a clock that
+/// went back but state this clock cannot have written (another clock, another
+/// release): it is read as fresh, which admits at most one limit more, and never
+/// makes a subject wait longer than `MAX_CLOCK_BACK + 1` windows. `MAX_BACK` in
+/// `lua/common.lua`.
+pub(crate) const MAX_CLOCK_BACK: u64 = 4;
 
 /// Decides one policy. `state` is `None` for a subject never seen (or expired).
 ///

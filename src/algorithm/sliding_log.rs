@@ -13,7 +13,7 @@ pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64
     let (limit, w) = (policy.limit(), policy.window_ms());
     let empty = VecDeque::new();
     let stamps = match state {
-        Some(State::SlidingLog { stamps }) => stamps,
+        Some(State::SlidingLog { stamps }) if !ahead(stamps, now, w) => stamps,
         _ => &empty,
     };
     // A clock that went back is clamped to the newest stamp: stamps stay sorted.
@@ -61,6 +61,16 @@ pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64
     }
 }
 
+/// Whether the newest stamp lies more than [`MAX_CLOCK_BACK`](super::MAX_CLOCK_BACK)
+/// windows after `now`: foreign state, not a clock that went back; read as an empty
+/// log (and replaced by the next admission).
+#[inline(always)]
+fn ahead(stamps: &VecDeque<u64>, now: u64, w: u64) -> bool {
+    stamps
+        .back()
+        .is_some_and(|newest| *newest > now + super::MAX_CLOCK_BACK * w)
+}
+
 /// The `cost` most recent stamps leave, only those still in the window (now clamped to
 /// the newest stamp).
 pub(super) fn refund(
@@ -70,6 +80,9 @@ pub(super) fn refund(
     cost: u64,
 ) -> Option<State> {
     let w = policy.window_ms();
+    if ahead(stamps, now, w) {
+        return None;
+    }
     let now = stamps.back().map_or(now, |newest| now.max(*newest));
     let in_window = stamps.len() - stamps.partition_point(|x| x + w <= now);
     let drop = in_window.min(usize::try_from(cost).unwrap_or(usize::MAX));

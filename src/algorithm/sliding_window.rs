@@ -71,7 +71,9 @@ pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64
 #[inline(always)]
 fn current(state: Option<&State>, now: u64, w: u64) -> (u64, u64, u64, u64) {
     match state {
-        Some(State::SlidingWindow { window, prev, cur }) => {
+        Some(State::SlidingWindow { window, prev, cur })
+            if !super::fixed_window::ahead(*window, now, w) =>
+        {
             let start = window * w;
             if now < start + w {
                 (*window, now.max(start), *prev, *cur)
@@ -91,7 +93,9 @@ pub(super) fn refund(
     now: u64,
     cost: u64,
 ) -> Option<State> {
-    (window >= now / policy.window_ms() && cur > 0).then(|| State::SlidingWindow {
+    let w = policy.window_ms();
+    let current = window >= now / w && !super::fixed_window::ahead(window, now, w);
+    (current && cur > 0).then(|| State::SlidingWindow {
         window,
         prev,
         cur: cur.saturating_sub(cost),
@@ -136,7 +140,9 @@ mod tests {
                 for now in (0..(window + 4) * w).step_by((w as usize / 3).max(1)) {
                     // The rule as first written, dividing every time.
                     let idx = now / w;
-                    let by_division = if window > idx {
+                    let by_division = if window > idx + super::super::MAX_CLOCK_BACK {
+                        (idx, now, 0, 0)
+                    } else if window > idx {
                         (window, window * w, 2, 3)
                     } else if window == idx {
                         (idx, now, 2, 3)

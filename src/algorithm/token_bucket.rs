@@ -12,7 +12,7 @@ pub(super) fn decide(policy: &Policy, state: Option<&State>, now_ms: u64, cost: 
     let asked = now_ms * 1_000;
     let mut now = asked;
     let tat = match state {
-        Some(State::TokenBucket { tat_us }) => {
+        Some(State::TokenBucket { tat_us }) if !ahead(*tat_us, asked, tolerance) => {
             // A clock that went back is clamped to the last moment the stored state
             // can describe (an empty bucket), so the bucket never looks fuller.
             now = now.max(tat_us.saturating_sub(tolerance));
@@ -43,10 +43,22 @@ pub(super) fn decide(policy: &Policy, state: Option<&State>, now_ms: u64, cost: 
     }
 }
 
+/// Whether a stored arrival time lies more than `MAX_CLOCK_BACK + 1` fill times
+/// (`tolerance`) after `now`: a bucket admits up to one fill time ahead, so only a
+/// clock that went back by more than [`MAX_CLOCK_BACK`](super::MAX_CLOCK_BACK) fill
+/// times sees this: foreign state, read as a full bucket.
+#[inline(always)]
+fn ahead(tat_us: u64, now_us: u64, tolerance: u64) -> bool {
+    tat_us.saturating_sub(now_us) > (super::MAX_CLOCK_BACK + 1) * tolerance
+}
+
 /// The theoretical arrival time moves back by `cost` emission intervals, not before
 /// now (now clamped as the check clamps it when the clock went back).
 pub(super) fn refund(policy: &Policy, tat_us: u64, now: u64, cost: u64) -> Option<State> {
     let t = policy.emission_interval_us();
+    if ahead(tat_us, now * 1_000, policy.limit() * t) {
+        return None;
+    }
     let now = (now * 1_000).max(tat_us.saturating_sub(policy.limit() * t));
     let back = tat_us.saturating_sub(cost * t).max(now);
     (back < tat_us).then_some(State::TokenBucket { tat_us: back })

@@ -235,8 +235,70 @@ pub const TRACES: &[Trace] = &[
             (0, 1, N),
             (100, 2, N),   // 81 100: cost 2 needs 80 100 and 80 200 gone
             (100, 2, Y),   // 81 200
-            (-5_000, 1, N), // 76 200: clamped to the newest stamp, 81 200
-            (6_000, 3, Y), // 82 200: the whole limit once 81 200 has left
+            (-4_000, 1, N), // 77 200: four windows back, clamped to the newest stamp
+            (5_000, 3, Y), // 82 200: the whole limit once 81 200 has left
+            (0, 1, N),
+        ],
+        would_deny: &[],
+    },
+    Trace {
+        name: "fixed window: a window more than four windows ahead of the clock is foreign",
+        start_ms: 100_000,
+        policies: &[Spec::Fixed("fw", 2, 1_000)],
+        refunds: &[],
+        steps: &[
+            (0, 1, Y),
+            (0, 1, Y),
+            (0, 1, N),
+            (-4_000, 1, N), // 96 000: window 100 is four ahead: kept, full
+            (-1, 1, Y),     // 95 999: five ahead: foreign, counting starts fresh
+            (0, 1, Y),
+            (0, 1, N),
+        ],
+        would_deny: &[],
+    },
+    Trace {
+        name: "sliding window: a window more than four windows ahead of the clock is foreign",
+        start_ms: 110_000,
+        policies: &[Spec::Sliding("sw", 2, 1_000)],
+        refunds: &[],
+        steps: &[
+            (0, 2, Y),
+            (0, 1, N),
+            (-4_000, 1, N), // 106 000: clamped to 110 000, full
+            (-1, 1, Y),     // 105 999: window 110 is five ahead: foreign
+            (0, 1, Y),
+            (0, 1, N),
+        ],
+        would_deny: &[],
+    },
+    Trace {
+        name: "token bucket: an arrival time more than five fill times ahead is foreign",
+        start_ms: 120_000,
+        policies: &[Spec::Bucket("tb", 2, 1, 1_000)],
+        refunds: &[],
+        steps: &[
+            (0, 2, Y),      // arrival time 122 000; the fill time is 2 000
+            (0, 1, N),
+            (-8_000, 1, N), // 112 000: five fill times ahead: clamped, empty
+            (-1, 1, Y),     // 111 999: further: foreign, a full bucket
+            (0, 1, Y),
+            (0, 1, N),
+        ],
+        would_deny: &[],
+    },
+    Trace {
+        name: "sliding log: a newest stamp more than four windows ahead is foreign",
+        start_ms: 130_000,
+        policies: &[Spec::Log("sl", 2, 1_000)],
+        refunds: &[],
+        steps: &[
+            (0, 1, Y),
+            (0, 1, Y),
+            (0, 1, N),
+            (-4_000, 1, N), // 126 000: clamped to the newest stamp, 130 000
+            (-1, 1, Y),     // 125 999: foreign: an empty log
+            (0, 1, Y),
             (0, 1, N),
         ],
         would_deny: &[],

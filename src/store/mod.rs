@@ -25,22 +25,51 @@ pub use memory::MemoryStore;
 
 /// The policies one [`Limiter`](crate::Limiter) checks together, with a fingerprint
 /// that tells policy sets apart inside a shared store.
+///
+/// State is only ever read by the policy set that wrote it: the memory store keys its
+/// entries by the fingerprint, and every Redis key of the set carries
+/// [`key_tag`](PolicySet::key_tag), the fingerprint in hex. A policy whose window,
+/// limit or algorithm changed under the same name, or a set that gained or lost a
+/// policy, therefore starts fresh counting instead of reading numbers it would
+/// misread (a rolling deploy costs at most one window of fresh counting). The shadow
+/// flag is not part of it: switching a policy between shadow and enforced keeps its
+/// state.
 #[derive(Debug, Clone)]
 pub struct PolicySet {
     policies: Arc<[Policy]>,
     fingerprint: u64,
+    key_tag: Box<str>,
     max_cost: u64,
 }
 
+/// Hex digits of the fingerprint in Redis keys: 48 bits, so two sets of one
+/// deployment that share a prefix and their policies' names collide with odds of
+/// about 2^-48 per pair, for 13 bytes a key.
+const KEY_TAG_DIGITS: usize = 12;
+
 impl PolicySet {
     pub(crate) fn new(policies: Vec<Policy>) -> Self {
-        // FNV-1a: stable across processes and releases, unlike `DefaultHasher`.
+        // FNV-1a over an explicit byte layout: the same in every process, release
+        // and architecture (a derived `Hash` writes integers in native byte order).
         let mut h = Fnv1a::new();
-        policies.hash(&mut h);
+        for policy in &policies {
+            h.write(policy.name().as_bytes());
+            h.write(&[0xff]);
+            h.write(policy.algorithm().as_str().as_bytes());
+            for n in [
+                policy.limit(),
+                policy.window_ms(),
+                policy.emission_interval_us(),
+            ] {
+                h.write(&n.to_le_bytes());
+            }
+        }
+        let fingerprint = h.finish();
         let max_cost = policies.iter().map(Policy::max_cost).min().unwrap_or(0);
         Self {
             policies: policies.into(),
-            fingerprint: h.finish(),
+            fingerprint,
+            key_tag: format!("{:012x}", fingerprint >> (64 - 4 * KEY_TAG_DIGITS)).into(),
             max_cost,
         }
     }
@@ -50,9 +79,14 @@ impl PolicySet {
         &self.policies
     }
 
-    /// A stable hash of the policies' names, algorithms and numbers.
+    /// A stable hash of the policies' names, algorithms and numbers, in order.
     pub fn fingerprint(&self) -> u64 {
         self.fingerprint
+    }
+
+    /// The fingerprint as it appears in Redis keys: 12 hex digits.
+    pub fn key_tag(&self) -> &str {
+        &self.key_tag
     }
 
     /// The largest cost every policy could admit (0 when there are none).

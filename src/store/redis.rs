@@ -119,13 +119,21 @@
 //!
 //! # Keys
 //!
-//! `<prefix>:{<subject>}:<policy name>:<algorithm code>` (`fw`, `sw`, `tb`, `sl`),
-//! one string per subject and policy. The subject is escaped by
+//! `<prefix>:{<subject>}:<set tag>:<policy name>:<algorithm code>` (`fw`, `sw`, `tb`,
+//! `sl`), one string per subject and policy. The set tag
+//! ([`PolicySet::key_tag`]) is a hash of every policy of the limiter, names,
+//! algorithms and numbers: a policy changed under the same name (a rolling deploy that
+//! lengthens a window, a second service on the same Redis that also calls its policy
+//! "api") writes other keys, so no limiter ever reads state written under other
+//! numbers. Instances of the old and the new configuration count apart while both
+//! run; the new one starts from zero, which admits at most one window's limit again,
+//! and the old keys expire within two of their own windows. The subject is escaped by
 //! [`Subject::write_key_part`], which never emits `{` or `}`, so the hash tag is
 //! exactly the subject: all of a subject's policies share one cluster slot, and no
 //! input can choose another slot or reach another subject's key. Every write sets a
 //! TTL equal to the time the state needs to decay back to unused (at most two
-//! windows); no key lives without one.
+//! windows, three for a sliding window read with a clock that went back); no key
+//! lives without one.
 //!
 //! A shadow policy ([`Policy::shadow`]) has the key and state it would have when
 //! enforced, so switching it on carries its state over; the script writes it when it
@@ -337,7 +345,7 @@ impl RedisStore {
 
     fn call(&self, op: Operation, subject: &Subject, set: &PolicySet, cost: u64) -> Call {
         Call {
-            key_base: self.key_base(subject),
+            key_base: self.key_base(subject, set),
             now_ms: self.settings.clock.as_ref().map(|c| c.now_ms()),
             cost,
             op,
@@ -385,17 +393,20 @@ impl RedisStore {
         crate::algorithm::sliding_log_ring_stamps(raw, limit).map(Vec::from)
     }
 
-    /// The Redis key that holds `subject`'s state for `policy`.
-    pub fn key(&self, subject: &Subject, policy: &Policy) -> String {
-        let mut key = self.key_base(subject);
+    /// The Redis key that holds `subject`'s state for `policy` of `set` (a limiter's
+    /// [`policy_set`](crate::Limiter::policy_set)).
+    pub fn key(&self, subject: &Subject, set: &PolicySet, policy: &Policy) -> String {
+        let mut key = self.key_base(subject, set);
         script::push_policy_suffix(&mut key, policy);
         key
     }
 
-    /// `prefix:{subject}:`, the start of every key of one subject.
-    fn key_base(&self, subject: &Subject) -> String {
+    /// `prefix:{subject}:<set tag>:`, the start of every key of one subject under one
+    /// policy set.
+    fn key_base(&self, subject: &Subject, set: &PolicySet) -> String {
         let prefix = &self.settings.prefix;
-        let mut key = String::with_capacity(prefix.len() + 48);
+        let tag = set.key_tag();
+        let mut key = String::with_capacity(prefix.len() + tag.len() + 48);
         key.push_str(prefix);
         key.push_str(":{");
         let start = key.len();
@@ -407,6 +418,8 @@ impl RedisStore {
             key.push('%');
         }
         key.push_str("}:");
+        key.push_str(tag);
+        key.push(':');
         key
     }
 }
@@ -578,15 +591,53 @@ mod tests {
     async fn keys_keep_the_subject_in_one_hash_tag() {
         let store = store().prefix("app:rl").unwrap();
         let p = Policy::token_bucket("burst", 10, 1, Duration::from_secs(1)).unwrap();
+        let set = PolicySet::new(vec![p.clone()]);
+        let tag = set.key_tag();
         assert_eq!(
-            store.key(&Subject::new("user:42"), &p),
-            "app:rl:{user:42}:burst:tb"
+            store.key(&Subject::new("user:42"), &set, &p),
+            format!("app:rl:{{user:42}}:{tag}:burst:tb")
         );
         assert_eq!(
-            store.key(&Subject::new("}{"), &p),
-            "app:rl:{%7D%7B}:burst:tb"
+            store.key(&Subject::new("}{"), &set, &p),
+            format!("app:rl:{{%7D%7B}}:{tag}:burst:tb")
         );
-        assert_eq!(store.key(&Subject::new(""), &p), "app:rl:{%}:burst:tb");
+        assert_eq!(
+            store.key(&Subject::new(""), &set, &p),
+            format!("app:rl:{{%}}:{tag}:burst:tb")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_policy_changed_under_its_name_has_other_keys() {
+        let store = store();
+        let s = Subject::new("s");
+        let second = Duration::from_secs(1);
+        let fw = |limit, window| Policy::fixed_window("api", limit, window).unwrap();
+        let key = |policies: Vec<Policy>| {
+            let set = PolicySet::new(policies.clone());
+            store.key(&s, &set, &policies[0])
+        };
+        let base = key(vec![fw(5, second)]);
+        assert_eq!(base, key(vec![fw(5, second).shadow()]), "shadow keeps it");
+        for other in [
+            key(vec![fw(5, second * 3_600)]),
+            key(vec![fw(6, second)]),
+            key(vec![Policy::sliding_window("api", 5, second).unwrap()]),
+            key(vec![fw(5, second), fw(1, second * 60).shadow()]),
+        ] {
+            assert_ne!(base, other);
+            assert_eq!(hash_tag_of(&base), hash_tag_of(&other), "one slot");
+        }
+        // The tag is stable across processes and releases: this value is what
+        // instances already running compute.
+        assert_eq!(
+            PolicySet::new(vec![fw(5, second)]).key_tag(),
+            "a80f264e25e5"
+        );
+    }
+
+    fn hash_tag_of(key: &str) -> &str {
+        &key[key.find('{').unwrap()..=key.find('}').unwrap()]
     }
 
     #[tokio::test]

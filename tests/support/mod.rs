@@ -337,3 +337,14 @@ pub fn hash_tag(key: &[u8]) -> &[u8] {
     }
     key
 }
+
+/// The Redis key of `subject` under a limiter of `policy` alone on `store` (keys carry
+/// the tag of their policy set).
+pub fn key_of(
+    store: &redlimit::RedisStore,
+    subject: impl Into<redlimit::Subject>,
+    policy: &Policy,
+) -> String {
+    let limiter = redlimit::Limiter::new(store.clone(), policy.clone());
+    store.key(&subject.into(), limiter.policy_set(), policy)
+}

@@ -77,10 +77,14 @@ impl SideBySide {
         let store = RedisStore::new(server.pool())
             .client_clock(clock.clone())
             .timeout(Duration::from_secs(5));
-        let keys = policies.iter().map(|p| store.key(&subject, p)).collect();
+        let redis = limiter(store.clone(), policies);
+        let keys = policies
+            .iter()
+            .map(|p| store.key(&subject, redis.policy_set(), p))
+            .collect();
         Self {
             memory: limiter(MemoryStore::with_clock(clock.clone()), policies),
-            redis: limiter(store, policies),
+            redis,
             clock,
             subject,
             keys,

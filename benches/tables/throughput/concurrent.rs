@@ -5,7 +5,7 @@
 //! the server's cost per call with the network nearly out of the picture.
 
 use super::*;
-use redlimit::store::Operation;
+use redlimit::store::{Operation, PolicySet};
 use redlimit::Limiter;
 
 const SUBJECTS: usize = 100_000;
@@ -94,9 +94,15 @@ fn cases() -> Vec<Case> {
 
 impl Case {
     /// The smallest script's command for one subject (`id`: the sorted set's request id).
-    fn smallest_command(&self, store: &RedisStore, subject: &Subject, id: u64) -> redis::Cmd {
+    fn smallest_command(
+        &self,
+        store: &RedisStore,
+        set: &PolicySet,
+        subject: &Subject,
+        id: u64,
+    ) -> redis::Cmd {
         let first = &self.policies[0];
-        let key = store.key(subject, first);
+        let key = store.key(subject, set, first);
         match self.smallest {
             Smallest::FixedWindow => reference::smallest_fixed_window(&key, first.window_ms()),
             Smallest::Seed(algorithm) => reference::command(algorithm, &key, "s", 1, first, id),
@@ -104,7 +110,7 @@ impl Case {
                 let second = &self.policies[1];
                 reference::sliding_window_token_bucket(
                     &key,
-                    &store.key(subject, second),
+                    &store.key(subject, set, second),
                     first,
                     second,
                 )
@@ -160,7 +166,7 @@ async fn setup(server: &RedisServer, case: &Case, subjects: &[Subject]) -> Setup
     let smallest_cmds: Vec<redis::Cmd> = subjects
         .iter()
         .zip(0..)
-        .map(|(s, id)| case.smallest_command(&store, s, id))
+        .map(|(s, id)| case.smallest_command(&store, set, s, id))
         .collect();
     // A first call opens the store's connection.
     limiter.check(subject(0), 1).await.expect("first call");

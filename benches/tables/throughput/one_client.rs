@@ -222,7 +222,7 @@ async fn setup(server: &RedisServer, case: &Case, subjects: &[Subject]) -> Setup
     let set = limiter.policy_set();
     let keys: Vec<String> = subjects
         .iter()
-        .map(|s| store.key(s, &case.policy))
+        .map(|s| store.key(s, set, &case.policy))
         .collect();
     let cmds: Vec<redis::Cmd> = subjects
         .iter()
