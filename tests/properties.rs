@@ -159,6 +159,8 @@ struct Walk {
     last: Option<(u32, Decision)>,
     /// Whether the clock has gone back at some step.
     went_back: bool,
+    /// The latest time reached so far.
+    high: u64,
 }
 
 impl Walk {
@@ -169,6 +171,7 @@ impl Walk {
             now: start_ms,
             last: None,
             went_back: false,
+            high: start_ms,
         }
     }
 
@@ -196,11 +199,19 @@ impl Walk {
                 }
                 None => now,
             },
-            Move::Back { policy, permille } => {
-                now.saturating_sub((window(policy) * permille / 1_000).max(1))
-            }
+            // Never more than 3 of the smallest windows behind the latest time: stores
+            // decide on stored state for a clock up to 4 windows back (4 fill times
+            // for a bucket); state further ahead is foreign and starts fresh, which
+            // the traces and the algorithms' own tests cover.
+            Move::Back { policy, permille } => now
+                .saturating_sub((window(policy) * permille / 1_000).max(1))
+                .max(
+                    self.high
+                        .saturating_sub(3 * self.windows.iter().min().copied().unwrap_or(1)),
+                ),
         };
         self.went_back |= self.now < now;
+        self.high = self.high.max(self.now);
         let cost = match cost {
             Cost::One => 1,
             Cost::Same => self.last.as_ref().map_or(1, |(c, _)| u64::from(*c)),
