@@ -403,6 +403,22 @@ impl LeaseTable {
         self.shards.iter().map(|s| lock(s).len()).sum()
     }
 
+    /// Units held in leases that have not expired.
+    pub(crate) fn held_units(&self) -> u64 {
+        let now = self.clock.now_ms();
+        self.shards
+            .iter()
+            .flat_map(|shard| {
+                lock(shard)
+                    .values()
+                    .filter_map(|entry| entry.lease.as_ref())
+                    .filter(|lease| now < lease.expires)
+                    .map(|lease| lease.units)
+                    .collect::<Vec<_>>()
+            })
+            .sum()
+    }
+
     pub(crate) fn now_ms(&self) -> u64 {
         self.clock.now_ms()
     }

@@ -263,6 +263,16 @@ impl<S: Store + LeaseStore + Clone> Limiter<S> {
         made
     }
 
+    /// Units this instance holds now in unexpired leases, over all subjects: what it
+    /// could admit without the store. For tests that bound what a lost store costs.
+    #[doc(hidden)]
+    pub fn held_units(&self) -> u64 {
+        self.guard
+            .as_ref()
+            .and_then(|g| g.leases.as_ref())
+            .map_or(0, |(_, table)| table.held_units())
+    }
+
     /// Subjects whose rate or lease this limiter tracks.
     #[doc(hidden)]
     pub fn leased_subjects(&self) -> usize {
