@@ -131,21 +131,26 @@ impl Leases {
     }
 
     /// How long a lease may live (it never outlives its window either). Longer means
-    /// fewer store calls and, for a token bucket, a larger possible burst.
+    /// fewer store calls and, for a token bucket, a larger possible burst. At most the
+    /// shortest window of the set (for a token bucket, the time it takes to fill):
+    /// longer is taken as that. Under 1 ms is [`LeaseError::ZeroLifetime`].
     pub fn lifetime(mut self, lifetime: Duration) -> Self {
         self.lifetime = Some(lifetime);
         self
     }
 
     /// The most units one lease takes. Larger leases mean fewer calls, and that one
-    /// instance can hold more of a subject's budget for a while.
+    /// instance can hold more of a subject's budget for a while (and spend it after
+    /// the store lost its counts: see the module docs). At most the smallest limit of
+    /// the set: more is taken as that. 0 is [`LeaseError::ZeroUnits`].
     pub fn max_units(mut self, units: u64) -> Self {
         self.max_units = Some(units);
         self
     }
 
     /// The rate, in units a second asked of one instance, from which a subject leases.
-    /// Below it every request is one exact store call.
+    /// Below it every request is one exact store call. 0 leases from two units a
+    /// lifetime, the least a lease can save a call with.
     pub fn min_rate(mut self, units_per_second: u32) -> Self {
         self.min_rate = units_per_second;
         self
@@ -160,15 +165,19 @@ impl Leases {
     ///
     /// Half the lease wanted by default (0 for sets of fixed windows only, whose units
     /// do not pile up while a subject waits: they lease what is left, to the last
-    /// unit). With `1`, a leasing check admits whenever one more unit than the cost
-    /// fits. Larger batches mean fewer calls and later answers.
+    /// unit; a set of fixed windows only always leases so, whatever this says). With
+    /// `1`, a leasing check admits whenever one more unit than the cost fits. Larger
+    /// batches mean fewer calls and later answers. At most [`Leases::max_units`]: a
+    /// batch larger than any lease could never be granted, so more is taken as that,
+    /// and a leasing check always wants at least a batch.
     pub fn batch(mut self, units: u64) -> Self {
         self.batch = Some(units);
         self
     }
 
     /// How many subjects one limiter tracks the rate of (10,000 by default). Subjects
-    /// past it are checked without leases until idle ones are swept out.
+    /// past it are checked without leases until idle ones are swept out (idle two
+    /// lifetimes). 0 is [`LeaseError::ZeroSubjects`].
     pub fn max_subjects(mut self, subjects: usize) -> Self {
         self.max_subjects = subjects;
         self
@@ -183,9 +192,16 @@ impl Leases {
         {
             return Err(LeaseError::SlidingLog(log.name().to_owned()));
         }
-        let shortest_ms = policies.iter().map(span_ms).min().unwrap_or(1_000);
+        if self.max_subjects == 0 {
+            return Err(LeaseError::ZeroSubjects);
+        }
+        let shortest_ms = policies.iter().map(span_ms).min().unwrap_or(1_000).max(1);
         let lifetime_ms = match self.lifetime {
-            Some(lifetime) => u64::try_from(lifetime.as_millis()).unwrap_or(u64::MAX),
+            // Past the shortest span a lease gains nothing (it ends with its window), and
+            // a token bucket's burst grows with it.
+            Some(lifetime) => u64::try_from(lifetime.as_millis())
+                .unwrap_or(u64::MAX)
+                .min(shortest_ms),
             None => (shortest_ms / 10).clamp(1, 1_000),
         };
         if lifetime_ms == 0 {
@@ -196,9 +212,12 @@ impl Leases {
         if max_units == 0 {
             return Err(LeaseError::ZeroUnits);
         }
+        // No policy admits more than its limit at once.
+        let max_units = max_units.min(smallest_limit.max(1));
 
         // Units a lifetime at the threshold rate; a subject needs two to gain anything.
-        let min_units = (u64::from(self.min_rate) * lifetime_ms)
+        let min_units = u64::from(self.min_rate)
+            .saturating_mul(lifetime_ms)
             .div_ceil(1_000)
             .max(2);
         Ok(Plan {
@@ -211,9 +230,9 @@ impl Leases {
                 .iter()
                 .all(|p| p.algorithm() == Algorithm::FixedWindow)
             {
-                Some(self.batch.unwrap_or(0))
+                Some(0)
             } else {
-                self.batch
+                self.batch.map(|batch| batch.min(max_units))
             },
             max_cost: set.max_cost(),
             max_subjects: self.max_subjects,
@@ -252,9 +271,12 @@ pub enum LeaseError {
     /// A lease that lives 0 ms would never be spent.
     #[error("a lease lifetime must be at least 1 ms")]
     ZeroLifetime,
-    /// A lease (or a batch) of 0 units would never admit anything.
-    #[error("leases and batches must be at least 1 unit")]
+    /// A lease of 0 units would never admit anything.
+    #[error("leases must be at least 1 unit (Leases::max_units)")]
     ZeroUnits,
+    /// A table of 0 subjects would never lease.
+    #[error("a limiter must track at least 1 subject to lease (Leases::max_subjects)")]
+    ZeroSubjects,
 }
 
 /// [`Leases`] resolved for one policy set.
@@ -453,7 +475,7 @@ impl LeaseTable {
         entry.last_seen = now;
         let since = now.saturating_sub(entry.period_start);
         if since >= plan.lifetime_ms {
-            entry.last_period = if since >= 2 * plan.lifetime_ms {
+            entry.last_period = if since >= plan.lifetime_ms.saturating_mul(2) {
                 0
             } else {
                 entry.this_period
@@ -509,9 +531,13 @@ impl LeaseTable {
         } else if rate >= plan.min_units {
             entry.asked = Some(Arc::new(Notify::new()));
             entry.asks += 1;
-            let want = rate.clamp(1, plan.max_units);
             let room = plan.max_cost.saturating_sub(cost);
-            let batch = plan.batch.unwrap_or((want / 2).max(1)).min(room);
+            let batch = plan
+                .batch
+                .unwrap_or((rate.clamp(1, plan.max_units) / 2).max(1))
+                .min(room);
+            // At least a batch: less could never be granted.
+            let want = rate.clamp(1, plan.max_units).max(batch);
             Local::Ask(LeaseAsk { want, batch })
         } else {
             Local::Plain
@@ -712,7 +738,7 @@ impl LeaseTable {
     /// Gives back the units of every expired lease and forgets subjects idle for two
     /// lifetimes. Returns the give-back calls, for callers that wait for them.
     pub(crate) fn sweep(&self, now: u64) -> Vec<GiveBackFuture> {
-        let idle_after = 2 * self.plan.lifetime_ms;
+        let idle_after = self.plan.lifetime_ms.saturating_mul(2);
         let mut returns = Vec::new();
         for shard in self.shards.iter() {
             let mut shard = lock(shard);

@@ -124,11 +124,10 @@ impl<S: Store> Limiter<S> {
     /// Adds a policy that must also admit every request. A policy with the same name
     /// as one already present replaces it (names key the state in Redis).
     ///
-    /// # Panics
-    ///
-    /// With leases on ([`Limiter::leases`]), when the new set cannot lease (a sliding
-    /// log): add policies before turning leases on, which reports it as an error.
-    #[track_caller]
+    /// With leases on ([`Limiter::leases`]), they are planned again for the new set.
+    /// A sliding log never leases (exactness is its promise): adding one turns leases
+    /// off for this limiter, with a warning in the log. [`Limiter::leases`] after the
+    /// policies reports that as [`LeaseError::SlidingLog`] instead.
     pub fn policy(mut self, policy: Policy) -> Self {
         let mut policies: Vec<Policy> = self.set.policies().to_vec();
         match policies.iter_mut().find(|p| p.name() == policy.name()) {
@@ -143,14 +142,20 @@ impl<S: Store> Limiter<S> {
         {
             let set = self.set.clone();
             let guard = self.guard_mut();
-            if let Some((settings, table)) = &mut guard.leases {
-                match settings.resolve(&set) {
+            let clock = Arc::clone(&guard.clock);
+            let refused = match &mut guard.leases {
+                Some((settings, table)) => match settings.resolve(&set) {
                     Ok(plan) => {
-                        let clock = Arc::clone(&guard.clock);
                         *table = Arc::new(table.empty_like(clock, Some((plan, set))));
+                        None
                     }
-                    Err(error) => panic!("Limiter::policy after Limiter::leases: {error}"),
-                }
+                    Err(error) => Some(error),
+                },
+                None => None,
+            };
+            if let Some(error) = refused {
+                tracing::warn!(%error, "a policy added after Limiter::leases: leases are off for this limiter");
+                guard.leases = None;
             }
         }
         self
