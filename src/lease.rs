@@ -84,7 +84,9 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
+use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -320,8 +322,9 @@ pub(crate) struct LeaseTable {
     /// Picks a subject's shard.
     hash: foldhash::fast::RandomState,
     shards: Box<[Mutex<Shard>]>,
-    /// Whether the sweeper task runs (started with the first lease, on its runtime).
-    sweeping: Mutex<bool>,
+    /// Whether the sweeper task runs (started with the first subject tracked, on its
+    /// runtime).
+    sweeping: AtomicBool,
 }
 
 impl fmt::Debug for LeaseTable {
@@ -335,7 +338,39 @@ impl fmt::Debug for LeaseTable {
 
 const SHARDS: usize = 16;
 
-type Shard = HashMap<Subject, Entry, foldhash::fast::RandomState>;
+/// One shard's subjects, and when a full shard last made room.
+#[derive(Debug, Default)]
+struct Shard {
+    map: HashMap<Subject, Entry, foldhash::fast::RandomState>,
+    pruned_at: Option<u64>,
+}
+
+impl Deref for Shard {
+    type Target = HashMap<Subject, Entry, foldhash::fast::RandomState>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.map
+    }
+}
+
+impl DerefMut for Shard {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.map
+    }
+}
+
+impl Entry {
+    /// Holds nothing and waits for nothing, and was last asked for `idle_after` ms ago.
+    fn is_idle(&self, now: u64, idle_after: u64) -> bool {
+        self.asked.is_none()
+            && self.lease.is_none()
+            && self
+                .denial
+                .as_ref()
+                .is_none_or(|denial| now >= denial.until)
+            && now.saturating_sub(self.last_seen) >= idle_after
+    }
+}
 
 /// One subject on this instance.
 #[derive(Debug)]
@@ -398,7 +433,7 @@ impl LeaseTable {
             clock,
             hash: foldhash::fast::RandomState::default(),
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            sweeping: Mutex::new(false),
+            sweeping: AtomicBool::new(false),
         }
     }
 
@@ -451,9 +486,12 @@ impl LeaseTable {
         let plan = self.plan;
         let mut shard = self.shard(subject);
         if !shard.contains_key(subject) {
-            if shard.len() * SHARDS >= plan.max_subjects {
+            if shard.len().saturating_mul(SHARDS) >= plan.max_subjects
+                && !self.make_room(&mut shard, now)
+            {
                 return Local::Plain;
             }
+            self.start_sweeping();
             shard.insert(
                 subject.clone(),
                 Entry {
@@ -619,6 +657,48 @@ impl LeaseTable {
         })
     }
 
+    /// Makes room in a full shard by forgetting its idle subjects, at most once a
+    /// quarter lifetime (a scan of the shard); whether there is room now. The sweep
+    /// does the same in the background; this is for a table filled faster than it
+    /// sweeps, so that a subject turning hot behind a crowd of cold ones still leases.
+    fn make_room(&self, shard: &mut Shard, now: u64) -> bool {
+        let every = (self.plan.lifetime_ms / 4).max(1);
+        if shard
+            .pruned_at
+            .is_some_and(|at| now >= at && now - at < every)
+        {
+            return false;
+        }
+        shard.pruned_at = Some(now);
+        let idle_after = self.plan.lifetime_ms.saturating_mul(2);
+        shard.retain(|_, entry| !entry.is_idle(now, idle_after));
+        shard.len().saturating_mul(SHARDS) < self.plan.max_subjects
+    }
+
+    /// Forgets `subject` here, for an admin operation that changes its state in the
+    /// store (its kept denial and its lease are no longer the store's word). With
+    /// `give_back`, the lease's unspent units go back first (a refund: the store
+    /// still counts them); without, they are dropped (a reset: it counts them no more).
+    pub(crate) fn forget(&self, subject: &Subject, give_back: bool) -> Option<GiveBackFuture> {
+        let now = self.now_ms();
+        let entry = self.shard(subject).remove(subject)?;
+        if let Some(asked) = &entry.asked {
+            // Its waiters ask again, on a fresh entry.
+            asked.notify_waiters();
+        }
+        let lease = entry
+            .lease
+            .filter(|lease| now < lease.expires && lease.units > 0)?;
+        let before = lease
+            .window_end
+            .filter(|_| give_back && self.plan.gives_back)?;
+        let units = lease.units.min(self.plan.max_cost);
+        Some(
+            self.source
+                .give_back(subject.clone(), &self.set, units, before),
+        )
+    }
+
     /// Records what a leasing check asked at local time `asked_at` got, and returns
     /// the decision for the request that asked: its remaining counts the new lease.
     pub(crate) fn granted(
@@ -769,10 +849,7 @@ impl LeaseTable {
                 {
                     entry.denial = None;
                 }
-                entry.asked.is_some()
-                    || entry.lease.is_some()
-                    || entry.denial.is_some()
-                    || now.saturating_sub(entry.last_seen) < idle_after
+                !entry.is_idle(now, idle_after)
             });
         }
         returns
@@ -780,14 +857,15 @@ impl LeaseTable {
 
     /// Starts the background sweep on the current runtime, once.
     fn start_sweeping(self: &Arc<Self>) {
-        let mut sweeping = lock(&self.sweeping);
-        if *sweeping {
+        if self.sweeping.load(Ordering::Relaxed) {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        *sweeping = true;
+        if self.sweeping.swap(true, Ordering::AcqRel) {
+            return;
+        }
         let table: Weak<Self> = Arc::downgrade(self);
         let every = Duration::from_millis((self.plan.lifetime_ms / 4).max(1));
         runtime.spawn(async move {

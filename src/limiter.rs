@@ -363,6 +363,8 @@ impl<S: AdminStore> Limiter<S> {
 
     /// Gives back `cost` units a check consumed, for instance when the handler
     /// answered 5xx, and answers as [`Limiter::peek`] of `cost` would afterwards.
+    /// With leases, this instance first gives back what its lease of the subject did
+    /// not spend, and forgets the lease and any kept denial.
     ///
     /// Per policy (shadow ones included): a fixed or sliding window lowers its current
     /// window's count (not below 0; nothing if the window has changed since); a token
@@ -373,14 +375,25 @@ impl<S: AdminStore> Limiter<S> {
     pub async fn refund(&self, subject: impl Into<Subject>, cost: u32) -> Result<Decision, Error> {
         let cost = self.valid_cost(cost)?;
         let subject = subject.into();
-        if let Some(blocks) = self.guard.as_ref().and_then(|g| g.blocks.as_ref()) {
-            blocks.forget(&subject);
+        if let Some(guard) = &self.guard {
+            if let Some(blocks) = &guard.blocks {
+                blocks.forget(&subject);
+            }
+            if let Some((_, table)) = &guard.leases {
+                if let Some(give_back) = table.forget(&subject, true) {
+                    if let Err(error) = give_back.await {
+                        tracing::debug!(%error, "could not give back a lease's units: written off");
+                    }
+                }
+            }
         }
         self.admin(Operation::Refund, subject, cost).await
     }
 
     /// Forgets `subject`'s state for every policy of this limiter (deletes its keys),
-    /// its cached denial and its state in the fallback.
+    /// its cached denial, its lease and kept denial on this instance, and its state in
+    /// the fallback. Other instances' leases of the subject are not spent twice: see
+    /// [`crate::lease`] for what a reset costs while they hold some.
     ///
     /// A store failure is an error even with a fallback: the store's state is unchanged.
     pub async fn reset(&self, subject: impl Into<Subject>) -> Result<(), Error> {
@@ -388,6 +401,10 @@ impl<S: AdminStore> Limiter<S> {
         if let Some(guard) = &self.guard {
             if let Some(blocks) = &guard.blocks {
                 blocks.forget(&subject);
+            }
+            if let Some((_, table)) = &guard.leases {
+                // Its units are gone with the state: nothing to give back.
+                let _ = table.forget(&subject, false);
             }
             if let Some(fallback) = &guard.fallback {
                 fallback.run_op(Operation::Reset, subject.clone(), &self.set, 1);
