@@ -90,7 +90,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use crate::clock::Clock;
+use crate::clock::{Clock, MonotonicClock};
 use crate::decision::{Decision, Origin};
 use crate::policy::{Algorithm, Policy};
 use crate::store::{
@@ -318,7 +318,14 @@ pub(crate) struct LeaseTable {
     plan: Plan,
     set: PolicySet,
     source: Arc<dyn LeaseStore>,
+    /// The limiter's local clock: rates and idle times.
     clock: Arc<dyn Clock>,
+    /// What leases and kept denials are timed on: the clock the store decides on
+    /// ([`LeaseStore::lease_clock`]), or for a store with its own (Redis `TIME`) a
+    /// monotonic clock, which runs as it does. A lease ends at the time its call was
+    /// sent plus the time the store said was left of its window, so a local clock that
+    /// runs slow or steps back cannot carry its units into the store's next window.
+    store_clock: Arc<dyn Clock>,
     /// Picks a subject's shard.
     hash: foldhash::fast::RandomState,
     shards: Box<[Mutex<Shard>]>,
@@ -360,14 +367,12 @@ impl DerefMut for Shard {
 }
 
 impl Entry {
-    /// Holds nothing and waits for nothing, and was last asked for `idle_after` ms ago.
-    fn is_idle(&self, now: u64, idle_after: u64) -> bool {
+    /// Holds nothing and waits for nothing, and was last asked for `idle_after` ms ago
+    /// (`now` local, `at` on the store's clock).
+    fn is_idle(&self, now: u64, at: u64, idle_after: u64) -> bool {
         self.asked.is_none()
             && self.lease.is_none()
-            && self
-                .denial
-                .as_ref()
-                .is_none_or(|denial| now >= denial.until)
+            && self.denial.as_ref().is_none_or(|denial| at >= denial.until)
             && now.saturating_sub(self.last_seen) >= idle_after
     }
 }
@@ -400,9 +405,11 @@ struct Entry {
 #[derive(Debug)]
 struct Lease {
     units: u64,
-    /// Local ms after which the lease is spent no more.
+    /// When the lease is spent no more, on the store's clock as this instance reads it
+    /// (`LeaseTable::store_clock`).
     expires: u64,
-    /// Local ms the store's decision describes.
+    /// When the call that took it was sent, on the same clock: the store decided no
+    /// earlier.
     decided_at: u64,
     /// The store's decision when the lease was taken (remaining after the lease).
     decision: Decision,
@@ -410,7 +417,8 @@ struct Lease {
     window_end: Option<u64>,
 }
 
-/// A leasing check the store denied, answered locally until `until`.
+/// A leasing check the store denied, answered locally until `until` (on the store's
+/// clock, as a [`Lease`]'s times are).
 #[derive(Debug)]
 struct Denial {
     until: u64,
@@ -426,11 +434,25 @@ impl LeaseTable {
         store: Arc<dyn LeaseStore>,
         clock: Arc<dyn Clock>,
     ) -> Self {
+        let store_clock = store
+            .lease_clock()
+            .unwrap_or_else(|| Arc::new(MonotonicClock::new()));
+        Self::with_clocks(plan, set, store, clock, store_clock)
+    }
+
+    fn with_clocks(
+        plan: Plan,
+        set: PolicySet,
+        store: Arc<dyn LeaseStore>,
+        clock: Arc<dyn Clock>,
+        store_clock: Arc<dyn Clock>,
+    ) -> Self {
         Self {
             plan,
             set,
             source: store,
             clock,
+            store_clock,
             hash: foldhash::fast::RandomState::default(),
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             sweeping: AtomicBool::new(false),
@@ -446,7 +468,8 @@ impl LeaseTable {
         replan: Option<(Plan, PolicySet)>,
     ) -> Self {
         let (plan, set) = replan.unwrap_or_else(|| (self.plan, self.set.clone()));
-        Self::new(plan, set, Arc::clone(&self.source), clock)
+        let store_clock = Arc::clone(&self.store_clock);
+        Self::with_clocks(plan, set, Arc::clone(&self.source), clock, store_clock)
     }
 
     fn shard(&self, subject: &Subject) -> MutexGuard<'_, Shard> {
@@ -462,7 +485,7 @@ impl LeaseTable {
 
     /// Units held in leases that have not expired.
     pub(crate) fn held_units(&self) -> u64 {
-        let now = self.clock.now_ms();
+        let now = self.store_clock.now_ms();
         self.shards
             .iter()
             .flat_map(|shard| {
@@ -484,10 +507,11 @@ impl LeaseTable {
     /// an expired lease's units on the way.
     pub(crate) fn try_local(self: &Arc<Self>, subject: &Subject, cost: u64, now: u64) -> Local {
         let plan = self.plan;
+        let at = self.store_clock.now_ms();
         let mut shard = self.shard(subject);
         if !shard.contains_key(subject) {
             if shard.len().saturating_mul(SHARDS) >= plan.max_subjects
-                && !self.make_room(&mut shard, now)
+                && !self.make_room(&mut shard, now, at)
             {
                 return Local::Plain;
             }
@@ -524,27 +548,27 @@ impl LeaseTable {
         entry.this_period = entry.this_period.saturating_add(cost);
 
         if let Some(denial) = &entry.denial {
-            if now < denial.until && cost >= denial.cost {
+            if at < denial.until && cost >= denial.cost {
                 let mut decision = denial.decision.clone();
-                let waited = now.saturating_sub(denial.decided_at);
+                let waited = at.saturating_sub(denial.decided_at);
                 decision.rebase(
-                    denial.until - now,
+                    denial.until - at,
                     decision.outcome().reset_after_ms.saturating_sub(waited),
                     Origin::Lease,
                 );
                 return Local::Decided(decision);
             }
-            if now >= denial.until {
+            if at >= denial.until {
                 entry.denial = None;
             }
         }
 
         let mut expired = None;
         if let Some(lease) = &mut entry.lease {
-            if now < lease.expires {
+            if at < lease.expires {
                 if lease.units >= cost {
                     lease.units -= cost;
-                    let elapsed = now.saturating_sub(lease.decided_at);
+                    let elapsed = at.saturating_sub(lease.decided_at);
                     let mut decision = lease.decision.clone();
                     let remaining = decision.remaining().saturating_add(lease.units);
                     let reset = decision.outcome().reset_after_ms.saturating_sub(elapsed);
@@ -587,16 +611,16 @@ impl LeaseTable {
         local
     }
 
-    /// The store's leasing check for `ask`, sent at local time `asked_at`, recorded
-    /// when it is answered. If the future is dropped first, the subject's waiters are
-    /// woken to ask for themselves.
+    /// The store's leasing check for `ask`, recorded when it is answered. If the
+    /// future is dropped first, the subject's waiters are woken to ask for themselves.
     pub(crate) fn ask(
         self: &Arc<Self>,
         subject: Subject,
         cost: u64,
         ask: LeaseAsk,
-        asked_at: u64,
     ) -> DecisionFuture {
+        // Read before the call is made: the store decides no earlier.
+        let sent = self.store_clock.now_ms();
         let call = self
             .source
             .check_leasing(subject.clone(), &self.set, cost, ask);
@@ -608,7 +632,7 @@ impl LeaseTable {
             let result = call.await;
             let table = Arc::clone(&pending.table);
             match pending.subject.take() {
-                Some(subject) => table.granted(&subject, cost, asked_at, table.now_ms(), result),
+                Some(subject) => table.granted(&subject, cost, sent, result),
                 None => result.map(|(decision, _)| decision),
             }
         })
@@ -633,7 +657,7 @@ impl LeaseTable {
                 let now = table.now_ms();
                 match table.try_local(&subject, cost, now) {
                     Local::Decided(decision) => return Ok(decision),
-                    Local::Ask(ask) => return table.ask(subject, cost, ask, now).await,
+                    Local::Ask(ask) => return table.ask(subject, cost, ask).await,
                     Local::Wait(next, number) => (answered, awaited) = (next, number),
                     Local::Plain => {
                         let plain = LeaseAsk { want: 0, batch: 0 };
@@ -661,7 +685,7 @@ impl LeaseTable {
     /// quarter lifetime (a scan of the shard); whether there is room now. The sweep
     /// does the same in the background; this is for a table filled faster than it
     /// sweeps, so that a subject turning hot behind a crowd of cold ones still leases.
-    fn make_room(&self, shard: &mut Shard, now: u64) -> bool {
+    fn make_room(&self, shard: &mut Shard, now: u64, at: u64) -> bool {
         let every = (self.plan.lifetime_ms / 4).max(1);
         if shard
             .pruned_at
@@ -671,7 +695,7 @@ impl LeaseTable {
         }
         shard.pruned_at = Some(now);
         let idle_after = self.plan.lifetime_ms.saturating_mul(2);
-        shard.retain(|_, entry| !entry.is_idle(now, idle_after));
+        shard.retain(|_, entry| !entry.is_idle(now, at, idle_after));
         shard.len().saturating_mul(SHARDS) < self.plan.max_subjects
     }
 
@@ -680,7 +704,7 @@ impl LeaseTable {
     /// `give_back`, the lease's unspent units go back first (a refund: the store
     /// still counts them); without, they are dropped (a reset: it counts them no more).
     pub(crate) fn forget(&self, subject: &Subject, give_back: bool) -> Option<GiveBackFuture> {
-        let now = self.now_ms();
+        let now = self.store_clock.now_ms();
         let entry = self.shard(subject).remove(subject)?;
         if let Some(asked) = &entry.asked {
             // Its waiters ask again, on a fresh entry.
@@ -699,16 +723,17 @@ impl LeaseTable {
         )
     }
 
-    /// Records what a leasing check asked at local time `asked_at` got, and returns
-    /// the decision for the request that asked: its remaining counts the new lease.
+    /// Records what a leasing check sent at `sent` (on the store's clock) got, and
+    /// returns the decision for the request that asked: its remaining counts the new
+    /// lease.
     pub(crate) fn granted(
         self: &Arc<Self>,
         subject: &Subject,
         cost: u64,
-        asked_at: u64,
-        now: u64,
+        sent: u64,
         result: Result<(Decision, Grant), StoreError>,
     ) -> Result<Decision, StoreError> {
+        let now = self.store_clock.now_ms();
         let mut shard = self.shard(subject);
         let entry = shard.get_mut(subject);
         let (mut decision, grant) = match result {
@@ -743,9 +768,9 @@ impl LeaseTable {
                 .max(grant.ask_again_ms)
                 .max(1);
             entry.denial = Some(Denial {
-                until: asked_at.saturating_add(wait),
+                until: sent.saturating_add(wait),
                 cost,
-                decided_at: asked_at,
+                decided_at: sent,
                 decision: decision.clone(),
             });
             return Ok(decision);
@@ -758,7 +783,7 @@ impl LeaseTable {
         let life = grant.window_left_ms.map_or(self.plan.lifetime_ms, |left| {
             left.min(self.plan.lifetime_ms)
         });
-        let expires = asked_at.saturating_add(life);
+        let expires = sent.saturating_add(life);
         let mut stale = None;
         match &mut entry.lease {
             Some(lease) if now < lease.expires => {
@@ -766,7 +791,7 @@ impl LeaseTable {
                 lease.units += grant.units;
                 lease.expires = lease.expires.min(expires);
                 lease.window_end = lease.window_end.min(grant.window_end_ms);
-                lease.decided_at = asked_at;
+                lease.decided_at = sent;
                 lease.decision = decision.clone();
             }
             slot => {
@@ -777,7 +802,7 @@ impl LeaseTable {
                 *slot = Some(Lease {
                     units: grant.units,
                     expires,
-                    decided_at: asked_at,
+                    decided_at: sent,
                     decision: decision.clone(),
                     window_end: grant.window_end_ms,
                 });
@@ -818,6 +843,7 @@ impl LeaseTable {
     /// Gives back the units of every expired lease and forgets subjects idle for two
     /// lifetimes. Returns the give-back calls, for callers that wait for them.
     pub(crate) fn sweep(&self, now: u64) -> Vec<GiveBackFuture> {
+        let at = self.store_clock.now_ms();
         let idle_after = self.plan.lifetime_ms.saturating_mul(2);
         let mut returns = Vec::new();
         for shard in self.shards.iter() {
@@ -826,7 +852,7 @@ impl LeaseTable {
                 if entry
                     .lease
                     .as_ref()
-                    .is_some_and(|lease| now >= lease.expires)
+                    .is_some_and(|lease| at >= lease.expires)
                 {
                     if let Some(lease) = entry.lease.take() {
                         if let (true, true, Some(before)) =
@@ -845,11 +871,11 @@ impl LeaseTable {
                 if entry
                     .denial
                     .as_ref()
-                    .is_some_and(|denial| now >= denial.until)
+                    .is_some_and(|denial| at >= denial.until)
                 {
                     entry.denial = None;
                 }
-                !entry.is_idle(now, idle_after)
+                !entry.is_idle(now, at, idle_after)
             });
         }
         returns
@@ -984,9 +1010,7 @@ mod tests {
             .source
             .check_leasing(subject.clone(), &table.set, 1, ask)
             .await;
-        let decision = table
-            .granted(&subject, 1, 1_000_000, 1_000_000, answer)
-            .unwrap();
+        let decision = table.granted(&subject, 1, 1_000_000, answer).unwrap();
         // 1 for this request and 5 leased: 994 left in the store, 999 here.
         assert_eq!(decision.remaining(), 999);
         for left in (0..5).rev() {

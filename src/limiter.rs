@@ -205,7 +205,7 @@ impl<S: Store> Limiter<S> {
             let pending = match leases.try_local(&subject, cost, now) {
                 // Served from a lease or a kept denial: nothing to do afterwards.
                 Local::Decided(decision) => return CheckFuture::settled(Ok(decision)),
-                Local::Ask(ask) => Some(leases.ask(subject.clone(), cost, ask, now)),
+                Local::Ask(ask) => Some(leases.ask(subject.clone(), cost, ask)),
                 Local::Wait(answered, awaited) => {
                     Some(leases.after_wait(answered, awaited, subject.clone(), cost))
                 }

@@ -822,6 +822,10 @@ impl LeaseStore for MemoryStore {
         };
         Box::pin(ready(Ok(self.run_op(op, subject, set, units))))
     }
+
+    fn lease_clock(&self) -> Option<Arc<dyn Clock>> {
+        Some(Arc::clone(&self.inner.clock))
+    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use std::hash::{Hash, Hasher};
 use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::policy::Policy;
 use crate::subject::Subject;
@@ -240,6 +241,16 @@ pub trait LeaseStore: Send + Sync + 'static {
         units: u64,
         before_ms: u64,
     ) -> GiveBackFuture;
+
+    /// The clock this store decides on, when it reads one in this process (the memory
+    /// store's, a Redis store's client clock); `None` (the default) when it keeps its
+    /// own, as Redis `TIME`, which runs at the speed of time. Leases and the denials an
+    /// instance keeps are timed on it (or, for `None`, on a monotonic clock), never on
+    /// the limiter's local clock: one that runs slow or steps back could otherwise
+    /// spend a lease after its window ended in the store.
+    fn lease_clock(&self) -> Option<Arc<dyn Clock>> {
+        None
+    }
 }
 
 impl<S: LeaseStore> LeaseStore for Arc<S> {
@@ -261,6 +272,10 @@ impl<S: LeaseStore> LeaseStore for Arc<S> {
         before_ms: u64,
     ) -> GiveBackFuture {
         (**self).give_back(subject, set, units, before_ms)
+    }
+
+    fn lease_clock(&self) -> Option<Arc<dyn Clock>> {
+        (**self).lease_clock()
     }
 }
 

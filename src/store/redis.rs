@@ -485,6 +485,11 @@ impl LeaseStore for RedisStore {
             Ok(decision(&call.policies, reply, false)?.0)
         })
     }
+
+    /// The client clock, if the store decides on one; else Redis `TIME`'s own.
+    fn lease_clock(&self) -> Option<Arc<dyn Clock>> {
+        self.settings.clock.clone()
+    }
 }
 
 /// Reads the script's reply: four integers per policy, and for a leasing check
