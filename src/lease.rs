@@ -94,7 +94,7 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::decision::{Decision, Origin};
 use crate::policy::{Algorithm, Policy};
 use crate::store::{
-    GiveBackFuture, Grant, LeaseAsk, LeaseStore, PolicySet, StoreError, StoreErrorKind,
+    GiveBack, GiveBackFuture, Grant, LeaseAsk, LeaseStore, PolicySet, StoreError, StoreErrorKind,
 };
 use crate::subject::Subject;
 use tokio::sync::futures::OwnedNotified;
@@ -415,6 +415,20 @@ struct Lease {
     decision: Decision,
     /// The end of the lease's window on the store's clock, for the give-back.
     window_end: Option<u64>,
+    /// The store's lease generation the units were taken in ([`Grant::epoch`]).
+    epoch: u64,
+}
+
+impl Lease {
+    /// What giving back the unspent units sends, if there are any and a window to
+    /// give them back to.
+    fn back(&self, max_cost: u64) -> Option<GiveBack> {
+        Some(GiveBack {
+            units: self.units.min(max_cost),
+            before_ms: self.window_end.filter(|_| self.units > 0)?,
+            epoch: self.epoch,
+        })
+    }
 }
 
 /// A leasing check the store denied, answered locally until `until` (on the store's
@@ -579,8 +593,7 @@ impl LeaseTable {
                 expired = entry
                     .lease
                     .take()
-                    .filter(|lease| lease.units > 0)
-                    .map(|lease| (lease.units, lease.window_end));
+                    .and_then(|lease| lease.back(plan.max_cost));
             }
         }
 
@@ -605,8 +618,8 @@ impl LeaseTable {
             Local::Plain
         };
         drop(shard);
-        if let Some((units, window_end)) = expired {
-            self.give_back(subject.clone(), units, window_end);
+        if let Some(back) = expired {
+            self.give_back(subject.clone(), back);
         }
         local
     }
@@ -710,17 +723,11 @@ impl LeaseTable {
             // Its waiters ask again, on a fresh entry.
             asked.notify_waiters();
         }
-        let lease = entry
+        let back = entry
             .lease
-            .filter(|lease| now < lease.expires && lease.units > 0)?;
-        let before = lease
-            .window_end
-            .filter(|_| give_back && self.plan.gives_back)?;
-        let units = lease.units.min(self.plan.max_cost);
-        Some(
-            self.source
-                .give_back(subject.clone(), &self.set, units, before),
-        )
+            .filter(|lease| now < lease.expires && give_back && self.plan.gives_back)?
+            .back(self.plan.max_cost)?;
+        Some(self.source.give_back(subject.clone(), &self.set, back))
     }
 
     /// Records what a leasing check sent at `sent` (on the store's clock) got, and
@@ -751,8 +758,17 @@ impl LeaseTable {
         let Some(entry) = entry else {
             // Swept out meanwhile: the units cannot be spent here; give them back.
             drop(shard);
-            if grant.units > 0 {
-                self.give_back(subject.clone(), grant.units, grant.window_end_ms);
+            if let (true, Some(before_ms)) = (grant.units > 0, grant.window_end_ms) {
+                let units = grant.units.min(self.plan.max_cost);
+                let epoch = grant.epoch;
+                self.give_back(
+                    subject.clone(),
+                    GiveBack {
+                        units,
+                        before_ms,
+                        epoch,
+                    },
+                );
             }
             return Ok(decision);
         };
@@ -786,8 +802,10 @@ impl LeaseTable {
         let expires = sent.saturating_add(life);
         let mut stale = None;
         match &mut entry.lease {
-            Some(lease) if now < lease.expires => {
-                // Two leases at once: one, ending with the earlier.
+            // Two leases of one generation at once: one, ending with the earlier. (A
+            // lease of an older generation is dropped below: the store no longer
+            // counts its units, so they are neither spent nor given back.)
+            Some(lease) if now < lease.expires && lease.epoch == grant.epoch => {
                 lease.units += grant.units;
                 lease.expires = lease.expires.min(expires);
                 lease.window_end = lease.window_end.min(grant.window_end_ms);
@@ -797,21 +815,22 @@ impl LeaseTable {
             slot => {
                 stale = slot
                     .take()
-                    .filter(|lease| lease.units > 0)
-                    .map(|lease| (lease.units, lease.window_end));
+                    .filter(|lease| lease.epoch == grant.epoch)
+                    .and_then(|lease| lease.back(self.plan.max_cost));
                 *slot = Some(Lease {
                     units: grant.units,
                     expires,
                     decided_at: sent,
                     decision: decision.clone(),
                     window_end: grant.window_end_ms,
+                    epoch: grant.epoch,
                 });
             }
         }
         let held = entry.lease.as_ref().map_or(0, |lease| lease.units);
         drop(shard);
-        if let Some((units, window_end)) = stale {
-            self.give_back(subject.clone(), units, window_end);
+        if let Some(back) = stale {
+            self.give_back(subject.clone(), back);
         }
         self.start_sweeping();
         let remaining = decision.remaining().saturating_add(held);
@@ -822,17 +841,18 @@ impl LeaseTable {
 
     /// Gives `units` back to the store in the background (written off without a
     /// runtime, when the store fails, or when the set has a token bucket).
-    /// Only units of a window that has not ended on the store's clock go back
-    /// (`window_end`): the store checks it, so a late give-back changes nothing.
-    fn give_back(self: &Arc<Self>, subject: Subject, units: u64, window_end: Option<u64>) {
-        let (true, Some(before)) = (self.plan.gives_back, window_end) else {
+    /// Only units of a window that has not ended on the store's clock, and of the
+    /// lease generation the store still has, go back: the store checks both, so a late
+    /// give-back, or one after the store lost its counts, changes nothing.
+    fn give_back(self: &Arc<Self>, subject: Subject, back: GiveBack) {
+        if !self.plan.gives_back {
             return;
-        };
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let units = units.min(self.plan.max_cost);
-        let call = self.source.give_back(subject, &self.set, units, before);
+        let units = back.units;
+        let call = self.source.give_back(subject, &self.set, back);
         runtime.spawn(async move {
             if let Err(error) = call.await {
                 tracing::debug!(%error, units, "could not give back a lease's units: written off");
@@ -854,18 +874,9 @@ impl LeaseTable {
                     .as_ref()
                     .is_some_and(|lease| at >= lease.expires)
                 {
-                    if let Some(lease) = entry.lease.take() {
-                        if let (true, true, Some(before)) =
-                            (lease.units > 0, self.plan.gives_back, lease.window_end)
-                        {
-                            let units = lease.units.min(self.plan.max_cost);
-                            returns.push(self.source.give_back(
-                                subject.clone(),
-                                &self.set,
-                                units,
-                                before,
-                            ));
-                        }
+                    let back = entry.lease.take().and_then(|l| l.back(self.plan.max_cost));
+                    if let (true, Some(back)) = (self.plan.gives_back, back) {
+                        returns.push(self.source.give_back(subject.clone(), &self.set, back));
                     }
                 }
                 if entry

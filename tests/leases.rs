@@ -1237,3 +1237,74 @@ where
     }
     admitted
 }
+
+/// The lease generation is one rule in Lua and in the model: a grant names it, later
+/// grants keep it, a give-back under it is a refund, a reset forgets it, and a
+/// give-back under a forgotten one changes nothing.
+#[tokio::test]
+async fn a_give_back_after_a_reset_changes_nothing_in_lua_and_in_the_model() {
+    use redlimit::store::{AdminStore, GiveBack, LeaseAsk, LeaseStore, Operation};
+    async fn run<S: LeaseStore + AdminStore>(
+        store: &S,
+        set: &redlimit::store::PolicySet,
+    ) -> Vec<u64> {
+        let s = || redlimit::Subject::new("generations");
+        let remaining = |d: redlimit::Decision| d.remaining();
+        let ask = LeaseAsk { want: 10, batch: 0 };
+        let (_, first) = store.check_leasing(s(), set, 1, ask).await.unwrap();
+        let (_, second) = store.check_leasing(s(), set, 1, ask).await.unwrap();
+        assert_eq!((first.units, second.units), (10, 10));
+        assert_ne!(first.epoch, 0);
+        assert_eq!(
+            second.epoch, first.epoch,
+            "one generation until the state is lost"
+        );
+        let back = |epoch| GiveBack {
+            units: 5,
+            before_ms: first.window_end_ms.unwrap(),
+            epoch,
+        };
+        let mut seen = vec![remaining(
+            store.give_back(s(), set, back(first.epoch)).await.unwrap(),
+        )];
+        store.run(Operation::Reset, s(), set, 1).await.unwrap();
+        seen.push(remaining(
+            store.run(Operation::Check, s(), set, 1).await.unwrap(),
+        ));
+        // Under the generation the reset forgot: nothing changes.
+        seen.push(remaining(
+            store.give_back(s(), set, back(first.epoch)).await.unwrap(),
+        ));
+        let (_, third) = store.check_leasing(s(), set, 1, ask).await.unwrap();
+        assert_ne!(third.epoch, first.epoch, "a new generation after the reset");
+        seen.push(remaining(
+            store.give_back(s(), set, back(third.epoch)).await.unwrap(),
+        ));
+        seen
+    }
+    let server = RedisServer::start();
+    let clock = FakeClock::new(90_000_000);
+    let policy = Policy::fixed_window("api", 100, Duration::from_secs(10)).unwrap();
+    let set = Limiter::new(MemoryStore::new(), policy)
+        .policy_set()
+        .clone();
+    let redis = run(
+        &RedisStore::new(server.pool()).client_clock(clock.clone()),
+        &set,
+    )
+    .await;
+    let memory = run(&MemoryStore::with_clock(clock.clone()), &set).await;
+    // (A give-back answers as a peek of its units.) 22 counted, 5 back: 17, so 78
+    // after 5 more; after the reset 1 counted (99 after one more), and the give-back
+    // under the forgotten generation changes nothing (94 after 5 more: a refund would
+    // have made it 95); 11 more counted, 5 back under the new one: 7, so 88.
+    assert_eq!(redis, [78, 99, 94, 88]);
+    assert_eq!(memory, redis);
+    // The generation has a key of its own beside the policies' keys, and it expires.
+    let keys = server.keys().await;
+    assert!(
+        keys.iter().any(|k| k == b"rl:{generations}:~lease"),
+        "{keys:?}"
+    );
+    server.assert_every_key_expires().await;
+}
