@@ -99,11 +99,14 @@ struct Inner {
     epochs: Mutex<Epochs>,
 }
 
+/// One policy set's subjects: each one's generation and when it expires (ms).
+type SubjectEpochs = HashMap<Box<[u8]>, (u64, u64)>;
+
 /// Per policy set (fingerprint) and subject: the generation and when it expires (ms),
 /// with the states it was made with. Generations are unique per store.
 #[derive(Debug, Default)]
 struct Epochs {
-    map: HashMap<u64, HashMap<Box<[u8]>, (u64, u64)>>,
+    map: HashMap<u64, SubjectEpochs>,
     last: u64,
     /// Entries when expired ones were last dropped: they are dropped again once the
     /// map has doubled since.
