@@ -551,13 +551,13 @@ impl LeaseTable {
         let now = self.store_clock.now_ms();
         self.shards
             .iter()
-            .flat_map(|shard| {
+            .map(|shard| {
                 lock(shard)
                     .values()
                     .filter_map(|entry| entry.lease.as_ref())
                     .filter(|lease| now < lease.expires)
                     .map(|lease| lease.units)
-                    .collect::<Vec<_>>()
+                    .sum::<u64>()
             })
             .sum()
     }

@@ -240,8 +240,10 @@ impl<S: Store + LeaseStore + Clone> Limiter<S> {
     /// promise (no over-admission for window counters; a token bucket's burst grows by
     /// at most its refill rate times the lease lifetime).
     ///
-    /// Add every policy first. A sliding log never leases: a set with one is refused
-    /// ([`LeaseError::SlidingLog`]).
+    /// A sliding log never leases: a set with one is refused
+    /// ([`LeaseError::SlidingLog`]), and one added later turns leases off (see
+    /// [`Limiter::policy`]); other policies added later are planned for. Settings
+    /// that cannot work are a [`LeaseError`] too.
     pub fn leases(mut self, leases: Leases) -> Result<Self, LeaseError> {
         let plan = leases.resolve(&self.set)?;
         let store: Arc<dyn LeaseStore> = Arc::new(self.store.clone());
