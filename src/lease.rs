@@ -105,9 +105,11 @@
 //!   same, less the units of the instance that reset: it forgets its own lease.
 //! - **An admin operation on this instance.** [`Limiter::reset`](crate::Limiter::reset)
 //!   forgets the subject's lease and kept denial here (the units are gone with the
-//!   state); [`Limiter::refund`](crate::Limiter::refund) gives the lease's unspent
-//!   units back, then forgets both; the next check asks the store. Other instances
-//!   keep a denial they were given until its time: fewer admissions, never more.
+//!   state), so its next check asks the store; [`Limiter::refund`](crate::Limiter::refund)
+//!   forgets the kept denial (the store may admit again) and keeps the lease (the
+//!   store still counts its units, so a refund on every failed request, as the
+//!   layer's refund rules make, costs no lease). Other instances keep a denial they
+//!   were given until its time: fewer admissions, never more.
 //! - **The limiter's local clock runs wrong** (slow, fast, or stepped back as
 //!   `SystemClock` is by an NTP step). Leases and kept denials are timed on the
 //!   store's clock, so it cannot carry units into the store's next window; the local
@@ -761,22 +763,23 @@ impl LeaseTable {
         shard.len().saturating_mul(SHARDS) < self.plan.max_subjects
     }
 
-    /// Forgets `subject` here, for an admin operation that changes its state in the
-    /// store (its kept denial and its lease are no longer the store's word). With
-    /// `give_back`, the lease's unspent units go back first (a refund: the store
-    /// still counts them); without, they are dropped (a reset: it counts them no more).
-    pub(crate) fn forget(&self, subject: &Subject, give_back: bool) -> Option<GiveBackFuture> {
-        let now = self.store_clock.now_ms();
-        let entry = self.shard(subject).remove(subject)?;
-        if let Some(asked) = &entry.asked {
-            // Its waiters ask again, on a fresh entry.
-            asked.notify_waiters();
+    /// Forgets `subject` here, for a reset: its lease's units are gone with the state
+    /// (nothing to give back), and its kept denial is no longer the store's word.
+    pub(crate) fn forget(&self, subject: &Subject) {
+        if let Some(entry) = self.shard(subject).remove(subject) {
+            if let Some(asked) = &entry.asked {
+                // Its waiters ask again, on a fresh entry.
+                asked.notify_waiters();
+            }
         }
-        let back = entry
-            .lease
-            .filter(|lease| now < lease.expires && give_back && self.plan.gives_back)?
-            .back(self.plan.max_cost)?;
-        Some(self.source.give_back(subject.clone(), &self.set, back))
+    }
+
+    /// Forgets `subject`'s kept denial, for a refund: the store may admit again. Its
+    /// lease stays: the store still counts its units.
+    pub(crate) fn forget_denial(&self, subject: &Subject) {
+        if let Some(entry) = self.shard(subject).get_mut(subject) {
+            entry.denial = None;
+        }
     }
 
     /// Records what a leasing check sent at `sent` (on the store's clock) got, and

@@ -365,8 +365,8 @@ impl<S: AdminStore> Limiter<S> {
 
     /// Gives back `cost` units a check consumed, for instance when the handler
     /// answered 5xx, and answers as [`Limiter::peek`] of `cost` would afterwards.
-    /// With leases, this instance first gives back what its lease of the subject did
-    /// not spend, and forgets the lease and any kept denial.
+    /// With leases, this instance forgets the subject's kept denial; its lease stays
+    /// (the store still counts its units).
     ///
     /// Per policy (shadow ones included): a fixed or sliding window lowers its current
     /// window's count (not below 0; nothing if the window has changed since); a token
@@ -382,11 +382,7 @@ impl<S: AdminStore> Limiter<S> {
                 blocks.forget(&subject);
             }
             if let Some((_, table)) = &guard.leases {
-                if let Some(give_back) = table.forget(&subject, true) {
-                    if let Err(error) = give_back.await {
-                        tracing::debug!(%error, "could not give back a lease's units: written off");
-                    }
-                }
+                table.forget_denial(&subject);
             }
         }
         self.admin(Operation::Refund, subject, cost).await
@@ -405,8 +401,7 @@ impl<S: AdminStore> Limiter<S> {
                 blocks.forget(&subject);
             }
             if let Some((_, table)) = &guard.leases {
-                // Its units are gone with the state: nothing to give back.
-                let _ = table.forget(&subject, false);
+                table.forget(&subject);
             }
             if let Some(fallback) = &guard.fallback {
                 fallback.run_op(Operation::Reset, subject.clone(), &self.set, 1);

@@ -918,22 +918,26 @@ async fn reset_and_refund_forget_the_subject_s_lease_and_kept_denial() {
         assert!(next.is_allowed(), "{name}: after a refund: {next:?}");
         assert_eq!(admitted_of(limiter, subject, 50).await, 4, "{name}");
     }
-    // A reset forgets a lease held, a refund gives it back: Redis then counts what
-    // was spent, and nothing is held.
+    // A refund keeps a lease held (Redis still counts its units); a reset forgets it.
     let subject = "admin-held";
     assert_eq!(admitted_of(&leased, subject, 8).await, 8);
-    assert!(leased.held_units() > 0, "a lease is held");
+    let held = leased.held_units();
+    assert!(held > 0, "a lease is held");
     leased.refund(subject, 1).await.unwrap();
-    assert_eq!(leased.held_units(), 0);
+    assert_eq!(leased.held_units(), held);
     // (A peek of 1 answers what would be left after one more.)
+    let counted = 8 + held - 1;
     assert_eq!(
         leased.peek(subject, 1).await.unwrap().remaining(),
-        20 - 7 - 1
+        20 - counted - 1
     );
-    assert_eq!(admitted_of(&leased, subject, 8).await, 8);
+    let next = leased.check(subject, 1).await.unwrap();
+    assert_eq!(next.origin(), Origin::Lease, "still spent from the lease");
     leased.reset(subject).await.unwrap();
     assert_eq!(leased.held_units(), 0);
     assert_eq!(leased.peek(subject, 1).await.unwrap().remaining(), 19);
+    let next = leased.check(subject, 1).await.unwrap();
+    assert_eq!(next.origin(), Origin::Store, "asks the store after a reset");
 }
 
 /// How many of `n` checks of cost 1 of `subject` are admitted.
