@@ -1330,3 +1330,34 @@ async fn a_give_back_after_a_reset_changes_nothing_in_lua_and_in_the_model() {
     );
     server.assert_every_key_expires().await;
 }
+
+/// An instance that learns of a loss (its next grant is of a new lease generation)
+/// drops what it still held of the old one instead of adding it to the new lease.
+#[tokio::test]
+async fn units_of_a_lost_generation_are_dropped_when_a_new_one_is_granted() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(95_000_000);
+    let policy = Policy::fixed_window("api", 1_000, Duration::from_secs(10)).unwrap();
+    let leases = Leases::new()
+        .lifetime(Duration::from_secs(1))
+        .max_units(20)
+        .min_rate(1);
+    let limiter = instance(&server, &clock, &policy, leases);
+    assert_eq!(admitted_of(&limiter, "gen", 6).await, 6);
+    let old = limiter.held_units();
+    assert!(old > 0, "a lease is held");
+    let mut conn = server.conn().await;
+    let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    // A cost the lease cannot cover asks Redis, which grants from a new generation.
+    let cost = u32::try_from(old).unwrap() + 1;
+    assert!(limiter.check("gen", cost).await.unwrap().is_allowed());
+    // (A peek of 1 answers what would be left after one more.)
+    let counted = 1_000 - 1 - limiter.peek("gen", 1).await.unwrap().remaining();
+    let granted = counted - u64::from(cost);
+    assert!(granted > 0, "a new lease");
+    assert_eq!(
+        limiter.held_units(),
+        granted,
+        "the {old} units of the lost generation are not held on"
+    );
+}
