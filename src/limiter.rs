@@ -111,7 +111,10 @@ impl<S: Store> Limiter<S> {
         self
     }
 
-    /// The clock of the block cache (the monotonic clock by default; a fake one in tests).
+    /// The clock of the block cache and of the rates and idle times leases measure (the
+    /// monotonic clock by default; a fake one in tests). Leases and their kept denials
+    /// are timed on the store's clock instead ([`LeaseStore::lease_clock`]), so a local
+    /// clock that runs wrong cannot carry leased units past their window.
     pub fn local_clock(mut self, clock: impl Clock) -> Self {
         let guard = self.guard_mut();
         guard.clock = Arc::new(clock);
