@@ -5,11 +5,16 @@
 -- `local op, first = "l", 4` in the leasing check's one.
 --
 -- KEYS[i]              the state key of policy i (all in the subject's hash tag)
+-- KEYS[n + 1]          a leasing check, a give-back and a reset only: the subject's
+--                      lease generation key ("<TIME s><TIME us, 6 digits>", made by
+--                      the first grant, kept as long as the states, deleted by a reset)
 -- ARGV[1]              the cost of the request
 -- ARGV[2]              admin script only: p (peek), r (refund), x (reset), or
---                      g:<ms> (a lease's give-back: a refund if the store's clock
---                      is still before <ms>, the end of the lease's window, else a
---                      peek: units of a past window are never taken from a later one);
+--                      g:<ms>:<epoch> (a lease's give-back: a refund if the store's
+--                      clock is still before <ms>, the end of the lease's window, and
+--                      the lease generation is still <epoch>, else a peek: units of a
+--                      past window, or counted before the state was lost, are never
+--                      taken from counts made since);
 --                      leasing check only: the units wanted as a lease
 -- ARGV[3]              leasing check only: the batch: the check admits only if
 --                      the cost and this many more units fit (0: the cost alone),
@@ -27,8 +32,9 @@
 -- `batch`; none while a shadow policy would deny), the ms to the end of the
 -- shortest current window among the window policies (0: none; a lease never
 -- outlives it), when denied the ms until the cost and the batch would fit (the
--- instance asks again then), and the end of that window on the store's clock
--- (what a give-back sends back).
+-- instance asks again then), the end of that window on the store's clock
+-- (what a give-back sends back), and the lease generation the units were taken
+-- in (0 when none were).
 -- A check decides every policy before any state is written, and writes policy
 -- i only if it admits and every enforced (non-shadow) policy admits: enforced
 -- policies are all or nothing, a shadow one consumes when enforcing it would
@@ -48,6 +54,11 @@
 -- same state.
 
 local nkeys = #KEYS
+local lease_key
+if op == "l" or op == "x" or string.sub(op, 1, 2) == "g:" then
+  lease_key = KEYS[nkeys]
+  nkeys = nkeys - 1
+end
 local clock_at = first + 3 * nkeys
 local nargs = #ARGV
 if nkeys == 0 or nargs < clock_at - 1 or nargs > clock_at then
@@ -63,9 +74,10 @@ else
   now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
 end
 local cost = tonumber(ARGV[1])
-if string.sub(op, 1, 2) == "g:" then
-  local before = tonumber(string.sub(op, 3))
-  if before and now < before then
+if lease_key and op ~= "l" and op ~= "x" then
+  local before, epoch = string.match(op, "^g:(%d+):(%d+)$")
+  before = tonumber(before)
+  if before and now < before and redis.call("GET", lease_key) == epoch then
     op = "r"
   elseif before then
     op = "p"
@@ -73,7 +85,7 @@ if string.sub(op, 1, 2) == "g:" then
 end
 if not (now and cost) or not (op == "c" or op == "p" or op == "r" or op == "x" or op == "l") then
   return redis.error_reply(string.format(
-    "ERR redlimit: expected the cost, an operation (p, r, x or g:<ms>) and the clock in ms, got %q, %q and %q",
+    "ERR redlimit: expected the cost, an operation (p, r, x or g:<ms>:<epoch>) and the clock in ms, got %q, %q and %q",
     string.sub(ARGV[1], 1, 24), string.sub(op, 1, 8), string.sub(ARGV[clock_at] or "(Redis TIME)", 1, 24)))
 end
 
@@ -211,10 +223,29 @@ if raws then
   elseif batch > 0 then
     again = wait_for_batch()
   end
+  -- The lease generation: made by the first grant, kept as long as the states
+  -- this grant writes. Give-backs apply only while it stands.
+  local epoch = 0
+  if grant > 0 then
+    local current = redis.call("GET", lease_key)
+    if not current then
+      local t = redis.call("TIME")
+      current = t[1] .. string.format("%06d", tonumber(t[2]))
+    end
+    local keep = 1
+    for i = 1, nkeys do
+      if writes[i] and writes[nkeys + i] > keep then
+        keep = writes[nkeys + i]
+      end
+    end
+    redis.call("SET", lease_key, current, "PX", int(keep))
+    epoch = tonumber(current)
+  end
   reply[4 * nkeys + 1] = grant
   reply[4 * nkeys + 2] = window_left
   reply[4 * nkeys + 3] = again
   reply[4 * nkeys + 4] = window_left > 0 and now + window_left or 0
+  reply[4 * nkeys + 5] = epoch
 end
 
 if (op == "c" or op == "l") and all then

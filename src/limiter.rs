@@ -111,7 +111,10 @@ impl<S: Store> Limiter<S> {
         self
     }
 
-    /// The clock of the block cache (the monotonic clock by default; a fake one in tests).
+    /// The clock of the block cache and of the rates and idle times leases measure (the
+    /// monotonic clock by default; a fake one in tests). Leases and their kept denials
+    /// are timed on the store's clock instead ([`LeaseStore::lease_clock`]), so a local
+    /// clock that runs wrong cannot carry leased units past their window.
     pub fn local_clock(mut self, clock: impl Clock) -> Self {
         let guard = self.guard_mut();
         guard.clock = Arc::new(clock);
@@ -124,11 +127,10 @@ impl<S: Store> Limiter<S> {
     /// Adds a policy that must also admit every request. A policy with the same name
     /// as one already present replaces it (names key the state in Redis).
     ///
-    /// # Panics
-    ///
-    /// With leases on ([`Limiter::leases`]), when the new set cannot lease (a sliding
-    /// log): add policies before turning leases on, which reports it as an error.
-    #[track_caller]
+    /// With leases on ([`Limiter::leases`]), they are planned again for the new set.
+    /// A sliding log never leases (exactness is its promise): adding one turns leases
+    /// off for this limiter, with a warning in the log. [`Limiter::leases`] after the
+    /// policies reports that as [`LeaseError::SlidingLog`] instead.
     pub fn policy(mut self, policy: Policy) -> Self {
         let mut policies: Vec<Policy> = self.set.policies().to_vec();
         match policies.iter_mut().find(|p| p.name() == policy.name()) {
@@ -143,14 +145,20 @@ impl<S: Store> Limiter<S> {
         {
             let set = self.set.clone();
             let guard = self.guard_mut();
-            if let Some((settings, table)) = &mut guard.leases {
-                match settings.resolve(&set) {
+            let clock = Arc::clone(&guard.clock);
+            let refused = match &mut guard.leases {
+                Some((settings, table)) => match settings.resolve(&set) {
                     Ok(plan) => {
-                        let clock = Arc::clone(&guard.clock);
                         *table = Arc::new(table.empty_like(clock, Some((plan, set))));
+                        None
                     }
-                    Err(error) => panic!("Limiter::policy after Limiter::leases: {error}"),
-                }
+                    Err(error) => Some(error),
+                },
+                None => None,
+            };
+            if let Some(error) = refused {
+                tracing::warn!(%error, "a policy added after Limiter::leases: leases are off for this limiter");
+                guard.leases = None;
             }
         }
         self
@@ -200,7 +208,7 @@ impl<S: Store> Limiter<S> {
             let pending = match leases.try_local(&subject, cost, now) {
                 // Served from a lease or a kept denial: nothing to do afterwards.
                 Local::Decided(decision) => return CheckFuture::settled(Ok(decision)),
-                Local::Ask(ask) => Some(leases.ask(subject.clone(), cost, ask, now)),
+                Local::Ask(ask) => Some(leases.ask(subject.clone(), cost, ask)),
                 Local::Wait(answered, awaited) => {
                     Some(leases.after_wait(answered, awaited, subject.clone(), cost))
                 }
@@ -235,8 +243,10 @@ impl<S: Store + LeaseStore + Clone> Limiter<S> {
     /// promise (no over-admission for window counters; a token bucket's burst grows by
     /// at most its refill rate times the lease lifetime).
     ///
-    /// Add every policy first. A sliding log never leases: a set with one is refused
-    /// ([`LeaseError::SlidingLog`]).
+    /// A sliding log never leases: a set with one is refused
+    /// ([`LeaseError::SlidingLog`]), and one added later turns leases off (see
+    /// [`Limiter::policy`]); other policies added later are planned for. Settings
+    /// that cannot work are a [`LeaseError`] too.
     pub fn leases(mut self, leases: Leases) -> Result<Self, LeaseError> {
         let plan = leases.resolve(&self.set)?;
         let store: Arc<dyn LeaseStore> = Arc::new(self.store.clone());
@@ -261,6 +271,16 @@ impl<S: Store + LeaseStore + Clone> Limiter<S> {
             let _ = call.await;
         }
         made
+    }
+
+    /// Units this instance holds now in unexpired leases, over all subjects: what it
+    /// could admit without the store. For tests that bound what a lost store costs.
+    #[doc(hidden)]
+    pub fn held_units(&self) -> u64 {
+        self.guard
+            .as_ref()
+            .and_then(|g| g.leases.as_ref())
+            .map_or(0, |(_, table)| table.held_units())
     }
 
     /// Subjects whose rate or lease this limiter tracks.
@@ -348,6 +368,8 @@ impl<S: AdminStore> Limiter<S> {
 
     /// Gives back `cost` units a check consumed, for instance when the handler
     /// answered 5xx, and answers as [`Limiter::peek`] of `cost` would afterwards.
+    /// With leases, this instance forgets the subject's kept denial; its lease stays
+    /// (the store still counts its units).
     ///
     /// Per policy (shadow ones included): a fixed or sliding window lowers its current
     /// window's count (not below 0; nothing if the window has changed since); a token
@@ -358,14 +380,21 @@ impl<S: AdminStore> Limiter<S> {
     pub async fn refund(&self, subject: impl Into<Subject>, cost: u32) -> Result<Decision, Error> {
         let cost = self.valid_cost(cost)?;
         let subject = subject.into();
-        if let Some(blocks) = self.guard.as_ref().and_then(|g| g.blocks.as_ref()) {
-            blocks.forget(&subject);
+        if let Some(guard) = &self.guard {
+            if let Some(blocks) = &guard.blocks {
+                blocks.forget(&subject);
+            }
+            if let Some((_, table)) = &guard.leases {
+                table.forget_denial(&subject);
+            }
         }
         self.admin(Operation::Refund, subject, cost).await
     }
 
     /// Forgets `subject`'s state for every policy of this limiter (deletes its keys),
-    /// its cached denial and its state in the fallback.
+    /// its cached denial, its lease and kept denial on this instance, and its state in
+    /// the fallback. Other instances' leases of the subject are not spent twice: see
+    /// [`crate::lease`] for what a reset costs while they hold some.
     ///
     /// A store failure is an error even with a fallback: the store's state is unchanged.
     pub async fn reset(&self, subject: impl Into<Subject>) -> Result<(), Error> {
@@ -373,6 +402,9 @@ impl<S: AdminStore> Limiter<S> {
         if let Some(guard) = &self.guard {
             if let Some(blocks) = &guard.blocks {
                 blocks.forget(&subject);
+            }
+            if let Some((_, table)) = &guard.leases {
+                table.forget(&subject);
             }
             if let Some(fallback) = &guard.fallback {
                 fallback.run_op(Operation::Reset, subject.clone(), &self.set, 1);

@@ -252,13 +252,28 @@ fn sets_that_cannot_lease_are_refused_with_a_reason() {
     assert!(message.contains("never leases"), "{message}");
 }
 
-#[test]
-#[should_panic(expected = "Limiter::policy after Limiter::leases")]
-fn a_sliding_log_added_after_leases_is_a_loud_mistake() {
-    let _ = Limiter::new(MemoryStore::new(), sliding(10, 1_000))
-        .leases(Leases::new())
-        .unwrap()
-        .policy(Policy::sliding_log("exact", 10, Duration::from_secs(1)).unwrap());
+/// A sliding log added after leases turns them off (exactness is its promise), the
+/// same limiter as one built in the other order without leases: no panic, and the log
+/// admits exactly its limit.
+#[tokio::test]
+async fn a_sliding_log_added_after_leases_turns_them_off() {
+    let clock = FakeClock::new(0);
+    let limiter = Limiter::new(
+        MemoryStore::with_clock(clock.clone()),
+        sliding(1_000, 1_000),
+    )
+    .local_clock(clock.clone())
+    .leases(Leases::new().min_rate(1))
+    .unwrap()
+    .policy(Policy::sliding_log("exact", 10, Duration::from_secs(1)).unwrap());
+    let mut admitted = 0;
+    for _ in 0..100 {
+        let decision = limiter.check("s", 1).await.unwrap();
+        assert_ne!(decision.origin(), Origin::Lease);
+        admitted += usize::from(decision.is_allowed());
+    }
+    assert_eq!(admitted, 10);
+    assert_eq!(limiter.leased_subjects(), 0);
 }
 
 // ---------------------------------------------------------------------------------
@@ -699,4 +714,650 @@ async fn the_lua_lease_and_the_model_grant_the_same_units() {
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------------
+// Lost state, admin operations, skewed clocks, a full table and extreme settings.
+
+/// How Redis loses a subject's counts in the middle of a window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Loss {
+    /// `FLUSHALL`.
+    Flush,
+    /// `Limiter::reset` of the subject, from instance 0.
+    Reset,
+    /// The server restarts (no persistence: its data is gone).
+    Restart,
+}
+
+/// What a fleet of four admitted from a loss to the end of its window.
+#[derive(Debug)]
+struct AfterLoss {
+    admitted: u64,
+    /// Units the instances that spend after the loss held when it happened (for a
+    /// reset, not counting the instance that reset: it forgets its own).
+    held: u64,
+}
+
+const LOSS_LIMIT: u64 = 2_000;
+
+/// Four instances (with `leases`, or plain) on one Redis and a shared fake clock send
+/// a subject twice the limit of `policy` (2,000 per 2 s): a whole window, then 300 ms
+/// of the next, then the loss, then the rest of that window. `drained`: from the loss
+/// on, only instances 0 and 1 are sent anything (the others are drained, as in a
+/// rolling deploy), so what they held can only come back as give-backs.
+async fn lose_state(
+    server: &mut RedisServer,
+    policy: &Policy,
+    loss: Loss,
+    leases: Option<Leases>,
+    drained: bool,
+) -> AfterLoss {
+    let clock = FakeClock::new(1_000_000_000);
+    let subject = format!("loss-{loss:?}-{drained}-{}", leases.is_some());
+    let limiters: Vec<Limiter<RedisStore>> = (0..4)
+        .map(|_| match &leases {
+            Some(leases) => instance(server, &clock, policy, leases.clone()),
+            None => Limiter::new(
+                RedisStore::new(server.pool())
+                    .client_clock(clock.clone())
+                    .timeout(Duration::from_secs(5)),
+                policy.clone(),
+            )
+            .local_clock(clock.clone()),
+        })
+        .collect();
+    let window_end = 1_000_000_000 + 4_000;
+    let loss_at = 1_000_000_000 + 2_300;
+    let mut after = AfterLoss {
+        admitted: 0,
+        held: 0,
+    };
+    let mut lost = false;
+    let mut request = 0usize;
+    while clock.now_ms() < window_end {
+        let now = clock.now_ms();
+        if now >= loss_at && !lost {
+            lost = true;
+            let serving = if drained { 0..2 } else { 0..4 };
+            after.held = limiters[serving]
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !(loss == Loss::Reset && *i == 0))
+                .map(|(_, limiter)| limiter.held_units())
+                .sum();
+            match loss {
+                Loss::Flush => {
+                    let mut conn = server.conn().await;
+                    let () = redis::cmd("FLUSHALL")
+                        .query_async(&mut conn)
+                        .await
+                        .expect("FLUSHALL");
+                }
+                Loss::Reset => limiters[0].reset(subject.as_str()).await.expect("reset"),
+                Loss::Restart => {
+                    server.restart();
+                    // Each instance's store reconnects by itself: wait until all answer
+                    // again (bounded), with the fake clock standing still.
+                    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                    for limiter in &limiters {
+                        while limiter.peek("probe", 1).await.is_err() {
+                            assert!(std::time::Instant::now() < deadline, "Redis came back");
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                    }
+                }
+            }
+        }
+        let at = if lost && drained {
+            request % 2
+        } else {
+            request % 4
+        };
+        request += 1;
+        let allowed = limiters[at]
+            .check(subject.as_str(), 1)
+            .await
+            .expect("a decision")
+            .is_allowed();
+        if lost && allowed {
+            after.admitted += 1;
+        }
+        // Let give-backs spawned by this check reach Redis.
+        tokio::task::yield_now().await;
+        // Twice the limit: 2 requests a millisecond; every instance sweeps its expired
+        // leases every 50 ms (a quarter lifetime), as its background task would.
+        if request % 2 == 0 {
+            clock.advance(Duration::from_millis(1));
+            if clock.now_ms() % 50 == 0 {
+                for limiter in &limiters {
+                    limiter.sweep_leases().await;
+                }
+            }
+        }
+    }
+    after
+}
+
+/// The loss cases for the two window policies and a token bucket: the fleet of the
+/// report (all four instances spend on) and a drained one, beside the control without
+/// leases.
+async fn loss_is_bounded_by_the_units_held(loss: Loss) {
+    let mut server = RedisServer::start();
+    let window = Duration::from_secs(2);
+    // After the loss, 1,700 ms of the window are left. A window policy admits its
+    // limit in them; a bucket of 1,000 refilled 1 every 2 ms, its capacity and the
+    // refill (850), and with leases the burst grows by at most a lifetime's refill
+    // (200 ms, a tenth of its fill time: 100).
+    for (policy, budget, lease_burst) in [
+        (
+            Policy::fixed_window("api", LOSS_LIMIT as u32, window).unwrap(),
+            LOSS_LIMIT,
+            0,
+        ),
+        (
+            Policy::sliding_window("api", LOSS_LIMIT as u32, window).unwrap(),
+            LOSS_LIMIT,
+            0,
+        ),
+        (
+            Policy::token_bucket("api", 1_000, 1_000, window).unwrap(),
+            1_000 + 850 + 1,
+            100,
+        ),
+    ] {
+        let control = lose_state(&mut server, &policy, loss, None, false).await;
+        assert!(
+            control.admitted <= budget,
+            "{loss:?} without leases, {policy:?}: {control:?}"
+        );
+        for drained in [false, true] {
+            let after = lose_state(&mut server, &policy, loss, Some(Leases::new()), drained).await;
+            eprintln!(
+                "{loss:?}, {:?}, drained {drained}: {} admitted after the loss (at most {budget} without leases, {} held at the loss); without leases {}",
+                policy.algorithm(),
+                after.admitted,
+                after.held,
+                control.admitted
+            );
+            assert!(
+                after.admitted <= budget + lease_burst + after.held,
+                "{loss:?}, {policy:?}, drained {drained}: {after:?}\n{}",
+                server.log_tail()
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_flush_costs_at_most_the_units_held_then() {
+    loss_is_bounded_by_the_units_held(Loss::Flush).await;
+}
+
+#[tokio::test]
+async fn a_reset_costs_at_most_the_units_other_instances_held_then() {
+    loss_is_bounded_by_the_units_held(Loss::Reset).await;
+}
+
+#[tokio::test]
+async fn a_restart_costs_at_most_the_units_held_then() {
+    loss_is_bounded_by_the_units_held(Loss::Restart).await;
+}
+
+#[tokio::test]
+async fn reset_and_refund_forget_the_subject_s_lease_and_kept_denial() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(40_000_000);
+    let policy = Policy::fixed_window("api", 20, Duration::from_secs(1_000)).unwrap();
+    let leased = instance(&server, &clock, &policy, Leases::new().min_rate(1));
+    // The control: the block cache keeps denials too, and forgets them.
+    let cached = Limiter::new(
+        RedisStore::new(server.pool()).client_clock(clock.clone()),
+        policy.clone(),
+    )
+    .local_clock(clock.clone())
+    .block_cache(10);
+    for (name, limiter) in [("leases", &leased), ("block cache", &cached)] {
+        let subject = format!("admin-{name}");
+        let subject = subject.as_str();
+        let admitted = admitted_of(limiter, subject, 50).await;
+        assert_eq!(admitted, 20, "{name}");
+        assert!(!limiter.check(subject, 1).await.unwrap().is_allowed());
+
+        limiter.reset(subject).await.unwrap();
+        let next = limiter.check(subject, 1).await.unwrap();
+        assert!(next.is_allowed(), "{name}: after a reset: {next:?}");
+        assert_eq!(leased.held_units() + cached.held_units(), 0, "{name}");
+        // The budget is whole again: 19 more.
+        assert_eq!(admitted_of(limiter, subject, 50).await, 19, "{name}");
+
+        limiter.refund(subject, 5).await.unwrap();
+        let next = limiter.check(subject, 1).await.unwrap();
+        assert!(next.is_allowed(), "{name}: after a refund: {next:?}");
+        assert_eq!(admitted_of(limiter, subject, 50).await, 4, "{name}");
+    }
+    // A refund keeps a lease held (Redis still counts its units); a reset forgets it.
+    let subject = "admin-held";
+    assert_eq!(admitted_of(&leased, subject, 8).await, 8);
+    let held = leased.held_units();
+    assert!(held > 0, "a lease is held");
+    leased.refund(subject, 1).await.unwrap();
+    assert_eq!(leased.held_units(), held);
+    // (A peek of 1 answers what would be left after one more.)
+    let counted = 8 + held - 1;
+    assert_eq!(
+        leased.peek(subject, 1).await.unwrap().remaining(),
+        20 - counted - 1
+    );
+    let next = leased.check(subject, 1).await.unwrap();
+    assert_eq!(next.origin(), Origin::Lease, "still spent from the lease");
+    leased.reset(subject).await.unwrap();
+    assert_eq!(leased.held_units(), 0);
+    assert_eq!(leased.peek(subject, 1).await.unwrap().remaining(), 19);
+    let next = leased.check(subject, 1).await.unwrap();
+    assert_eq!(next.origin(), Origin::Store, "asks the store after a reset");
+}
+
+/// How many of `n` checks of cost 1 of `subject` are admitted.
+async fn admitted_of(limiter: &Limiter<RedisStore>, subject: &str, n: usize) -> usize {
+    let mut admitted = 0;
+    for _ in 0..n {
+        admitted += usize::from(limiter.check(subject, 1).await.unwrap().is_allowed());
+    }
+    admitted
+}
+
+/// A subject that turns hot behind a table full of cold subjects leases once they have
+/// been idle for two lifetimes, as it does on a fresh limiter.
+#[tokio::test]
+async fn a_table_full_of_cold_subjects_makes_room_for_a_hot_one() {
+    let server = RedisServer::start();
+    let policy = sliding(100_000, 1_000);
+    let leases = Leases::new().max_subjects(160);
+    let mut calls = Vec::new();
+    for cold in [0, 2_000] {
+        let clock = FakeClock::new(60_000_000);
+        let limiter = instance(&server, &clock, &policy, leases.clone());
+        let store = limiter.store().clone();
+        for i in 0..cold {
+            assert!(limiter
+                .check(format!("cold-{i}"), 1)
+                .await
+                .unwrap()
+                .is_allowed());
+        }
+        let before = store.calls_sent();
+        for _ in 0..3_000 {
+            assert!(limiter.check("hot", 1).await.unwrap().is_allowed());
+            clock.advance(Duration::from_millis(1));
+        }
+        calls.push(store.calls_sent() - before);
+    }
+    let (fresh, behind) = (calls[0], calls[1]);
+    eprintln!("a hot subject: {fresh} calls on a fresh limiter, {behind} behind 2,000 cold ones");
+    // Two lifetimes (200 ms) of plain checks at most, then as on a fresh limiter.
+    assert!(behind <= fresh + 200 + 10, "{behind} calls, {fresh} fresh");
+}
+
+/// Subjects that never lease are swept all the same: the background sweep starts with
+/// the first subject tracked, not the first lease.
+#[tokio::test(start_paused = true)]
+async fn subjects_that_never_leased_are_swept_in_the_background() {
+    let clock = FakeClock::new(0);
+    let limiter = Limiter::new(
+        MemoryStore::with_clock(clock.clone()),
+        sliding(1_000, 1_000),
+    )
+    .local_clock(clock.clone())
+    .leases(Leases::new().max_subjects(160))
+    .unwrap();
+    for i in 0..2_000 {
+        assert!(limiter
+            .check(format!("cold-{i}"), 1)
+            .await
+            .unwrap()
+            .is_allowed());
+    }
+    assert!(
+        limiter.leased_subjects() > 100,
+        "{}",
+        limiter.leased_subjects()
+    );
+    // Two lifetimes (200 ms) idle, and a quarter lifetime for the sweep to look.
+    let step = Duration::from_millis(5);
+    for _ in 0..(250 / 5 + 1) {
+        clock.advance(step);
+        tokio::time::advance(step).await;
+    }
+    assert_eq!(limiter.leased_subjects(), 0);
+}
+
+/// A limiter's local clock that runs wrong (slow, or stepped back as `SystemClock` is
+/// by an NTP step) cannot carry leased units into the store's next window: leases are
+/// timed on the store's clock.
+#[tokio::test]
+async fn a_skewed_local_clock_never_carries_units_into_the_next_window() {
+    #[derive(Debug, Clone, Copy)]
+    enum Skew {
+        None,
+        HalfSpeed,
+        StepBack,
+    }
+    let server = RedisServer::start();
+    let policy = Policy::fixed_window("api", 100, Duration::from_secs(1)).unwrap();
+    // Long leases of up to half the limit: a lease can hold what is left of a window.
+    let leases = Leases::new()
+        .lifetime(Duration::from_secs(1))
+        .max_units(50)
+        .min_rate(1);
+    for (skew, leases) in [
+        (Skew::None, None),
+        (Skew::HalfSpeed, None),
+        (Skew::StepBack, None),
+        (Skew::None, Some(leases.clone())),
+        (Skew::StepBack, Some(leases.clone())),
+        (Skew::HalfSpeed, Some(leases)),
+    ] {
+        let start = 50_000_000;
+        let (store_clock, local) = (FakeClock::new(start), FakeClock::new(start));
+        let store = RedisStore::new(server.pool())
+            .client_clock(store_clock.clone())
+            .timeout(Duration::from_secs(5));
+        let limiter = Limiter::new(store, policy.clone()).local_clock(local.clone());
+        let limiter = match &leases {
+            Some(leases) => limiter.leases(leases.clone()).unwrap(),
+            None => limiter,
+        };
+        let subject = format!("skew-{skew:?}-{}", leases.is_some());
+        let mut per_window = std::collections::BTreeMap::<u64, u64>::new();
+        let mut stepped = false;
+        // Half the limit in even windows (a request every 20 ms of the store's clock),
+        // so a lease holds units at their end, and in the first half of odd ones five
+        // times the limit's rate (every 2 ms), so units carried into them would be
+        // admitted beyond the limit.
+        while store_clock.now_ms() < start + 4_000 {
+            let now = store_clock.now_ms();
+            match skew {
+                Skew::None => local.set_ms(now),
+                Skew::HalfSpeed => local.set_ms(start + (now - start) / 2),
+                // 10 ms before the end of the first window, the local clock steps back
+                // 500 ms, and runs on from there.
+                Skew::StepBack => {
+                    stepped |= now - start >= 990;
+                    local.set_ms(if stepped { now - 500 } else { now });
+                }
+            }
+            if limiter
+                .check(subject.as_str(), 1)
+                .await
+                .unwrap()
+                .is_allowed()
+            {
+                *per_window.entry(now / 1_000).or_default() += 1;
+            }
+            tokio::task::yield_now().await;
+            let into = now % 1_000;
+            let next = match (now / 1_000 % 2, into) {
+                (0, _) => 20,
+                (_, ..500) => 2,
+                // Nothing more in this window: what a store call denies there after
+                // units were carried in cannot make up for them.
+                _ => 1_000 - into,
+            };
+            store_clock.advance(Duration::from_millis(next));
+        }
+        eprintln!("{skew:?}, leases {}: {per_window:?}", leases.is_some());
+        assert_eq!(per_window.len(), 4, "{per_window:?}");
+        for (window, admitted) in per_window {
+            assert!(
+                admitted <= 100,
+                "{skew:?}, leases {}: window {window} admitted {admitted}",
+                leases.is_some()
+            );
+        }
+    }
+}
+
+/// Every setter with 0 and the largest values it takes: a `LeaseError` or a limiter
+/// that keeps its limit, never a panic (tests run with overflow checks), on both stores.
+#[tokio::test]
+async fn extreme_lease_settings_are_errors_or_keep_the_limit() {
+    let server = RedisServer::start();
+    let huge = Duration::from_secs(10u64.pow(10));
+    // Each setting, whether it is valid, and the least a sliding window admits with it in
+    // its first window: its limit less a batch (the last units wait for a batch to
+    // fit; a batch is at most the largest lease).
+    let settings: Vec<(&str, Leases, bool, u64)> = vec![
+        (
+            "lifetime(ZERO)",
+            Leases::new().lifetime(Duration::ZERO),
+            false,
+            90,
+        ),
+        (
+            "lifetime(1 us)",
+            Leases::new().lifetime(Duration::from_micros(1)),
+            false,
+            90,
+        ),
+        (
+            "lifetime(MAX)",
+            Leases::new().lifetime(Duration::MAX),
+            true,
+            90,
+        ),
+        ("lifetime(1e10 s)", Leases::new().lifetime(huge), true, 90),
+        ("max_units(0)", Leases::new().max_units(0), false, 90),
+        (
+            "max_units(u64::MAX)",
+            Leases::new().max_units(u64::MAX),
+            true,
+            90,
+        ),
+        ("min_rate(0)", Leases::new().min_rate(0), true, 90),
+        (
+            "min_rate(u32::MAX)",
+            Leases::new().min_rate(u32::MAX),
+            true,
+            90,
+        ),
+        (
+            "min_rate(u32::MAX).lifetime(1e10 s)",
+            Leases::new().min_rate(u32::MAX).lifetime(huge),
+            true,
+            90,
+        ),
+        ("batch(0)", Leases::new().batch(0), true, 90),
+        ("batch(u64::MAX)", Leases::new().batch(u64::MAX), true, 90),
+        ("max_subjects(0)", Leases::new().max_subjects(0), false, 90),
+        (
+            "max_subjects(usize::MAX)",
+            Leases::new().max_subjects(usize::MAX),
+            true,
+            90,
+        ),
+        (
+            "every maximum",
+            Leases::new()
+                .lifetime(Duration::MAX)
+                .max_units(u64::MAX)
+                .min_rate(u32::MAX)
+                .batch(u64::MAX)
+                .max_subjects(usize::MAX),
+            true,
+            1,
+        ),
+        (
+            "every maximum, leasing from 1 a second",
+            Leases::new()
+                .lifetime(Duration::MAX)
+                .max_units(u64::MAX)
+                .min_rate(1)
+                .batch(u64::MAX)
+                .max_subjects(usize::MAX),
+            true,
+            1,
+        ),
+    ];
+    let window = Duration::from_secs(1);
+    for (name, leases, valid, least_sliding) in settings {
+        for policy in [
+            Policy::fixed_window("api", 100, window).unwrap(),
+            Policy::sliding_window("api", 100, window).unwrap(),
+        ] {
+            for on_redis in [false, true] {
+                let clock = FakeClock::new(80_000_000);
+                let what = format!("{name}, {:?}, Redis {on_redis}", policy.algorithm());
+                let admitted = if on_redis {
+                    let store = RedisStore::new(server.pool()).client_clock(clock.clone());
+                    let limiter = Limiter::new(store, policy.clone()).local_clock(clock.clone());
+                    match limiter.leases(leases.clone()) {
+                        Ok(limiter) => Some(run_hot(&limiter, &clock, &what).await),
+                        Err(error) => {
+                            assert!(!error.to_string().is_empty());
+                            None
+                        }
+                    }
+                } else {
+                    let store = MemoryStore::with_clock(clock.clone());
+                    let limiter = Limiter::new(store, policy.clone()).local_clock(clock.clone());
+                    match limiter.leases(leases.clone()) {
+                        Ok(limiter) => Some(run_hot(&limiter, &clock, &what).await),
+                        Err(_) => None,
+                    }
+                };
+                assert_eq!(admitted.is_some(), valid, "{what}: accepted?");
+                let Some(admitted) = admitted else { continue };
+                // One instance: a fixed window admits its limit exactly; a sliding
+                // window, in its first window, at most its limit.
+                let least = if policy.algorithm() == redlimit::Algorithm::FixedWindow {
+                    100
+                } else {
+                    least_sliding
+                };
+                assert!(
+                    (least..=100).contains(&admitted),
+                    "{what}: {admitted} of 300 admitted, limit 100"
+                );
+            }
+        }
+    }
+}
+
+/// 300 checks of one subject within one window (one a millisecond); the admitted.
+async fn run_hot<S>(limiter: &Limiter<S>, clock: &FakeClock, what: &str) -> u64
+where
+    S: redlimit::store::Store,
+{
+    let mut admitted = 0;
+    clock.set_ms(80_000_000);
+    for _ in 0..300 {
+        let decision = limiter.check(what, 1).await;
+        let decision = decision.unwrap_or_else(|e| panic!("{what}: {e}"));
+        admitted += u64::from(decision.is_allowed());
+        clock.advance(Duration::from_millis(1));
+    }
+    admitted
+}
+
+/// The lease generation is one rule in Lua and in the model: a grant names it, later
+/// grants keep it, a give-back under it is a refund, a reset forgets it, and a
+/// give-back under a forgotten one changes nothing.
+#[tokio::test]
+async fn a_give_back_after_a_reset_changes_nothing_in_lua_and_in_the_model() {
+    use redlimit::store::{AdminStore, GiveBack, LeaseAsk, LeaseStore, Operation};
+    async fn run<S: LeaseStore + AdminStore>(
+        store: &S,
+        set: &redlimit::store::PolicySet,
+    ) -> Vec<u64> {
+        let s = || redlimit::Subject::new("generations");
+        let remaining = |d: redlimit::Decision| d.remaining();
+        let ask = LeaseAsk { want: 10, batch: 0 };
+        let (_, first) = store.check_leasing(s(), set, 1, ask).await.unwrap();
+        let (_, second) = store.check_leasing(s(), set, 1, ask).await.unwrap();
+        assert_eq!((first.units, second.units), (10, 10));
+        assert_ne!(first.epoch, 0);
+        assert_eq!(
+            second.epoch, first.epoch,
+            "one generation until the state is lost"
+        );
+        let back = |epoch| GiveBack {
+            units: 5,
+            before_ms: first.window_end_ms.unwrap(),
+            epoch,
+        };
+        let mut seen = vec![remaining(
+            store.give_back(s(), set, back(first.epoch)).await.unwrap(),
+        )];
+        store.run(Operation::Reset, s(), set, 1).await.unwrap();
+        seen.push(remaining(
+            store.run(Operation::Check, s(), set, 1).await.unwrap(),
+        ));
+        // Under the generation the reset forgot: nothing changes.
+        seen.push(remaining(
+            store.give_back(s(), set, back(first.epoch)).await.unwrap(),
+        ));
+        let (_, third) = store.check_leasing(s(), set, 1, ask).await.unwrap();
+        assert_ne!(third.epoch, first.epoch, "a new generation after the reset");
+        seen.push(remaining(
+            store.give_back(s(), set, back(third.epoch)).await.unwrap(),
+        ));
+        seen
+    }
+    let server = RedisServer::start();
+    let clock = FakeClock::new(90_000_000);
+    let policy = Policy::fixed_window("api", 100, Duration::from_secs(10)).unwrap();
+    let set = Limiter::new(MemoryStore::new(), policy)
+        .policy_set()
+        .clone();
+    let redis = run(
+        &RedisStore::new(server.pool()).client_clock(clock.clone()),
+        &set,
+    )
+    .await;
+    let memory = run(&MemoryStore::with_clock(clock.clone()), &set).await;
+    // (A give-back answers as a peek of its units.) 22 counted, 5 back: 17, so 78
+    // after 5 more; after the reset 1 counted (99 after one more), and the give-back
+    // under the forgotten generation changes nothing (94 after 5 more: a refund would
+    // have made it 95); 11 more counted, 5 back under the new one: 7, so 88.
+    assert_eq!(redis, [78, 99, 94, 88]);
+    assert_eq!(memory, redis);
+    // The generation has a key of its own beside the policies' keys, and it expires.
+    let keys = server.keys().await;
+    assert!(
+        keys.iter().any(|k| k == b"rl:{generations}:~lease"),
+        "{keys:?}"
+    );
+    server.assert_every_key_expires().await;
+}
+
+/// An instance that learns of a loss (its next grant is of a new lease generation)
+/// drops what it still held of the old one instead of adding it to the new lease.
+#[tokio::test]
+async fn units_of_a_lost_generation_are_dropped_when_a_new_one_is_granted() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(95_000_000);
+    let policy = Policy::fixed_window("api", 1_000, Duration::from_secs(10)).unwrap();
+    let leases = Leases::new()
+        .lifetime(Duration::from_secs(1))
+        .max_units(20)
+        .min_rate(1);
+    let limiter = instance(&server, &clock, &policy, leases);
+    assert_eq!(admitted_of(&limiter, "gen", 6).await, 6);
+    let old = limiter.held_units();
+    assert!(old > 0, "a lease is held");
+    let mut conn = server.conn().await;
+    let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    // A cost the lease cannot cover asks Redis, which grants from a new generation.
+    let cost = u32::try_from(old).unwrap() + 1;
+    assert!(limiter.check("gen", cost).await.unwrap().is_allowed());
+    // (A peek of 1 answers what would be left after one more.)
+    let counted = 1_000 - 1 - limiter.peek("gen", 1).await.unwrap().remaining();
+    let granted = counted - u64::from(cost);
+    assert!(granted > 0, "a new lease");
+    assert_eq!(
+        limiter.held_units(),
+        granted,
+        "the {old} units of the lost generation are not held on"
+    );
 }

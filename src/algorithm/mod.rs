@@ -302,6 +302,8 @@ pub(crate) fn decide_leasing(
         window_left_ms,
         ask_again_ms: 0,
         window_end_ms: window_left_ms.map(|left| now + left),
+        // The store's to give: it keeps the subject's lease generation.
+        epoch: 0,
     };
     (outcomes, keep, grant)
 }

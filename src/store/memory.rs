@@ -30,8 +30,8 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use super::{
-    AdminStore, CheckNow, Fnv1a, GiveBackFuture, Grant, LeaseAsk, LeaseFuture, LeaseStore,
-    Operation, PolicySet, Store, StoreError,
+    AdminStore, CheckNow, Fnv1a, GiveBack, GiveBackFuture, Grant, LeaseAsk, LeaseFuture,
+    LeaseStore, Operation, PolicySet, Store, StoreError,
 };
 use crate::algorithm::{self, State};
 use crate::clock::{Clock, MonotonicClock};
@@ -94,6 +94,65 @@ struct Inner {
     /// Set once a background thread sweeps: calls then leave housekeeping alone.
     swept_in_background: AtomicBool,
     sweeper: OnceLock<Sweeper>,
+    /// The lease generations of subjects that leased ([`Grant::epoch`]), apart from
+    /// the states so that checks never pay for them.
+    epochs: Mutex<Epochs>,
+}
+
+/// One policy set's subjects: each one's generation and when it expires (ms).
+type SubjectEpochs = HashMap<Box<[u8]>, (u64, u64)>;
+
+/// Per policy set (fingerprint) and subject: the generation and when it expires (ms),
+/// with the states it was made with. Generations are unique per store.
+#[derive(Debug, Default)]
+struct Epochs {
+    map: HashMap<u64, SubjectEpochs>,
+    last: u64,
+    /// Entries when expired ones were last dropped: they are dropped again once the
+    /// map has doubled since.
+    pruned_at_len: usize,
+}
+
+impl Epochs {
+    /// The generation of `subject` under `set` at `now`, if it has one.
+    fn get(&self, set: u64, subject: &[u8], now: u64) -> Option<u64> {
+        let &(epoch, expires) = self.map.get(&set)?.get(subject)?;
+        (now < expires).then_some(epoch)
+    }
+
+    /// The generation of `subject` under `set`, made if it has none, kept until
+    /// `expires`.
+    fn keep(&mut self, set: u64, subject: &[u8], now: u64, expires: u64) -> u64 {
+        let epoch = match self.get(set, subject, now) {
+            Some(epoch) => epoch,
+            None => {
+                self.last += 1;
+                self.last
+            }
+        };
+        let subjects = self.map.entry(set).or_default();
+        match subjects.get_mut(subject) {
+            Some(slot) => *slot = (epoch, expires.max(slot.1)),
+            None => {
+                subjects.insert(subject.into(), (epoch, expires));
+            }
+        }
+        let len: usize = self.map.values().map(HashMap::len).sum();
+        if len > 2 * self.pruned_at_len + 1_024 {
+            for subjects in self.map.values_mut() {
+                subjects.retain(|_, &mut (_, expires)| now < expires);
+            }
+            self.map.retain(|_, subjects| !subjects.is_empty());
+            self.pruned_at_len = self.map.values().map(HashMap::len).sum();
+        }
+        epoch
+    }
+
+    fn forget(&mut self, set: u64, subject: &[u8]) {
+        if let Some(subjects) = self.map.get_mut(&set) {
+            subjects.remove(subject);
+        }
+    }
 }
 
 /// The background sweeping thread, to wake it (a new interval, or the store dropped).
@@ -475,6 +534,7 @@ impl MemoryStore {
                 schedule: Mutex::new(schedule),
                 swept_in_background: AtomicBool::new(false),
                 sweeper: OnceLock::new(),
+                epochs: Mutex::default(),
             }),
         }
     }
@@ -594,6 +654,7 @@ impl MemoryStore {
         let mut shard = inner.shard(probe.hash).lock();
         if op == Operation::Reset {
             shard.remove(probe.as_parts());
+            lock_epochs(inner).forget(set.fingerprint(), subject.as_bytes());
         }
         // Only a check creates an entry.
         let Some(entry) = shard.get_mut(probe.as_parts()) else {
@@ -643,9 +704,23 @@ impl MemoryStore {
             ask.batch,
         );
         entry.keep(now, keep);
+        let expires = entry.expires_at_ms;
         drop(shard);
+        let mut grant = grant;
+        if grant.units > 0 {
+            let subject = subject.as_bytes();
+            grant.epoch = lock_epochs(inner).keep(set.fingerprint(), subject, now, expires);
+        }
         (Decision::from_outcomes(policies, outcomes), grant)
     }
+}
+
+/// The lease generations' lock; a panic elsewhere while it was held leaves plain data.
+fn lock_epochs(inner: &Inner) -> MutexGuard<'_, Epochs> {
+    inner
+        .epochs
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A check of several policies on the entry `decide` found and renewed, all or nothing
@@ -808,19 +883,19 @@ impl LeaseStore for MemoryStore {
         Box::pin(ready(Ok(self.decide_leasing(subject, set, cost, ask))))
     }
 
-    fn give_back(
-        &self,
-        subject: Subject,
-        set: &PolicySet,
-        units: u64,
-        before_ms: u64,
-    ) -> GiveBackFuture {
-        let op = if self.inner.clock.now_ms() < before_ms {
+    fn give_back(&self, subject: Subject, set: &PolicySet, back: GiveBack) -> GiveBackFuture {
+        let now = self.inner.clock.now_ms();
+        let epoch = lock_epochs(&self.inner).get(set.fingerprint(), subject.as_bytes(), now);
+        let op = if now < back.before_ms && epoch == Some(back.epoch) {
             Operation::Refund
         } else {
             Operation::Peek
         };
-        Box::pin(ready(Ok(self.run_op(op, subject, set, units))))
+        Box::pin(ready(Ok(self.run_op(op, subject, set, back.units))))
+    }
+
+    fn lease_clock(&self) -> Option<Arc<dyn Clock>> {
+        Some(Arc::clone(&self.inner.clock))
     }
 }
 

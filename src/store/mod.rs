@@ -13,6 +13,7 @@ use std::hash::{Hash, Hasher};
 use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::policy::Policy;
 use crate::subject::Subject;
@@ -237,6 +238,25 @@ pub struct Grant {
     /// When denied: milliseconds until the cost and [`LeaseAsk::batch`] more units
     /// would fit (0 when allowed).
     pub ask_again_ms: u64,
+    /// The generation of the subject's lease state the units were taken in (0 when
+    /// none were): made by the first grant, kept as long as the states, forgotten
+    /// with them (a reset, a flush, a restart). A give-back carries it
+    /// ([`GiveBack::epoch`]) and changes nothing once the store's differs, so units
+    /// counted before a loss are never subtracted from counts made after it.
+    pub epoch: u64,
+}
+
+/// Units a lease did not spend, for [`LeaseStore::give_back`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GiveBack {
+    /// The units, at most [`PolicySet::max_cost`].
+    pub units: u64,
+    /// The end of the lease's window on the store's clock ([`Grant::window_end_ms`]):
+    /// from then on the window the units came from is over and nothing changes.
+    pub before_ms: u64,
+    /// The lease generation the units were taken in ([`Grant::epoch`]): once the
+    /// store's is another, they are no longer counted and nothing changes.
+    pub epoch: u64,
 }
 
 /// The pending result of [`LeaseStore::check_leasing`].
@@ -264,16 +284,20 @@ pub trait LeaseStore: Send + Sync + 'static {
         ask: LeaseAsk,
     ) -> LeaseFuture;
 
-    /// Gives back `units` a lease did not spend, as [`Operation::Refund`] does, if the
-    /// store's clock is still before `before_ms` (the lease's [`Grant::window_end_ms`]);
-    /// after it the window the units came from is over and nothing changes.
-    fn give_back(
-        &self,
-        subject: Subject,
-        set: &PolicySet,
-        units: u64,
-        before_ms: u64,
-    ) -> GiveBackFuture;
+    /// Gives back units a lease did not spend, as [`Operation::Refund`] does, if the
+    /// store's clock is still before [`GiveBack::before_ms`] and the subject's lease
+    /// generation is still [`GiveBack::epoch`]; otherwise nothing changes (a peek).
+    fn give_back(&self, subject: Subject, set: &PolicySet, back: GiveBack) -> GiveBackFuture;
+
+    /// The clock this store decides on, when it reads one in this process (the memory
+    /// store's, a Redis store's client clock); `None` (the default) when it keeps its
+    /// own, as Redis `TIME`, which runs at the speed of time. Leases and the denials an
+    /// instance keeps are timed on it (or, for `None`, on a monotonic clock), never on
+    /// the limiter's local clock: one that runs slow or steps back could otherwise
+    /// spend a lease after its window ended in the store.
+    fn lease_clock(&self) -> Option<Arc<dyn Clock>> {
+        None
+    }
 }
 
 impl<S: LeaseStore> LeaseStore for Arc<S> {
@@ -287,14 +311,12 @@ impl<S: LeaseStore> LeaseStore for Arc<S> {
         (**self).check_leasing(subject, set, cost, ask)
     }
 
-    fn give_back(
-        &self,
-        subject: Subject,
-        set: &PolicySet,
-        units: u64,
-        before_ms: u64,
-    ) -> GiveBackFuture {
-        (**self).give_back(subject, set, units, before_ms)
+    fn give_back(&self, subject: Subject, set: &PolicySet, back: GiveBack) -> GiveBackFuture {
+        (**self).give_back(subject, set, back)
+    }
+
+    fn lease_clock(&self) -> Option<Arc<dyn Clock>> {
+        (**self).lease_clock()
     }
 }
 

@@ -146,7 +146,13 @@
 //! arguments, one `FCALL` each: a peek reads and writes nothing; a refund rewrites
 //! each state smaller with `SET .. KEEPTTL` (the state only shrinks, so its TTL still
 //! covers it; Redis 6.0 or later); a reset is a `DEL` of the subject's keys for the
-//! limiter's policies.
+//! limiter's policies and of its lease generation key.
+//!
+//! With leases ([`crate::lease`]), a subject also has one more key,
+//! `<prefix>:{<subject>}:~lease`, its lease generation (`~` is never in a policy
+//! name, so it cannot be a policy's key): written by leasing checks that grant units
+//! (with the TTL of the states they write), read by give-backs, deleted by a reset.
+//! Plain checks never touch it.
 
 use std::fmt;
 use std::future::Future;
@@ -160,8 +166,8 @@ use deadpool_redis::Pool;
 use smallvec::SmallVec;
 
 use super::{
-    AdminStore, GiveBackFuture, Grant, LeaseAsk, LeaseFuture, LeaseStore, Operation, PolicySet,
-    Store, StoreError, StoreErrorKind,
+    AdminStore, GiveBack, GiveBackFuture, Grant, LeaseAsk, LeaseFuture, LeaseStore, Operation,
+    PolicySet, Store, StoreError, StoreErrorKind,
 };
 use crate::clock::Clock;
 use crate::decision::{Decision, PolicyOutcome};
@@ -351,7 +357,7 @@ impl RedisStore {
             op,
             policies: Arc::clone(set.policies()),
             lease: None,
-            give_back_before: None,
+            give_back: None,
         }
     }
 
@@ -483,26 +489,25 @@ impl LeaseStore for RedisStore {
         })
     }
 
-    fn give_back(
-        &self,
-        subject: Subject,
-        set: &PolicySet,
-        units: u64,
-        before_ms: u64,
-    ) -> GiveBackFuture {
-        let mut call = self.call(Operation::Refund, &subject, set, units);
-        call.give_back_before = Some(before_ms);
+    fn give_back(&self, subject: Subject, set: &PolicySet, back: GiveBack) -> GiveBackFuture {
+        let mut call = self.call(Operation::Refund, &subject, set, back.units);
+        call.give_back = Some(back);
         let sent = self.send(call);
         Box::pin(async move {
             let (call, reply) = sent.await?;
             Ok(decision(&call.policies, reply, false)?.0)
         })
     }
+
+    /// The client clock, if the store decides on one; else Redis `TIME`'s own.
+    fn lease_clock(&self) -> Option<Arc<dyn Clock>> {
+        self.settings.clock.clone()
+    }
 }
 
 /// Reads the script's reply: four integers per policy, and for a leasing check
-/// (`lease`) four more: the units granted, the window's ms left, the ms to ask again,
-/// the window's end.
+/// (`lease`) five more: the units granted, the window's ms left, the ms to ask again,
+/// the window's end, the lease generation.
 fn decision(
     policies: &Arc<[Policy]>,
     reply: Value,
@@ -512,7 +517,7 @@ fn decision(
     let Value::Array(items) = reply else {
         return Err(protocol(format!("expected an array, got {reply:?}")));
     };
-    let expected = 4 * policies.len() + if lease { 4 } else { 0 };
+    let expected = 4 * policies.len() + if lease { 5 } else { 0 };
     if items.len() != expected {
         return Err(protocol(format!(
             "expected {expected} integers, got {}",
@@ -525,20 +530,22 @@ fn decision(
     };
     let (per_policy, extra) = items.split_at(4 * policies.len());
     let grant = match extra {
-        [units, window_left, again, window_end] => {
-            let (Some(units), Some(window_left), Some(again), Some(window_end)) = (
+        [units, window_left, again, window_end, epoch] => {
+            let (Some(units), Some(window_left), Some(again), Some(window_end), Some(epoch)) = (
                 number(units),
                 number(window_left),
                 number(again),
                 number(window_end),
+                number(epoch),
             ) else {
-                return Err(protocol(format!("expected 4 integers, got {extra:?}")));
+                return Err(protocol(format!("expected 5 integers, got {extra:?}")));
             };
             Grant {
                 units,
                 window_left_ms: (window_left > 0).then_some(window_left),
                 ask_again_ms: again,
                 window_end_ms: (window_end > 0).then_some(window_end),
+                epoch,
             }
         }
         _ => Grant::default(),

@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 use deadpool_redis::redis::{Cmd, Script};
 
 use crate::policy::{Algorithm, Policy};
-use crate::store::{LeaseAsk, Operation};
+use crate::store::{GiveBack, LeaseAsk, Operation};
 
 /// The helpers every script starts with.
 const COMMON: &str = include_str!("../../../lua/common.lua");
@@ -238,14 +238,21 @@ pub(super) struct Call {
     pub(super) policies: Arc<[Policy]>,
     /// A check that also asks for a lease: the units wanted and the batch.
     pub(super) lease: Option<LeaseAsk>,
-    /// A refund that is a lease's give-back: only before this time (ms, the store's
-    /// clock), sent as the operation `g:<ms>`.
-    pub(super) give_back_before: Option<u64>,
+    /// A refund that is a lease's give-back: only before its time (ms, the store's
+    /// clock) and while the subject's lease generation is its epoch, sent as the
+    /// operation `g:<ms>:<epoch>`.
+    pub(super) give_back: Option<GiveBack>,
 }
 
 impl Call {
     fn shape(&self) -> Shape {
         Shape::of(&self.policies, self.op, self.lease.is_some())
+    }
+
+    /// Whether the call names the subject's lease generation key after its policies'
+    /// keys: a leasing check, a give-back and a reset do.
+    fn names_lease_key(&self) -> bool {
+        self.lease.is_some() || self.give_back.is_some() || self.op == Operation::Reset
     }
 
     /// The command, sent `via` a function or a script; the arguments are the same.
@@ -272,7 +279,8 @@ impl Call {
                 cmd
             }
         };
-        cmd.arg(self.policies.len());
+        let lease_key = self.names_lease_key();
+        cmd.arg(self.policies.len() + usize::from(lease_key));
         let mut key = String::with_capacity(self.key_base.len() + 24);
         for policy in self.policies.iter() {
             key.clear();
@@ -280,9 +288,12 @@ impl Call {
             push_policy_suffix(&mut key, policy);
             cmd.arg(key.as_str());
         }
+        if lease_key {
+            cmd.arg(lease_key_of(&self.key_base));
+        }
         cmd.arg(self.cost);
-        if let Some(before) = self.give_back_before {
-            cmd.arg(format!("g:{before}"));
+        if let Some(back) = self.give_back {
+            cmd.arg(format!("g:{}:{}", back.before_ms, back.epoch));
         } else if self.op != Operation::Check {
             cmd.arg(op_code(self.op));
         } else if let Some(ask) = self.lease {
@@ -306,6 +317,15 @@ impl Call {
         }
         cmd
     }
+}
+
+/// The key of a subject's lease generation, from its key base (`prefix:{subject}:`):
+/// `~` is never in a policy name, so no policy's key is this one.
+pub(super) fn lease_key_of(key_base: &str) -> String {
+    let mut key = String::with_capacity(key_base.len() + 6);
+    key.push_str(key_base);
+    key.push_str("~lease");
+    key
 }
 
 /// Appends `<policy name>:<algorithm code>` to a key base.
