@@ -143,6 +143,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -280,9 +281,22 @@ impl RedisStore {
         self
     }
 
-    /// Sets how long a call may take (default 50 ms) before it fails with
+    /// Sets how long Redis may stay silent (default 50 ms) before a call fails with
     /// [`StoreErrorKind::Timeout`]: a rate limiter must not become the slow part of a
     /// request.
+    ///
+    /// The timeout measures Redis, not the application: a call times out when the
+    /// connection has delivered no reply at all for `timeout` (Redis stopped,
+    /// paused or unreachable). While replies keep arriving for the calls sent before
+    /// it (Redis answers in order on one connection), the call is only behind a busy
+    /// app or a deep pipeline, and it waits for its own reply: a reply that arrives is
+    /// a decision, however late the app reads it. That wait is bounded: at most 1 s
+    /// (or `timeout`, if longer) from the send. On a Redis Cluster, whose connection
+    /// multiplexes several nodes (one node's replies say nothing of another's), the
+    /// timeout runs from the send.
+    ///
+    /// `Duration::MAX`, or any timeout too large to add to the clock, means no timeout
+    /// at all. A timeout under 1 ms (tokio's timer resolution) is read as 1 ms.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         Arc::make_mut(&mut self.settings).timeout = timeout;
         self
@@ -350,27 +364,49 @@ impl RedisStore {
     /// How many calls this store and its clones have sent to Redis (each one round
     /// trip, whatever came back): for metrics, and for measuring what leases save.
     pub fn calls_sent(&self) -> u64 {
-        self.link.calls.load(std::sync::atomic::Ordering::Relaxed)
+        self.link.calls.load(Ordering::Relaxed)
     }
 
-    /// Sends `call` on the store's connection within the timeout.
+    /// How many calls of this store and its clones ended without a decision: timed
+    /// out, refused by the server, or failed on the connection (or found it being
+    /// replaced). Each went to the limiter's fallback or the layer's failure mode, so
+    /// an operator can watch this (beside [`RedisStore::calls_sent`]) without a log
+    /// subscriber; the `metrics` feature counts the same by kind.
+    pub fn calls_failed(&self) -> u64 {
+        self.link.failures.load(Ordering::Relaxed)
+    }
+
+    /// How many of [`RedisStore::calls_failed`] timed out: Redis answered nothing
+    /// for the whole timeout (see [`RedisStore::timeout`]).
+    pub fn calls_timed_out(&self) -> u64 {
+        self.link.timeouts.load(Ordering::Relaxed)
+    }
+
+    /// Sends `call` on the store's connection within the timeout (see
+    /// [`RedisStore::timeout`] for what it measures).
     fn send(&self, call: Call) -> impl Future<Output = Result<(Call, Value), StoreError>> {
         let link = Arc::clone(&self.link);
         let timeout = self.settings.timeout;
         async move {
-            let deadline = tokio::time::Instant::now() + timeout;
-            // While connected, the connection is lent at once: no timer for that.
-            let mut lent = match link.current() {
-                Some(lent) => lent,
-                None => tokio::time::timeout_at(deadline, link.lend())
-                    .await
-                    .map_err(|_| StoreError::timeout())??,
-            };
-            match tokio::time::timeout_at(deadline, link.eval(&mut lent, &call)).await {
-                Ok(reply) => Ok((call, reply?)),
-                Err(_) => {
-                    link.timed_out(&lent);
-                    Err(StoreError::timeout())
+            let result = async {
+                // While connected, the connection is lent at once: no timer for that.
+                let mut lent = match link.current() {
+                    Some(lent) => lent,
+                    None => match tokio::time::Instant::now().checked_add(timeout) {
+                        Some(deadline) => tokio::time::timeout_at(deadline, link.lend())
+                            .await
+                            .map_err(|_| StoreError::timeout())??,
+                        None => link.lend().await?,
+                    },
+                };
+                link.eval_within(&mut lent, &call, timeout).await
+            }
+            .await;
+            match result {
+                Ok(reply) => Ok((call, reply)),
+                Err(error) => {
+                    link.count_failure(&error);
+                    Err(error)
                 }
             }
         }
