@@ -750,7 +750,11 @@ async fn every_timeout_is_a_defined_meaning_never_a_panic() {
                 .check(subject.as_str(), 1)
                 .await
                 .unwrap_or_else(|e| panic!("timeout {timeout:?}: {e}"));
-            assert_eq!(decision.is_allowed(), n < 2, "timeout {timeout:?}, check {n}");
+            assert_eq!(
+                decision.is_allowed(),
+                n < 2,
+                "timeout {timeout:?}, check {n}"
+            );
         }
     }
     let store = RedisStore::new(server.pool()).timeout(Duration::ZERO);
