@@ -28,7 +28,9 @@
 //! library, which reads Redis `TIME` (by default), decides every policy, and writes
 //! state only if all admit. The library is loaded (`FUNCTION LOAD`) when a server
 //! answers that it lacks it, after a restart or a `FUNCTION FLUSH`; that call is sent
-//! as its script in full (`EVAL`) meanwhile, so no call fails for it. A library's
+//! as its script in full (`EVAL`) meanwhile, so no call fails for it, and its reply
+//! is its answer at once: the load runs in a task of its own, so a call that ran is
+//! never reported as a timeout because the load was slow. A library's
 //! functions are defined once, when it is loaded, where a script's chunk defines them
 //! anew on every call: about a tenth of a check's Redis instructions. A server without
 //! functions (before Redis 7.0) gets scripts instead: `EVALSHA`, and `EVAL` after

@@ -256,17 +256,18 @@ impl Link {
         }
     }
 
-    async fn send(&self, lent: &mut Lent, call: &Call) -> RedisResult<Value> {
+    async fn send(self: &Arc<Self>, lent: &mut Lent, call: &Call) -> RedisResult<Value> {
         if self.functions.load(Ordering::Relaxed) {
             match lent.conn.query(&call.command(Via::Function)).await {
                 Err(e) if server_says(&e, "Function not found") => {
                     // This call goes as the script in full, which runs it whatever the
-                    // server forgets meanwhile; then the library is loaded for the
-                    // calls to come (a failed load only means the next call tries again).
+                    // server forgets meanwhile, and its reply is its answer at once:
+                    // waiting for the library's load too would let the timeout report
+                    // a call that ran as one that failed. The library is loaded in the
+                    // background for the calls to come (a failed load only means the
+                    // next call tries again).
                     let reply = lent.conn.query(&call.command(Via::ScriptSource)).await;
-                    if let Err(error) = self.load_library(lent).await {
-                        tracing::debug!(%error, "could not load the redlimit function library");
-                    }
+                    self.load_library_later(&lent.conn);
                     return reply;
                 }
                 Err(e) if server_says(&e, "unknown command") => {
@@ -284,12 +285,29 @@ impl Link {
         }
     }
 
-    /// Loads the function library, unless another call did while this one waited.
-    async fn load_library(&self, lent: &mut Lent) -> RedisResult<()> {
+    /// Loads the function library on `conn` in a task of its own, unless another
+    /// load finishes first.
+    fn load_library_later(self: &Arc<Self>, conn: &Conn) {
         let before = self.loads.load(Ordering::Acquire);
+        let (link, mut conn) = (Arc::clone(self), conn.clone());
+        tokio::spawn(async move {
+            // Bounded, so a load that hangs cannot hold the lock for the loads to come.
+            let load = tokio::time::timeout(CONNECT_TIMEOUT, link.load_library(&mut conn, before));
+            match load.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "could not load the redlimit function library");
+                }
+                Err(_) => tracing::debug!("loading the redlimit function library timed out"),
+            }
+        });
+    }
+
+    /// Loads the function library, unless a load finished since `loads` was `before`.
+    async fn load_library(&self, conn: &mut Conn, before: u64) -> RedisResult<()> {
         let _loading = self.loading.lock().await;
         if self.loads.load(Ordering::Acquire) == before {
-            lent.conn.query(&Library::get().load_command()).await?;
+            conn.query(&Library::get().load_command()).await?;
             self.loads.fetch_add(1, Ordering::Release);
             tracing::debug!("loaded the redlimit function library");
         }
