@@ -114,6 +114,18 @@
 //! masters' subjects are not affected at all. Within about 0.1 s of the promotion
 //! the store decides correctly again, on the same connection.
 //!
+//! A call is sent again only when a node refused it, which proves it did not run
+//! there: `MOVED` and `ASK` (a slot that moved or is moving), followed by the store
+//! itself to the node named, at most three times. It is never sent again after an
+//! error that leaves its fate unknown (a connection reset, a node lost while the call
+//! was in flight): the call may have run, and a second one would count the request
+//! twice. [`RedisStore::cluster_from_urls`] builds its own cluster client with no
+//! retries of its own for that reason. The client of a `deadpool_redis` cluster pool
+//! ([`RedisStore::cluster`]) resends a command after an I/O error (up to 16 times),
+//! and deadpool-redis has no setting to stop it: on that path a call cut off after
+//! it ran may be counted twice. Prefer `cluster_from_urls` where counts must be
+//! exact.
+//!
 //! Replication is asynchronous: decisions the lost master made in its last moments
 //! may not have reached its replica, so their subjects may be admitted those few
 //! requests again. That is the price of Redis replication, not of the store; what
@@ -149,7 +161,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::cluster::{CreatePoolError as ClusterCreatePoolError, Pool as ClusterPool};
+use deadpool_redis::cluster::{
+    ConfigError as ClusterConfigError, CreatePoolError as ClusterCreatePoolError,
+    Pool as ClusterPool,
+};
 use deadpool_redis::redis::Value;
 use deadpool_redis::Pool;
 use smallvec::SmallVec;
@@ -219,6 +234,10 @@ impl RedisStore {
     ///
     /// Each call goes to the master of its subject's slot in one round trip; the
     /// connection follows failovers and resharding by itself. Connects lazily.
+    ///
+    /// The pool's client resends a command after an I/O error, when it may have run,
+    /// so a call cut off after it ran may be counted twice (see
+    /// [Redis Cluster](self#redis-cluster)); [`RedisStore::cluster_from_urls`] does not.
     pub fn cluster(pool: ClusterPool) -> Self {
         Self::on(Source::Cluster(pool))
     }
@@ -229,6 +248,10 @@ impl RedisStore {
     ///
     /// Blank entries are skipped, so a trailing comma is harmless. Fails when no URL
     /// is left or one cannot be parsed; connects lazily.
+    ///
+    /// The store builds its own cluster client, with no retries: a call is sent again
+    /// only after a node's `MOVED` or `ASK` (it did not run), never after an error
+    /// that leaves its fate unknown (see [Redis Cluster](self#redis-cluster)).
     pub fn cluster_from_urls<I>(urls: I) -> Result<Self, ClusterCreatePoolError>
     where
         I: IntoIterator,
@@ -239,9 +262,16 @@ impl RedisStore {
             .map(|url| url.as_ref().trim().to_owned())
             .filter(|url| !url.is_empty())
             .collect();
-        let pool = deadpool_redis::cluster::Config::from_urls(urls)
+        // Checked as the pool would check them, so the errors stay the pool's.
+        deadpool_redis::cluster::Config::from_urls(urls.clone())
             .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
-        Ok(Self::cluster(pool))
+        // No retries: the client would resend a call after an I/O error, when it may
+        // have run (a double count); the store follows redirects itself.
+        let client = deadpool_redis::cluster::ClusterClient::builder(urls)
+            .retries(0)
+            .build()
+            .map_err(|e| ClusterCreatePoolError::Config(ClusterConfigError::Redis(e)))?;
+        Ok(Self::on(Source::ClusterClient(client)))
     }
 
     fn on(source: Source) -> Self {

@@ -356,10 +356,13 @@ impl Link {
         let replace_because = if !lent.conn.repairs_itself() {
             broken.then_some("Redis connection lost")
         } else if error.kind() == ErrorKind::ClusterConnectionNotFound {
-            // The cluster client has no socket to any node left, and would retry every
-            // node at once, again and again, for as long as calls keep coming: drop it
-            // for one paced attempt at a time.
-            Some("Redis Cluster connection lost every node")
+            // The cluster client has no socket to the call's node. With every node
+            // lost it would retry every node at once, again and again, for as long as
+            // calls keep coming: drop it for one paced attempt at a time. With one
+            // node lost (the store's client never retries, so each call to that node
+            // says so) the others keep answering, and the client repairs it.
+            (self.silent_ms() >= CLUSTER_STALL_MS)
+                .then_some("Redis Cluster connection lost every node")
         } else {
             // A cluster connection repairs a failed node by itself, with backoff, while
             // the other nodes keep answering; one that answers nothing at all for a
