@@ -57,6 +57,25 @@
 //! storm, no queue of waiting calls during an outage. Only the calls made before the
 //! very first connection exists wait for it, within their timeout.
 //!
+//! # Timeouts, and what counts as a failure
+//!
+//! The timeout ([`RedisStore::timeout`], 50 ms by default) measures Redis, not the
+//! application: a call fails with [`StoreErrorKind::Timeout`](crate::store::StoreErrorKind)
+//! when the connection has delivered no reply at all for that long, which is what a
+//! stopped, paused or unreachable server looks like. Redis answers in order on one
+//! connection, so while replies to the calls sent before it keep arriving, a call is
+//! only behind a busy app or a deep pipeline, and it waits for its own reply, at most
+//! 1 s from the send: under a flood of connections, limits stay on. A call that
+//! timed out may still have run; it is never sent again, and the layer never refunds
+//! a request it let through for it.
+//!
+//! Every call that ends without a decision (timed out, refused, failed on the
+//! connection) is counted: [`RedisStore::calls_failed`] and
+//! [`RedisStore::calls_timed_out`], beside [`RedisStore::calls_sent`], for an operator
+//! without a log subscriber; under the `metrics` feature, `redlimit_store_errors_total`
+//! by kind; and a request the layer let through undecided carries an
+//! [`Origin::FailOpen`](crate::Origin) decision.
+//!
 //! # Redis Cluster
 //!
 //! Past one machine, the store runs on a Redis Cluster through redis's cluster
