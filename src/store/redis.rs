@@ -290,7 +290,7 @@ impl RedisStore {
             .retries(0)
             .build()
             .map_err(|e| ClusterCreatePoolError::Config(ClusterConfigError::Redis(e)))?;
-        Ok(Self::on(Source::ClusterClient(client)))
+        Ok(Self::on(Source::ClusterClient(Box::new(client))))
     }
 
     fn on(source: Source) -> Self {

@@ -26,7 +26,7 @@ pub(super) enum Source {
     /// A Redis Cluster through a client built with no retries of its own: a command
     /// is sent again only when a node refused it (`MOVED`, `ASK`), never after an
     /// error that leaves its fate unknown.
-    ClusterClient(ClusterClient),
+    ClusterClient(Box<ClusterClient>),
 }
 
 /// A connection of either kind. Clones share its sockets and pipeline their calls.
