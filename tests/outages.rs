@@ -76,9 +76,10 @@ enum Shape {
     /// `maxmemory 1` with `noeviction` for 500 ms: every write refused with `-OOM`.
     OutOfMemory,
     /// Five `SCRIPT FLUSH` + `FUNCTION FLUSH`es, 100 ms apart: the server forgets
-    /// the store's Lua. The store meets "Function not found" and loads its library
-    /// again within the same call, so no request should notice: no failure answer at
-    /// all, and at least one `FUNCTION LOAD` per flush.
+    /// the store's Lua. The store meets "Function not found", sends that call as its
+    /// script in full and loads its library again in the background, so no request
+    /// should notice: no failure answer at all, and at least one `FUNCTION LOAD` per
+    /// flush.
     ScriptFlush,
     /// Three `CLIENT KILL TYPE normal SKIPME yes`, 200 ms apart: each must find
     /// exactly one connection, the store's, reconnected since the last.
@@ -524,8 +525,8 @@ async fn outage(shape: Shape, mode: Mode) {
         );
     }
     if shape == Shape::ScriptFlush {
-        // The store meets "Function not found" and loads its library in the same call:
-        // no request even notices.
+        // The store meets "Function not found", answers that call through its script
+        // and loads its library in the background: no request even notices.
         assert_eq!(
             failure_answers, 0,
             "{mode:?}: requests failed across SCRIPT FLUSH"

@@ -118,8 +118,25 @@ async fn a_call_is_one_fcall_on_one_shared_connection() {
     )
     .policy(Policy::sliding_log("b", 1_000, Duration::from_secs(60)).unwrap())
     .policy(Policy::token_bucket("c", 1_000, 10, Duration::from_secs(1)).unwrap());
-    // The first call connects and loads the function library.
+    // The first call connects and has the function library loaded, in the background
+    // (the call answers with its EVAL reply at once): wait for it, within a bound.
     assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let libraries: Vec<redis::Value> = redis::cmd("FUNCTION")
+            .arg("LIST")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if !libraries.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the library was not loaded in 2 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query_async::<()>(&mut conn)
