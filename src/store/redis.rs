@@ -65,7 +65,8 @@
 //! stopped, paused or unreachable server looks like. Redis answers in order on one
 //! connection, so while replies to the calls sent before it keep arriving, a call is
 //! only behind a busy app or a deep pipeline, and it waits for its own reply, at most
-//! 1 s from the send: under a flood of connections, limits stay on. A call that
+//! 1 s from the send: under a flood of connections, limits stay on (unless the app is
+//! so starved of CPU that no call at all completes for the timeout). A call that
 //! timed out may still have run; it is never sent again, and the layer never refunds
 //! a request it let through for it.
 //!
@@ -342,7 +343,10 @@ impl RedisStore {
     /// it (Redis answers in order on one connection), the call is only behind a busy
     /// app or a deep pipeline, and it waits for its own reply: a reply that arrives is
     /// a decision, however late the app reads it. That wait is bounded: at most 1 s
-    /// (or `timeout`, if longer) from the send. On a Redis Cluster, whose connection
+    /// (or `timeout`, if longer) from the send. A reply is counted when the call it
+    /// answers reads it, so a runtime starved so badly that no call completes for a
+    /// whole `timeout` (measured beside two CPU hogs on two cores) still looks like a
+    /// silent Redis. On a Redis Cluster, whose connection
     /// multiplexes several nodes (one node's replies say nothing of another's), the
     /// timeout runs from the send.
     ///
