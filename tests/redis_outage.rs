@@ -249,11 +249,11 @@ async fn a_deep_pipeline_on_a_healthy_redis_is_decided_not_timed_out() {
     );
     for i in 0..4 {
         limiter = limiter
-            .policy(Policy::sliding_log(&format!("log{i}"), 100, window).unwrap())
-            .policy(Policy::sliding_window(&format!("sw{i}"), 100, window).unwrap())
-            .policy(Policy::fixed_window(&format!("fw{i}"), 100, window).unwrap())
+            .policy(Policy::sliding_log(format!("log{i}"), 100, window).unwrap())
+            .policy(Policy::sliding_window(format!("sw{i}"), 100, window).unwrap())
+            .policy(Policy::fixed_window(format!("fw{i}"), 100, window).unwrap())
             .policy(
-                Policy::token_bucket(&format!("tb{i}"), 100, 1, Duration::from_secs(1)).unwrap(),
+                Policy::token_bucket(format!("tb{i}"), 100, 1, Duration::from_secs(1)).unwrap(),
             );
     }
     let limiter = Arc::new(limiter);

@@ -72,6 +72,34 @@ impl Source {
     }
 }
 
+/// Sends `cmd` to the node a redirect named (`ASKING` first for an `ASK`), and again
+/// while nodes redirect it, up to [`MAX_REDIRECTS`] times in all.
+async fn follow(
+    conn: &mut ClusterConnection,
+    cmd: &Cmd,
+    (mut ask, mut host, mut port): (bool, String, u16),
+) -> RedisResult<Value> {
+    let mut redirects = 0;
+    loop {
+        redirects += 1;
+        let node = SingleNodeRoutingInfo::ByAddress { host, port };
+        let reply = if ask {
+            let mut asking = redis::pipe();
+            asking.cmd("ASKING").add_command(cmd.clone());
+            conn.route_pipeline(asking, 1, 1, node)
+                .await
+                .map(|mut replies| replies.pop().unwrap_or(Value::Nil))
+        } else {
+            conn.route_command(cmd.clone(), RoutingInfo::SingleNode(node))
+                .await
+        };
+        match reply.as_ref().err().and_then(redirect) {
+            Some(next) if redirects < MAX_REDIRECTS => (ask, host, port) = next,
+            _ => return reply,
+        }
+    }
+}
+
 /// The node a `MOVED` (false) or `ASK` (true) error names.
 fn redirect(error: &redis::RedisError) -> Option<(bool, String, u16)> {
     let ask = match error.kind() {
@@ -103,24 +131,13 @@ impl Conn {
         match self {
             Self::Node(conn) => cmd.query_async(conn).await,
             Self::Cluster(conn) => {
-                let mut reply = cmd.query_async(conn).await;
-                for _ in 0..MAX_REDIRECTS {
-                    let Some((ask, host, port)) = reply.as_ref().err().and_then(redirect) else {
-                        break;
-                    };
-                    let node = SingleNodeRoutingInfo::ByAddress { host, port };
-                    reply = if ask {
-                        let mut asking = redis::pipe();
-                        asking.cmd("ASKING").add_command(cmd.clone());
-                        conn.route_pipeline(asking, 1, 1, node)
-                            .await
-                            .map(|mut replies| replies.pop().unwrap_or(Value::Nil))
-                    } else {
-                        conn.route_command(cmd.clone(), RoutingInfo::SingleNode(node))
-                            .await
-                    };
+                let reply = cmd.query_async(conn).await;
+                match reply.as_ref().err().and_then(redirect) {
+                    // Boxed: the redirect's futures are large, and every call's future
+                    // would carry their size (moved on each call) for a rare path.
+                    Some(first) => Box::pin(follow(conn, cmd, first)).await,
+                    None => reply,
                 }
-                reply
             }
         }
     }
