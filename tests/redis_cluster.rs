@@ -107,6 +107,8 @@ async fn limits_hold_in_every_slot_and_keys_spread_over_every_master_with_ttls()
     }
     for master in &masters {
         let mut conn = cluster.node(master.port).conn().await;
+        // The library is loaded in the background: on every master before the reset.
+        support::wait_for_function_library(&mut conn).await;
         let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
         let _: () = redis::cmd("CONFIG")
             .arg("RESETSTAT")

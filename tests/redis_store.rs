@@ -121,22 +121,7 @@ async fn a_call_is_one_fcall_on_one_shared_connection() {
     // The first call connects and has the function library loaded, in the background
     // (the call answers with its EVAL reply at once): wait for it, within a bound.
     assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        let libraries: Vec<redis::Value> = redis::cmd("FUNCTION")
-            .arg("LIST")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if !libraries.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the library was not loaded in 2 s"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    support::wait_for_function_library(&mut conn).await;
     redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query_async::<()>(&mut conn)
