@@ -71,7 +71,7 @@ async fn run() -> Result<(), BoxError> {
             .filter(|n| !n.is_empty())
             .map(String::from)
             .collect();
-        let pool = deadpool_redis::cluster::Config::from_urls(urls)
+        let pool = deadpool_redis::cluster::Config::from_urls(urls.clone())
             .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
         // Fail at start, not at the first request, when the cluster is not there.
         drop(
@@ -80,7 +80,8 @@ async fn run() -> Result<(), BoxError> {
                 .map_err(|e| format!("cannot reach the cluster {nodes}: {e}"))?,
         );
         let store = format!("redis cluster at {nodes}");
-        (app(RedisStore::cluster(pool), &secret)?, store)
+        // The store's own cluster client: it never resends a call that may have run.
+        (app(RedisStore::cluster_from_urls(urls)?, &secret)?, store)
     } else if let Ok(url) = std::env::var("REDIS_URL") {
         let pool = deadpool_redis::Config::from_url(url.as_str())
             .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;

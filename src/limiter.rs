@@ -377,6 +377,9 @@ impl<S: AdminStore> Limiter<S> {
     /// now); a sliding log removes its `cost` most recent stamps still in the window.
     /// The state only shrinks and keeps its expiry. The subject's cached denial, if
     /// any, is dropped. While the store fails, the fallback (if any) is refunded.
+    ///
+    /// To give back what a check took, use [`Limiter::refund_decision`]: it refunds
+    /// where that check's cost went, which this admin operation does not know.
     pub async fn refund(&self, subject: impl Into<Subject>, cost: u32) -> Result<Decision, Error> {
         let cost = self.valid_cost(cost)?;
         let subject = subject.into();
@@ -389,6 +392,65 @@ impl<S: AdminStore> Limiter<S> {
             }
         }
         self.admin(Operation::Refund, subject, cost).await
+    }
+
+    /// Gives back `cost` units where `decision` (this limiter's allowed check of
+    /// `subject`) took them, and answers as [`Limiter::refund`] does; `None` when
+    /// there was nothing to give back.
+    ///
+    /// A decision of the store (or of a lease) is refunded in the store, and only
+    /// there: if the store fails now, the refund is an error, since the fallback never
+    /// counted the request. A decision of the fallback is refunded in the fallback,
+    /// which counted it, never in the store, which did not. A request let through
+    /// unchecked ([`Origin::FailOpen`]: a store that failed, or timed out after the
+    /// call may have run) and a denial consumed nothing here: nothing is given back.
+    /// The layer's [`refund_on`](crate::RateLimitLayer::refund_on) refunds this way.
+    pub async fn refund_decision(
+        &self,
+        decision: &Decision,
+        subject: impl Into<Subject>,
+        cost: u32,
+    ) -> Result<Option<Decision>, Error> {
+        if !decision.is_allowed() {
+            return Ok(None);
+        }
+        self.refund_from(decision.origin(), subject.into(), cost)
+            .await
+    }
+
+    /// [`Limiter::refund_decision`] of an allowed decision from `origin`.
+    pub(crate) async fn refund_from(
+        &self,
+        origin: Origin,
+        subject: Subject,
+        cost: u32,
+    ) -> Result<Option<Decision>, Error> {
+        let cost = self.valid_cost(cost)?;
+        let guard = self.guard.as_ref();
+        match origin {
+            Origin::FailOpen | Origin::BlockCache => Ok(None),
+            Origin::Fallback => Ok(guard.and_then(|g| g.fallback.as_ref()).map(|fallback| {
+                fallback
+                    .run_op(Operation::Refund, subject, &self.set, cost)
+                    .with_origin(Origin::Fallback)
+            })),
+            Origin::Store | Origin::Lease => {
+                if let Some(blocks) = guard.and_then(|g| g.blocks.as_ref()) {
+                    blocks.forget(&subject);
+                }
+                match self
+                    .store
+                    .run(Operation::Refund, subject, &self.set, cost)
+                    .await
+                {
+                    Ok(decision) => Ok(Some(decision)),
+                    Err(error) => {
+                        crate::telemetry::store_failed(&error, false);
+                        Err(Error::Store(error))
+                    }
+                }
+            }
+        }
     }
 
     /// Forgets `subject`'s state for every policy of this limiter (deletes its keys),

@@ -103,9 +103,11 @@ fn kind_name(kind: StoreErrorKind) -> &'static str {
 
 /// The layer gave back a request's cost (`refund_on`). A failed refund only costs the
 /// client budget, so it is a warning, not an error.
-pub(crate) fn layer_refunded(result: &Result<Decision, Error>) {
+pub(crate) fn layer_refunded(result: &Result<Option<Decision>, Error>) {
     match result {
-        Ok(decision) => tracing::debug!(
+        // Nothing to give back: the cost was taken nowhere (no fallback any more).
+        Ok(None) => return,
+        Ok(Some(decision)) => tracing::debug!(
             remaining = decision.remaining(),
             policy = decision.policy().name(),
             "rate-limit cost refunded"

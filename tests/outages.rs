@@ -76,9 +76,10 @@ enum Shape {
     /// `maxmemory 1` with `noeviction` for 500 ms: every write refused with `-OOM`.
     OutOfMemory,
     /// Five `SCRIPT FLUSH` + `FUNCTION FLUSH`es, 100 ms apart: the server forgets
-    /// the store's Lua. The store meets "Function not found" and loads its library
-    /// again within the same call, so no request should notice: no failure answer at
-    /// all, and at least one `FUNCTION LOAD` per flush.
+    /// the store's Lua. The store meets "Function not found", sends that call as its
+    /// script in full and loads its library again in the background, so no request
+    /// should notice: no failure answer at all, and at least one `FUNCTION LOAD` per
+    /// flush.
     ScriptFlush,
     /// Three `CLIENT KILL TYPE normal SKIPME yes`, 200 ms apart: each must find
     /// exactly one connection, the store's, reconnected since the last.
@@ -524,8 +525,8 @@ async fn outage(shape: Shape, mode: Mode) {
         );
     }
     if shape == Shape::ScriptFlush {
-        // The store meets "Function not found" and loads its library in the same call:
-        // no request even notices.
+        // The store meets "Function not found", answers that call through its script
+        // and loads its library in the background: no request even notices.
         assert_eq!(
             failure_answers, 0,
             "{mode:?}: requests failed across SCRIPT FLUSH"
@@ -580,4 +581,120 @@ outage_tests! {
     client_kill_fail_open: ClientKill, Open;
     client_kill_fail_closed: ClientKill, Closed;
     client_kill_fallback: ClientKill, Fallback;
+}
+
+/// The README's refund: an axum handler that answers 500 (here when the request
+/// says `x-fail`), `refund_on(5xx)`, a Redis store with a memory fallback.
+fn refund_app(store: RedisStore, fallback: MemoryStore) -> (Router, Arc<Limiter<RedisStore>>) {
+    let policy = Policy::sliding_log("refund", 2, WINDOW).unwrap();
+    let limiter = Arc::new(Limiter::new(store, policy).fallback(fallback));
+    let layer = RateLimitLayer::from_shared(Arc::clone(&limiter), Header::plain("x-subject"))
+        .failure_mode(FailureMode::Open)
+        .refund_on(|status| status.is_server_error());
+    let handler = |Extension(decision): Extension<Decision>, headers: http::HeaderMap| async move {
+        let status = if headers.contains_key("x-fail") {
+            StatusCode::INTERNAL_SERVER_ERROR
+        } else {
+            StatusCode::OK
+        };
+        (status, decision.origin().as_str())
+    };
+    (Router::new().route("/", get(handler)).layer(layer), limiter)
+}
+
+/// Sends one request as "k" (answered 500 when `fail`): its status and the origin of
+/// its decision, as the handler saw it.
+async fn refund_ask(app: &Router, fail: bool) -> (u16, String) {
+    let mut request = Request::builder().uri("/").header("x-subject", "k");
+    if fail {
+        request = request.header("x-fail", "1");
+    }
+    let response = app
+        .clone()
+        .oneshot(request.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let body = axum::body::to_bytes(response.into_body(), 1024)
+        .await
+        .unwrap();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// A refund goes where the cost went. With a limit of 2: one request passes, then
+/// one is sent during a 300 ms `CLIENT PAUSE`, admitted by the fallback (the store
+/// timed out, after its call may have run: Redis runs it once the pause ends), and
+/// its handler answers 500. Its refund belongs to the fallback, which counted it;
+/// Redis must not be refunded a request it counted only by chance, so the next
+/// request is denied. Control: the same 500 on a store decision is refunded in
+/// Redis, and the next request passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_goes_where_the_cost_went() {
+    for paused in [false, true] {
+        let server = RedisServer::start();
+        let fallback = MemoryStore::new();
+        let store = RedisStore::new(server.pool()).timeout(TIMEOUT);
+        let (app, limiter) = refund_app(store, fallback.clone());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while limiter.peek("warm", 1).await.unwrap().origin() != Origin::Store {
+            assert!(Instant::now() < deadline, "no store decision within 5 s");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(refund_ask(&app, false).await, (200, "store".to_owned()));
+
+        let mut control = server.conn().await;
+        if paused {
+            let () = redis::cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(300)
+                .arg("ALL")
+                .query_async(&mut control)
+                .await
+                .unwrap();
+        }
+        let expected_origin = if paused { "fallback" } else { "store" };
+        assert_eq!(
+            refund_ask(&app, true).await,
+            (500, expected_origin.to_owned()),
+            "paused: {paused}"
+        );
+        // Once Redis answers the store's connection again, it has run everything sent
+        // on it before (in order): the timed-out check, and a refund if one was sent
+        // (a fallback's refund is done before its response is returned).
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while limiter.peek("k", 1).await.unwrap().origin() != Origin::Store {
+            assert!(Instant::now() < deadline, "Redis did not answer again");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if !paused {
+            // The store's refund runs in a task of the layer's: one more round trip.
+            while !limiter.peek("k", 1).await.unwrap().is_allowed() {
+                assert!(Instant::now() < deadline, "the store's refund did not land");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+
+        let next = refund_ask(&app, false).await;
+        // What a check would leave in the fallback: 1 when it holds nothing for "k".
+        let fallback_left =
+            Limiter::new(fallback, Policy::sliding_log("refund", 2, WINDOW).unwrap())
+                .peek("k", 1)
+                .await
+                .unwrap()
+                .remaining();
+        if paused {
+            assert_eq!(
+                next.0, 429,
+                "Redis was refunded a fallback's decision: {next:?}"
+            );
+            assert_eq!(fallback_left, 1, "the fallback was not refunded");
+        } else {
+            assert_eq!(
+                next,
+                (200, "store".to_owned()),
+                "the store's refund is lost"
+            );
+            assert_eq!(fallback_left, 1, "the fallback counted nothing");
+        }
+    }
 }

@@ -45,6 +45,7 @@ async fn bytes_per_subject(policy: Policy, cost: u32, subjects: usize) -> f64 {
     );
     // Load the function library and open the connection before the baseline.
     limiter.check("warm-up", 1).await.unwrap();
+    support::wait_for_function_library(&mut conn).await;
     redis::cmd("DEL")
         .arg(limiter.store().key(
             &"warm-up".into(),

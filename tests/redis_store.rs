@@ -118,8 +118,10 @@ async fn a_call_is_one_fcall_on_one_shared_connection() {
     )
     .policy(Policy::sliding_log("b", 1_000, Duration::from_secs(60)).unwrap())
     .policy(Policy::token_bucket("c", 1_000, 10, Duration::from_secs(1)).unwrap());
-    // The first call connects and loads the function library.
+    // The first call connects and has the function library loaded, in the background
+    // (the call answers with its EVAL reply at once): wait for it, within a bound.
     assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
+    support::wait_for_function_library(&mut conn).await;
     redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query_async::<()>(&mut conn)
@@ -807,4 +809,44 @@ async fn a_policy_changed_under_its_name_counts_apart_and_never_locks_out() {
         assert!(pttl > 0 && pttl <= 2 * 3_600_000, "{new:?}: PTTL {pttl} ms");
     }
     server.assert_every_key_expires().await;
+}
+
+/// Every timeout the setter accepts has a meaning, and none panics: `Duration::MAX`
+/// (or any timeout too large to add to the clock) is no timeout, a huge one as good
+/// as none, zero is read as 1 ms (a decision or a timeout error, never a denial).
+#[tokio::test]
+async fn every_timeout_is_a_defined_meaning_never_a_panic() {
+    let server = RedisServer::start();
+    let window = Duration::from_secs(3_600);
+    let huge = [
+        Duration::MAX,
+        Duration::from_secs(u64::MAX),
+        Duration::from_nanos(u64::MAX),
+        Duration::from_secs(10u64.pow(15)),
+    ];
+    for (i, timeout) in huge.into_iter().enumerate() {
+        let store = RedisStore::new(server.pool()).timeout(timeout);
+        let limiter = Limiter::new(store, Policy::fixed_window("p", 2, window).unwrap());
+        let subject = format!("huge:{i}");
+        for n in 0..3 {
+            let decision = limiter
+                .check(subject.as_str(), 1)
+                .await
+                .unwrap_or_else(|e| panic!("timeout {timeout:?}: {e}"));
+            assert_eq!(
+                decision.is_allowed(),
+                n < 2,
+                "timeout {timeout:?}, check {n}"
+            );
+        }
+    }
+    let store = RedisStore::new(server.pool()).timeout(Duration::ZERO);
+    let limiter = Limiter::new(store, Policy::fixed_window("p", 2, window).unwrap());
+    for n in 0..20 {
+        match limiter.check(format!("zero:{n}"), 1).await {
+            Ok(decision) => assert!(decision.is_allowed()),
+            Err(Error::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Timeout, "{e}"),
+            Err(e) => panic!("not a store error: {e}"),
+        }
+    }
 }

@@ -263,16 +263,16 @@ enum Next<F, R> {
 /// Acts on the limiter's answer: calls `inner` when allowed or when the store failed and
 /// the failure mode is open, with the [`Decision`] in the request's extensions either
 /// way (so an `Extension<Decision>` handler runs as written during an outage); answers
-/// otherwise. `refund` is kept only for a request the store allowed (one that failed
-/// open consumed nothing).
-fn next_step<S, Inner, ReqBody, R>(
+/// otherwise. `refund` is kept only for an allowed request, and learns who took its
+/// cost (the store or the fallback); one that failed open consumed nothing.
+fn next_step<S, Inner, ReqBody>(
     checked: Result<Decision, Error>,
     mut request: Request<ReqBody>,
     inner: &mut Inner,
     config: &Config,
     gate: &Gate<S>,
-    refund: Option<R>,
-) -> Next<Inner::Future, R>
+    mut refund: Option<Box<PendingRefund<S>>>,
+) -> Next<Inner::Future, Box<PendingRefund<S>>>
 where
     Inner: Service<Request<ReqBody>>,
 {
@@ -285,6 +285,9 @@ where
                     snapshot: Snapshot::of(&decision),
                     policies: Arc::clone(policies),
                 });
+            if let Some(refund) = &mut refund {
+                refund.taken_by(decision.origin());
+            }
             request.extensions_mut().insert(decision);
             (headers, refund)
         }

@@ -8,6 +8,7 @@ use std::task::{Context, Poll, Waker};
 
 use http::{HeaderMap, StatusCode};
 
+use crate::decision::Origin;
 use crate::limiter::Limiter;
 use crate::store::AdminStore;
 use crate::subject::Subject;
@@ -20,7 +21,7 @@ pub(crate) struct Refund<S> {
     when: Arc<When>,
     /// `refund_now::<S>`, made where `S: AdminStore` is known: the service and its
     /// future need only `S: Store`, and layers without refunds stay as they were.
-    run: fn(Arc<Limiter<S>>, Subject, u32),
+    run: fn(Arc<Limiter<S>>, Subject, u32, Origin),
 }
 
 impl<S: AdminStore> Refund<S> {
@@ -48,6 +49,7 @@ impl<S> Refund<S> {
             limiter: Arc::clone(limiter),
             subject: subject.clone(),
             cost,
+            origin: Origin::FailOpen,
         }
     }
 }
@@ -67,27 +69,43 @@ impl<S> fmt::Debug for Refund<S> {
     }
 }
 
-/// An allowed request's subject and cost, refunded if its response matches.
+/// An allowed request's subject and cost, refunded if its response matches, where
+/// its check took the cost.
 pub(crate) struct PendingRefund<S> {
     refund: Refund<S>,
     limiter: Arc<Limiter<S>>,
     subject: Subject,
     cost: u32,
+    /// Who took the cost; nobody ([`Origin::FailOpen`]) until the check allows.
+    origin: Origin,
 }
 
 impl<S> PendingRefund<S> {
+    /// The check allowed the request: `origin` took its cost.
+    pub(crate) fn taken_by(&mut self, origin: Origin) {
+        self.origin = origin;
+    }
+
     /// Refunds if the response head matches the layer's rule.
     pub(crate) fn settle(self, status: StatusCode, headers: &HeaderMap) {
         if (self.refund.when)(status, headers) {
-            (self.refund.run)(self.limiter, self.subject, self.cost);
+            (self.refund.run)(self.limiter, self.subject, self.cost, self.origin);
         }
     }
 }
 
 /// Refunds without holding up the response: a store that answers at once (the memory
 /// store) is done here; any other finishes in a Tokio task.
-fn refund_now<S: AdminStore>(limiter: Arc<Limiter<S>>, subject: Subject, cost: u32) {
-    let mut refund = Box::pin(async move { limiter.refund(subject, cost).await });
+fn refund_now<S: AdminStore>(
+    limiter: Arc<Limiter<S>>,
+    subject: Subject,
+    cost: u32,
+    origin: Origin,
+) {
+    if origin == Origin::FailOpen {
+        return;
+    }
+    let mut refund = Box::pin(async move { limiter.refund_from(origin, subject, cost).await });
     match refund
         .as_mut()
         .poll(&mut Context::from_waker(Waker::noop()))

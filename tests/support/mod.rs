@@ -44,6 +44,28 @@ pub async fn command_calls(
         .collect()
 }
 
+/// Waits (at most 2 s) until the server holds a function library: the store loads
+/// its library in the background after a call that met "Function not found", so a
+/// test that measures the server after a warm-up call waits for that load first.
+pub async fn wait_for_function_library(conn: &mut redis::aio::MultiplexedConnection) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let libraries: Vec<redis::Value> = redis::cmd("FUNCTION")
+            .arg("LIST")
+            .query_async(conn)
+            .await
+            .expect("FUNCTION LIST");
+        if !libraries.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the function library was not loaded within 2 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// A real local Redis Cluster (six nodes), for the cluster tests.
 pub mod cluster;
 /// Counting reconnection attempts while a server is down.

@@ -1,9 +1,11 @@
 //! The store's one connection (multiplexed, to one server or to a cluster), taken
 //! from the application's pool, and its replacement when it breaks.
 
+use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
@@ -28,6 +30,13 @@ const STALL_MS: u64 = 1_000;
 /// every node at once on each call, and on a busy machine its errors do not always
 /// say that it lost every node. One paced replacement attempt costs far less.
 const CLUSTER_STALL_MS: u64 = 250;
+/// The longest a call waits for its reply while the connection keeps answering the
+/// calls sent before it (Redis answers in order on one connection): a busy app or a
+/// deep pipeline, not a silent Redis. Unless the store's timeout is longer.
+const MAX_WAIT: Duration = Duration::from_secs(1);
+/// The shortest timeout: tokio's timer counts whole milliseconds, and a zero timeout
+/// would spin.
+const MIN_TIMEOUT: Duration = Duration::from_millis(1);
 
 /// How long `lent`'s connection may answer nothing before it is presumed dead.
 fn stall_ms(lent: &Lent) -> u64 {
@@ -59,6 +68,12 @@ pub(super) struct Link {
     loads: AtomicU64,
     /// Calls sent (each one round trip, whatever it answered).
     pub(super) calls: AtomicU64,
+    /// Replies received: a call that finds this unchanged over its timeout met a
+    /// connection that answered nobody.
+    replies: AtomicU64,
+    /// Calls that ended without a decision, and how many of them timed out.
+    pub(super) failures: AtomicU64,
+    pub(super) timeouts: AtomicU64,
 }
 
 struct State {
@@ -111,6 +126,9 @@ impl Link {
             loading: Mutex::new(()),
             loads: AtomicU64::new(0),
             calls: AtomicU64::new(0),
+            replies: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            timeouts: AtomicU64::new(0),
         }
     }
 
@@ -184,17 +202,72 @@ impl Link {
         }
     }
 
-    async fn send(&self, lent: &mut Lent, call: &Call) -> RedisResult<Value> {
+    /// [`Link::eval`] within `timeout`, which measures how long the connection stays
+    /// silent, not how long this task takes to read its reply.
+    ///
+    /// Redis answers in order on one connection, so while replies keep arriving (to the
+    /// calls sent before this one), Redis is answering and this call is behind a busy
+    /// app or a deep pipeline: it waits on, up to [`MAX_WAIT`] (or `timeout`, if
+    /// longer) in all. It times out when no reply at all arrived during the last
+    /// `timeout`, which is what a stopped, paused or unreachable Redis looks like. On a
+    /// cluster the timeout runs from the send. Either way the call's own reply is
+    /// looked for once more after the timer fires, once the connection's task has had
+    /// a turn. A `timeout` too large to add to the clock (`Duration::MAX`) means no
+    /// timeout.
+    pub(super) async fn eval_within(
+        self: &Arc<Self>,
+        lent: &mut Lent,
+        call: &Call,
+        timeout: Duration,
+    ) -> Result<Value, StoreError> {
+        let timeout = timeout.max(MIN_TIMEOUT);
+        let sent = tokio::time::Instant::now();
+        let (Some(mut deadline), Some(bound)) = (
+            sent.checked_add(timeout),
+            sent.checked_add(timeout.max(MAX_WAIT)),
+        ) else {
+            return self.eval(lent, call).await;
+        };
+        let (generation, stall) = (lent.generation, stall_ms(lent));
+        let repairs_itself = lent.conn.repairs_itself();
+        let mut replies = self.replies.load(Ordering::Relaxed);
+        let mut eval = pin!(self.eval(lent, call));
+        loop {
+            if let Ok(reply) = tokio::time::timeout_at(deadline, eval.as_mut()).await {
+                return reply;
+            }
+            // The timer may run before the connection's task has read what arrived
+            // (a busy runtime wakes both at once): let it run, then look again.
+            tokio::task::yield_now().await;
+            let polled = std::future::poll_fn(|cx| Poll::Ready(eval.as_mut().poll(cx))).await;
+            if let Poll::Ready(reply) = polled {
+                return reply;
+            }
+            let now = tokio::time::Instant::now();
+            let seen = self.replies.load(Ordering::Relaxed);
+            // A cluster connection multiplexes several nodes: one node's replies say
+            // nothing of another's, so there the timeout runs from the send.
+            if seen == replies || now >= bound || repairs_itself {
+                self.timed_out(generation, stall);
+                return Err(StoreError::timeout());
+            }
+            replies = seen;
+            deadline = (now + timeout).min(bound);
+        }
+    }
+
+    async fn send(self: &Arc<Self>, lent: &mut Lent, call: &Call) -> RedisResult<Value> {
         if self.functions.load(Ordering::Relaxed) {
             match lent.conn.query(&call.command(Via::Function)).await {
                 Err(e) if server_says(&e, "Function not found") => {
                     // This call goes as the script in full, which runs it whatever the
-                    // server forgets meanwhile; then the library is loaded for the
-                    // calls to come (a failed load only means the next call tries again).
+                    // server forgets meanwhile, and its reply is its answer at once:
+                    // waiting for the library's load too would let the timeout report
+                    // a call that ran as one that failed. The library is loaded in the
+                    // background for the calls to come (a failed load only means the
+                    // next call tries again).
                     let reply = lent.conn.query(&call.command(Via::ScriptSource)).await;
-                    if let Err(error) = self.load_library(lent).await {
-                        tracing::debug!(%error, "could not load the redlimit function library");
-                    }
+                    self.load_library_later(&lent.conn);
                     return reply;
                 }
                 Err(e) if server_says(&e, "unknown command") => {
@@ -212,28 +285,54 @@ impl Link {
         }
     }
 
-    /// Loads the function library, unless another call did while this one waited.
-    async fn load_library(&self, lent: &mut Lent) -> RedisResult<()> {
+    /// Loads the function library on `conn` in a task of its own, unless another
+    /// load finishes first.
+    fn load_library_later(self: &Arc<Self>, conn: &Conn) {
         let before = self.loads.load(Ordering::Acquire);
+        let (link, mut conn) = (Arc::clone(self), conn.clone());
+        tokio::spawn(async move {
+            // Bounded, so a load that hangs cannot hold the lock for the loads to come.
+            let load = tokio::time::timeout(CONNECT_TIMEOUT, link.load_library(&mut conn, before));
+            match load.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "could not load the redlimit function library");
+                }
+                Err(_) => tracing::debug!("loading the redlimit function library timed out"),
+            }
+        });
+    }
+
+    /// Loads the function library, unless a load finished since `loads` was `before`.
+    async fn load_library(&self, conn: &mut Conn, before: u64) -> RedisResult<()> {
         let _loading = self.loading.lock().await;
         if self.loads.load(Ordering::Acquire) == before {
-            lent.conn.query(&Library::get().load_command()).await?;
+            conn.query(&Library::get().load_command()).await?;
             self.loads.fetch_add(1, Ordering::Release);
             tracing::debug!("loaded the redlimit function library");
         }
         Ok(())
     }
 
-    /// Called when a call on `lent` timed out: a connection silent for a while is
+    /// Called when a call on connection `generation` timed out: a connection silent for a while is
     /// presumed dead and replaced.
-    pub(super) fn timed_out(self: &Arc<Self>, lent: &Lent) {
+    fn timed_out(self: &Arc<Self>, generation: u64, stall_ms: u64) {
         let silent = self.silent_ms();
-        if silent >= stall_ms(lent) && self.replace(lent.generation) {
+        if silent >= stall_ms && self.replace(generation) {
             tracing::warn!(silent_ms = silent, "Redis connection stalled; replaced it");
         }
     }
 
+    /// Counts a call that ended without a decision.
+    pub(super) fn count_failure(&self, error: &StoreError) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        if error.kind() == StoreErrorKind::Timeout {
+            self.timeouts.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     fn answered(&self) {
+        self.replies.fetch_add(1, Ordering::Relaxed);
         let now = self.now_ms();
         // Write only when it changes: every call passes here.
         if self.last_answer_ms.load(Ordering::Relaxed) != now {
@@ -257,10 +356,13 @@ impl Link {
         let replace_because = if !lent.conn.repairs_itself() {
             broken.then_some("Redis connection lost")
         } else if error.kind() == ErrorKind::ClusterConnectionNotFound {
-            // The cluster client has no socket to any node left, and would retry every
-            // node at once, again and again, for as long as calls keep coming: drop it
-            // for one paced attempt at a time.
-            Some("Redis Cluster connection lost every node")
+            // The cluster client has no socket to the call's node. With every node
+            // lost it would retry every node at once, again and again, for as long as
+            // calls keep coming: drop it for one paced attempt at a time. With one
+            // node lost (the store's client never retries, so each call to that node
+            // says so) the others keep answering, and the client repairs it.
+            (self.silent_ms() >= CLUSTER_STALL_MS)
+                .then_some("Redis Cluster connection lost every node")
         } else {
             // A cluster connection repairs a failed node by itself, with backoff, while
             // the other nodes keep answering; one that answers nothing at all for a
