@@ -643,11 +643,13 @@ async fn subjects_in_slot(
     prefix: &str,
 ) -> Vec<String> {
     let candidates: Vec<String> = (0..60_000).map(|i| format!("{prefix}:{i}")).collect();
+    let set = Limiter::new(store.clone(), policy.clone());
+    let set = set.policy_set();
     let mut pipe = redis::pipe();
     for subject in &candidates {
         pipe.cmd("CLUSTER")
             .arg("KEYSLOT")
-            .arg(key_of(&store, subject.as_str(), policy));
+            .arg(store.key(&subject.as_str().into(), set, policy));
     }
     let node = cluster.live_nodes().next().expect("a live node");
     let slots: Vec<u16> = pipe.query_async(&mut node.conn().await).await.unwrap();
