@@ -2,7 +2,7 @@
 //! `cargo bench --bench cluster`.
 //!
 //! Starts one `redis-server` and a local cluster of three masters and three replicas
-//! (all on loopback, from `tests/support`), then drives each through one `RedisStore`
+//! (all on loopback, from `tests/it/support`), then drives each through one `RedisStore`
 //! with 64 concurrent tasks over 10,000 subjects for a fixed time, and prints decisions
 //! per second. On one machine every node shares the same cores, so the cluster shows
 //! what the client side sustains across slots, not what three separate machines would.
@@ -15,7 +15,7 @@
 //! `used_cpu_sys_main_thread` + `used_cpu_user_main_thread`, delta over the turn)
 //! beside the other two masters', per second and per decision.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 #[allow(dead_code, unused_imports, clippy::all)]
 mod support;
 

@@ -15,7 +15,7 @@
 //! call within the window gets `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms`, in a
 //! trailers-only response the limiter writes without calling the service.
 //!
-//! tests/grpc.rs runs [`serve`] on a free port with a fake clock and a real tonic client.
+//! tests/it/grpc.rs runs [`serve`] on a free port with a fake clock and a real tonic client.
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -98,7 +98,7 @@
 //!   leasing check that grants units also names the subject's *lease generation*
 //!   (made by the first grant, kept as long as the states, forgotten with them), the
 //!   lease and its give-back carry it, and the store gives units back only while its
-//!   generation is still theirs. Measured (`tests/leases.rs`): four instances, 2,000
+//!   generation is still theirs. Measured (`tests/it/leases.rs`): four instances, 2,000
 //!   per 2 s at twice the limit, a flush 300 ms into a window: 2,200 admitted after it
 //!   with 204 units held (2,101 with 102 held when two instances are drained), 2,000
 //!   without leases; a sliding window counter 2,023 (27 held). A reset costs the

@@ -6,7 +6,7 @@
 //! ```
 //!
 //! Starts its own `redis-server` on a free loopback port (the test harness in
-//! `tests/support`), and needs `redis-benchmark` on PATH for the throughput
+//! `tests/it/support`), and needs `redis-benchmark` on PATH for the throughput
 //! references (Debian: package `redis-tools`). Prints the machine, then markdown
 //! tables: paste them into BENCHMARKS.md with the command that made them. Contenders
 //! take turns in rounds so a noisy neighbour hurts them alike.
@@ -24,7 +24,7 @@
 //!
 //! [`helpers`] holds what the sections share.
 
-#[path = "../../tests/support/mod.rs"]
+#[path = "../../tests/it/support/mod.rs"]
 mod support;
 
 mod flood;

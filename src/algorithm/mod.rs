@@ -33,7 +33,7 @@ mod token_bucket;
 
 pub(crate) use sliding_log::ring_stamps as sliding_log_ring_stamps;
 
-/// The conformance table the stores are held to (tests/conformance.rs, which takes this
+/// The conformance table the stores are held to (tests/it/conformance.rs, which takes this
 /// file by path), checked here against the model itself.
 #[cfg(test)]
 #[allow(unreachable_pub, dead_code)]

@@ -2,7 +2,7 @@
 // each step is admitted, written by hand from each algorithm's definition.
 //
 // One table for the model's tests (a module of src/algorithm/) and the store tests
-// (tests/support/mod.rs takes this file by path): it names nothing of the crate but
+// (tests/it/support/mod.rs takes this file by path): it names nothing of the crate but
 // `Policy`, which each parent module brings into scope.
 //
 // A trace runs on a fake clock that starts at `start_ms`; a negative advance is a

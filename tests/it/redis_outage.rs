@@ -2,7 +2,7 @@
 //! in time with a store error (never a denial, never a hang); once it is back, limits
 //! hold again within a second, through one new connection (no reconnect storm).
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -11,7 +11,7 @@
 //! with a 500, within the store's timeout plus a margin, and within one second of
 //! recovery the store decides again, limit enforced.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

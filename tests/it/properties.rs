@@ -14,7 +14,7 @@
 //! Traces are walked on a fake clock: steps of 0 ms, of up to three windows, onto exact
 //! window boundaries and retry times (and one millisecond either side), and backwards.
 
-mod support;
+use crate::support;
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};

@@ -2,7 +2,7 @@
 //! clients, one round trip per call, recovery from flushed Lua and restarts, hostile
 //! subjects, argument errors, TTLs, timeouts, and server-clock decisions.
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

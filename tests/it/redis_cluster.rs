@@ -3,7 +3,7 @@
 //! FCALL per call, and after a master dies its replica takes over while every call
 //! is still answered in time.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -2,7 +2,7 @@
 //! Redis one on a real `redis-server`. The conformance suite proves that both stores
 //! agree on long traces; these tests state each operation's promise on its own.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -14,7 +14,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
-#[path = "../examples/tonic.rs"]
+#[path = "../../examples/tonic.rs"]
 #[allow(dead_code)] // the example's `main`
 mod example;
 

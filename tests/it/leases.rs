@@ -14,7 +14,7 @@
 //!   is answered by the failure mode (open here), never a 429, and decisions resume;
 //! - configurations that cannot lease are refused.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -15,7 +15,7 @@ use tempfile::TempDir;
 
 /// The shared table of conformance traces, kept beside the model that is checked
 /// against it too.
-#[path = "../../src/algorithm/traces.rs"]
+#[path = "../../../src/algorithm/traces.rs"]
 pub mod traces;
 
 /// Calls per command since the last `CONFIG RESETSTAT`, from `INFO commandstats`

@@ -1,7 +1,7 @@
 //! A flood from one over-limit subject: the local block cache answers it, so Redis sees
 //! almost none of it, and everyone else is still decided by Redis.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

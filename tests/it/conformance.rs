@@ -8,7 +8,7 @@
 //! only as the fake clock says. TTL values themselves are checked in redis_store.rs.
 //! Random policies and traces are in properties.rs.
 
-mod support;
+use crate::support;
 
 use redlimit::Policy;
 use support::props::{Admin, SideBySide};

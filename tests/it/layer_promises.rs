@@ -3,7 +3,7 @@
 //! chosen by the client never gets past an exhausted limit, on either store and in every
 //! failure mode.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;
