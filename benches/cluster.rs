@@ -7,7 +7,7 @@
 //! per second. On one machine every node shares the same cores, so the cluster shows
 //! what the client side sustains across slots, not what three separate machines would.
 //!
-//! Then one hot subject (issue 13): four limiters, each with its own cluster store (its
+//! Then one hot subject: four limiters, each with its own cluster store (its
 //! own pools and connections, as four instances would have), 16 tasks each sending the
 //! one subject as fast as answers come, against a sliding window of 1000 a second;
 //! leases off, then on. Every decision of that subject lands on the one master that

@@ -1,5 +1,5 @@
 //! A flood from one subject beside everyone else's traffic: what the block cache keeps
-//! for the others (issue 5: at least 0.9x their throughput without the flood).
+//! for the others (the target: at least 0.9x their throughput without the flood).
 
 use crate::helpers::*;
 use crate::support::RedisServer;

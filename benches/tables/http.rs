@@ -46,7 +46,7 @@ fn fixed_window_policy() -> Policy {
 /// The hello world behind the least a Redis-backed limiter can do per request: one
 /// `EVALSHA` of the smallest fixed-window script (`TIME`, `INCR`, `PEXPIRE` when new)
 /// for the client IP on one redis-rs multiplexed connection, the count compared with
-/// the policy's limit. The reference of the Redis store's layer (issue 11).
+/// the policy's limit. The reference of the Redis store's layer.
 fn smallest_script_app(conn: MultiplexedConnection) -> Router {
     let (limit, window_ms) = (policy().limit(), policy().window_ms());
     let handler = move |ConnectInfo(peer): ConnectInfo<SocketAddr>| {

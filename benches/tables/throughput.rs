@@ -7,7 +7,7 @@
 //!   layouts.
 //! - [`concurrent`]: 64 tasks on one multiplexed connection over 100,000 subjects, with
 //!   Redis CPU per decision, against the smallest fixed-window script of the same run
-//!   (issue 11), and `redis-benchmark -c 20 -P 16` of each script for the server's cost.
+//!  , and `redis-benchmark -c 20 -P 16` of each script for the server's cost.
 
 mod concurrent;
 mod one_client;

@@ -1,7 +1,7 @@
 //! 64 tasks over 100,000 subjects on one multiplexed connection: `Limiter::check`, the
 //! bare loop of the store's own command, and the smallest script of each algorithm, with
 //! the Redis CPU per decision of every turn, all against the smallest fixed-window
-//! script of the same run (issue 11). Then `redis-benchmark -c 20 -P 16` of each script:
+//! script of the same run. Then `redis-benchmark -c 20 -P 16` of each script:
 //! the server's cost per call with the network nearly out of the picture.
 
 use super::*;
@@ -21,7 +21,7 @@ const BENCH: BenchRun = BenchRun {
     pipeline: 16,
 };
 const BENCH_ROUNDS: u32 = 3;
-/// Decisions/s of every algorithm against the smallest fixed-window script (issue 11).
+/// Decisions/s of every algorithm against the smallest fixed-window script.
 const THROUGHPUT_TARGET: f64 = 0.75;
 
 /// The smallest script that makes a case's decision.
