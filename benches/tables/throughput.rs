@@ -6,8 +6,8 @@
 //! - [`one_client`]: one call at a time, with `redis-benchmark -c 1` and the seed's
 //!   layouts.
 //! - [`concurrent`]: 64 tasks on one multiplexed connection over 100,000 subjects, with
-//!   Redis CPU per decision, against the smallest fixed-window script of the same run
-//!  , and `redis-benchmark -c 20 -P 16` of each script for the server's cost.
+//!   Redis CPU per decision, against the smallest fixed-window script of the same run,
+//!   and `redis-benchmark -c 20 -P 16` of each script for the server's cost.
 
 mod concurrent;
 mod one_client;
