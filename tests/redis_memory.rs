@@ -3,10 +3,11 @@
 //! sliding window no larger than fixed window; a full sliding log at limit 1000 under
 //! 8.5 KB) and prints the figures.
 //!
-//! `REDLIMIT_MEMORY_SUBJECTS=100000 cargo test --all-features --test it redis_memory:: -- --nocapture`
+//! `REDLIMIT_MEMORY_SUBJECTS=100000 cargo test --all-features --test redis_memory -- --nocapture`
 //! measures over more subjects (default 2 000, to keep CI fast).
 
-use crate::support;
+#[path = "it/support/mod.rs"]
+mod support;
 
 use std::time::Duration;
 
