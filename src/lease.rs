@@ -474,12 +474,23 @@ impl Lease {
     /// What giving back the unspent units sends, if there are any and a window to
     /// give them back to.
     fn back(&self, max_cost: u64) -> Option<GiveBack> {
-        Some(GiveBack {
-            units: self.units.min(max_cost),
-            before_ms: self.window_end.filter(|_| self.units > 0)?,
-            epoch: self.epoch,
-        })
+        give_back_of(self.units, self.window_end, self.epoch, max_cost)
     }
+}
+
+/// The give-back of `units` unspent under generation `epoch`, at most `max_cost` (what
+/// a refund takes): none without units or a window to give them back to.
+fn give_back_of(
+    units: u64,
+    window_end: Option<u64>,
+    epoch: u64,
+    max_cost: u64,
+) -> Option<GiveBack> {
+    Some(GiveBack {
+        units: units.min(max_cost),
+        before_ms: window_end.filter(|_| units > 0)?,
+        epoch,
+    })
 }
 
 /// A leasing check the store denied, answered locally until `until` (on the store's
@@ -810,17 +821,14 @@ impl LeaseTable {
         let Some(entry) = entry else {
             // Swept out meanwhile: the units cannot be spent here; give them back.
             drop(shard);
-            if let (true, Some(before_ms)) = (grant.units > 0, grant.window_end_ms) {
-                let units = grant.units.min(self.plan.max_cost);
-                let epoch = grant.epoch;
-                self.give_back(
-                    subject.clone(),
-                    GiveBack {
-                        units,
-                        before_ms,
-                        epoch,
-                    },
-                );
+            let back = give_back_of(
+                grant.units,
+                grant.window_end_ms,
+                grant.epoch,
+                self.plan.max_cost,
+            );
+            if let Some(back) = back {
+                self.give_back(subject.clone(), back);
             }
             return Ok(decision);
         };

@@ -2,7 +2,7 @@
 //! `lua/fixed_window.lua`; the state is `(window index, count)`, which the script keeps
 //! as the string `"<window>:<count>"`.
 
-use super::{Commit, State, Step};
+use super::{window_ahead, Commit, State, Step};
 use crate::decision::PolicyOutcome;
 use crate::policy::Policy;
 
@@ -30,20 +30,18 @@ pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64
     }
 }
 
-/// The current window's count goes down by `cost`, not below 0; if the window has
-/// changed since, nothing is refunded. A stored window ahead of the clock is the one a
-/// check would use.
 /// The window `now` counts in and its count so far: the stored window while `now` is
 /// in it, or up to [`MAX_CLOCK_BACK`](super::MAX_CLOCK_BACK) windows before it (a
 /// clock that went back: stay in the stored window); else a new one. A stored window
 /// further ahead is no clock that went back but state this clock cannot have written:
-/// it starts fresh, so a wait is never longer than `MAX_CLOCK_BACK + 1` windows. The same as comparing `now / w` with the stored window,
-/// without dividing on the common path.
+/// it starts fresh, so a wait is never longer than `MAX_CLOCK_BACK + 1` windows. The
+/// same as comparing `now / w` with the stored window, without dividing on the common
+/// path.
 #[inline(always)]
 fn current(state: Option<&State>, now: u64, w: u64) -> (u64, u64) {
     match state {
         Some(State::FixedWindow { window, count })
-            if now < (window + 1) * w && !ahead(*window, now, w) =>
+            if now < (window + 1) * w && !window_ahead(*window, now, w) =>
         {
             (*window, *count)
         }
@@ -51,14 +49,9 @@ fn current(state: Option<&State>, now: u64, w: u64) -> (u64, u64) {
     }
 }
 
-/// Whether a stored window starts more than [`MAX_CLOCK_BACK`](super::MAX_CLOCK_BACK)
-/// windows after `now` (its index above `now / w + MAX_CLOCK_BACK`): foreign state, not
-/// a clock that went back.
-#[inline(always)]
-pub(super) fn ahead(window: u64, now: u64, w: u64) -> bool {
-    window * w > now + super::MAX_CLOCK_BACK * w
-}
-
+/// The current window's count goes down by `cost`, not below 0; if the window has
+/// changed since, nothing is refunded. A stored window ahead of the clock is the one a
+/// check would use (within the clamp's bound; foreign state refunds nothing).
 pub(super) fn refund(
     policy: &Policy,
     window: u64,
@@ -67,7 +60,7 @@ pub(super) fn refund(
     cost: u64,
 ) -> Option<State> {
     let w = policy.window_ms();
-    (window >= now / w && !ahead(window, now, w) && count > 0).then(|| State::FixedWindow {
+    (window >= now / w && !window_ahead(window, now, w) && count > 0).then(|| State::FixedWindow {
         window,
         count: count.saturating_sub(cost),
     })

@@ -116,6 +116,14 @@ impl Commit {
 /// `lua/common.lua`.
 pub(crate) const MAX_CLOCK_BACK: u64 = 4;
 
+/// Whether a stored window (of a fixed or sliding window of `w` ms) starts more than
+/// [`MAX_CLOCK_BACK`] windows after `now`, its index above `now / w + MAX_CLOCK_BACK`:
+/// foreign state, not a clock that went back.
+#[inline(always)]
+pub(super) fn window_ahead(window: u64, now: u64, w: u64) -> bool {
+    window * w > now + MAX_CLOCK_BACK * w
+}
+
 /// Decides one policy. `state` is `None` for a subject never seen (or expired).
 ///
 /// `cost` must be at least 1 and at most `policy.max_cost()`; the limiter checks that.

@@ -2,7 +2,7 @@
 //! one weighted by how much of it the sliding window still covers. The Rust twin of
 //! `lua/sliding_window.lua`; the script keeps the state as `"<window>:<prev>:<cur>"`.
 
-use super::{Commit, State, Step};
+use super::{window_ahead, Commit, State, Step};
 use crate::decision::PolicyOutcome;
 use crate::policy::Policy;
 
@@ -61,19 +61,16 @@ pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64
     }
 }
 
-/// The current window's count goes down by `cost`, not below 0; once the window has
-/// changed, nothing is refunded.
 /// The window `now` counts in, the time read (clamped to the stored window's start
 /// when the clock went back), and the previous and current counts: the stored window
-/// while `now` is in it or before it, the next one (the stored count becomes `prev`),
+/// while `now` is in it or up to [`MAX_CLOCK_BACK`](super::MAX_CLOCK_BACK) windows
+/// before it, the next one (the stored count becomes `prev`),
 /// or a later one with nothing carried over. The same as comparing `now / w` with the
 /// stored window, without dividing on the common paths.
 #[inline(always)]
 fn current(state: Option<&State>, now: u64, w: u64) -> (u64, u64, u64, u64) {
     match state {
-        Some(State::SlidingWindow { window, prev, cur })
-            if !super::fixed_window::ahead(*window, now, w) =>
-        {
+        Some(State::SlidingWindow { window, prev, cur }) if !window_ahead(*window, now, w) => {
             let start = window * w;
             if now < start + w {
                 (*window, now.max(start), *prev, *cur)
@@ -87,6 +84,8 @@ fn current(state: Option<&State>, now: u64, w: u64) -> (u64, u64, u64, u64) {
     }
 }
 
+/// The current window's count goes down by `cost`, not below 0; once the window has
+/// changed (or lies past the clamp's bound), nothing is refunded.
 pub(super) fn refund(
     policy: &Policy,
     (window, prev, cur): (u64, u64, u64),
@@ -94,7 +93,7 @@ pub(super) fn refund(
     cost: u64,
 ) -> Option<State> {
     let w = policy.window_ms();
-    let current = window >= now / w && !super::fixed_window::ahead(window, now, w);
+    let current = window >= now / w && !window_ahead(window, now, w);
     (current && cur > 0).then(|| State::SlidingWindow {
         window,
         prev,
