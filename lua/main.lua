@@ -95,57 +95,12 @@ end
 
 -- Decide every policy before writing anything. The tables start at the size of
 -- one policy's: growing them from empty costs a visible share of a call.
-local reply, writes, all = { 0, 0, 0, 0 }, { false, false }, true
+local reply, writes = { 0, 0, 0, 0 }, { false, false }
 -- A leasing check decides again on the same states: it keeps them.
 local raws = op == "l" and {} or nil
-for i = 1, nkeys do
-  local at = first + 3 * (i - 1)
-  local decide = DECIDE[ARGV[at]]
-  local limit, n = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
-  if not (decide and limit and n) then
-    local known = {}
-    for code in pairs(DECIDE) do
-      known[#known + 1] = code
-    end
-    table.sort(known)
-    return redis.error_reply(string.format(
-      "ERR redlimit: policy %d must be one of this script's algorithms (%s) with a limit and a window or interval, got %q, %q and %q",
-      i, table.concat(known, ", "), string.sub(ARGV[at], 1, 8), string.sub(ARGV[at + 1], 1, 24),
-      string.sub(ARGV[at + 2], 1, 24)))
-  end
-  local shadow = limit < 0
-  if shadow then
-    limit = -limit
-  end
-  local raw = false
-  if op ~= "x" then
-    raw = redis.call("GET", KEYS[i])
-  end
-  if raws then
-    raws[i] = raw
-  end
-  if op == "r" and raw then
-    local given_back = REFUND[ARGV[at]](limit, n, now, cost, raw)
-    if given_back then
-      redis.call("SET", KEYS[i], given_back, "KEEPTTL")
-      raw = given_back
-    end
-  end
-  local allowed, remaining, reset, retry, ttl, nxt = decide(limit, n, now, cost, raw)
-  local base = 4 * (i - 1)
-  if allowed then
-    reply[base + 1] = 1
-    writes[i] = nxt
-    writes[nkeys + i] = ttl
-  else
-    reply[base + 1] = 0
-    if not shadow then
-      all = false
-    end
-  end
-  reply[base + 2] = remaining
-  reply[base + 3] = reset
-  reply[base + 4] = retry
+local all, bad = decide_policies(KEYS, 0, nkeys, ARGV, first, op, now, cost, reply, 0, writes, raws)
+if all == nil then
+  return redis.error_reply(bad)
 end
 
 if raws then
@@ -249,19 +204,6 @@ if raws then
 end
 
 if (op == "c" or op == "l") and all then
-  for i = 1, nkeys do
-    local nxt = writes[i]
-    if nxt then
-      local ttl = math.max(writes[nkeys + i], 1)
-      if type(nxt) == "table" then
-        for j = 1, #nxt, 2 do
-          redis.call("SETRANGE", KEYS[i], int(nxt[j]), nxt[j + 1])
-        end
-        redis.call("PEXPIRE", KEYS[i], int(ttl))
-      else
-        redis.call("SET", KEYS[i], nxt, "PX", int(ttl))
-      end
-    end
-  end
+  write_states(KEYS, 0, nkeys, writes)
 end
 return reply

@@ -360,6 +360,15 @@ impl StoreError {
     pub fn kind(&self) -> StoreErrorKind {
         self.kind
     }
+
+    /// The same failure for another caller (the checks of one batch share its
+    /// failure); the cause is kept as its text.
+    pub(crate) fn duplicate(&self) -> Self {
+        Self {
+            kind: self.kind,
+            source: self.source.as_ref().map(|s| s.to_string().into()),
+        }
+    }
 }
 
 impl fmt::Display for StoreError {

@@ -212,10 +212,12 @@ use crate::decision::{Decision, PolicyOutcome};
 use crate::policy::Policy;
 use crate::subject::Subject;
 
+mod batch;
 mod conn;
 mod link;
 mod script;
 
+use batch::Batching;
 use conn::Source;
 use link::Link;
 use script::{Call, Via};
@@ -246,6 +248,7 @@ struct Settings {
     prefix: Box<str>,
     clock: Option<Arc<dyn Clock>>,
     timeout: Duration,
+    batching: Batching,
 }
 
 /// A key prefix that is empty, too long, or has characters that could break the
@@ -315,6 +318,7 @@ impl RedisStore {
                 prefix: DEFAULT_PREFIX.into(),
                 clock: None,
                 timeout: DEFAULT_TIMEOUT,
+                batching: Batching::default(),
             }),
         }
     }
@@ -368,6 +372,32 @@ impl RedisStore {
     /// at all. A timeout under 1 ms (tokio's timer resolution) is read as 1 ms.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         Arc::make_mut(&mut self.settings).timeout = timeout;
+        self
+    }
+
+    /// Sets the most checks one call to Redis decides (default 32).
+    ///
+    /// While [`RedisStore::max_in_flight`] calls are in flight on the store's
+    /// connection, further checks queue; when one of those calls ends, up to
+    /// `max_batch` of them go as one `FCALL` that decides each as its own call would
+    /// (all or nothing across its own policies, in the order they queued, never
+    /// across checks). Redis then pays the call, its parsing and its reply once per
+    /// batch: a fraction of the Redis CPU per decision under load, and more
+    /// decisions a second (BENCHMARKS.md). At low load nothing queues. `1` (or `0`)
+    /// turns batching off. Leasing checks, give-backs and admin operations always go
+    /// alone (they are rare), and so does every call on a Redis Cluster, where the
+    /// checks of different subjects mostly lie in different slots.
+    pub fn max_batch(mut self, max_batch: usize) -> Self {
+        Arc::make_mut(&mut self.settings).batching.max_batch = max_batch.max(1);
+        self
+    }
+
+    /// Sets how many calls may be in flight on the store's connection before checks
+    /// queue for the next batch (default 2; `0` is read as 1, `usize::MAX` never
+    /// queues): more lets Redis work while a reply travels, fewer makes larger
+    /// batches. See [`RedisStore::max_batch`].
+    pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
+        Arc::make_mut(&mut self.settings).batching.max_in_flight = max_in_flight.max(1);
         self
     }
 
@@ -456,7 +486,7 @@ impl RedisStore {
     fn send(&self, call: Call) -> impl Future<Output = Result<(Call, Value), StoreError>> {
         let (link, timeout) = (Arc::clone(&self.link), self.settings.timeout);
         async move {
-            let reply = exchange(&link, &call, timeout).await?;
+            let reply = exchange(&link, &call, timeout, None, 1).await?;
             Ok((call, reply))
         }
     }
@@ -514,6 +544,8 @@ impl fmt::Debug for RedisStore {
                 },
             )
             .field("timeout", &self.settings.timeout)
+            .field("max_batch", &self.settings.batching.max_batch)
+            .field("max_in_flight", &self.settings.batching.max_in_flight)
             .field("link", &self.link)
             .finish()
     }
@@ -523,8 +555,13 @@ impl Store for RedisStore {
     /// One box per call: nothing beside a network round trip.
     type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
 
+    /// A plain check goes at once while few calls are in flight, else in the next
+    /// batch (see [`RedisStore::max_batch`]).
     fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
-        self.run(Operation::Check, subject, set, cost)
+        let call = self.call(Operation::Check, &subject, set, cost);
+        let (link, settings) = (Arc::clone(&self.link), &self.settings);
+        let (timeout, batching) = (settings.timeout, settings.batching);
+        Box::pin(batch::check(link, call, timeout, batching))
     }
 }
 
@@ -537,15 +574,22 @@ impl AdminStore for RedisStore {
         // The round trip's future is made inside the box: one made outside and moved in
         // would be held twice (a check's future is boxed and moved on every call).
         Box::pin(async move {
-            let reply = exchange(&link, &call, timeout).await?;
+            let reply = exchange(&link, &call, timeout, None, 1).await?;
             Ok(decision(&call.policies, reply, false)?.0)
         })
     }
 }
 
-/// One call's round trip on `link`'s connection, within `timeout` (see
-/// [`RedisStore::timeout`]); every call that ends without a reply is counted.
-async fn exchange(link: &Arc<Link>, call: &Call, timeout: Duration) -> Result<Value, StoreError> {
+/// One round trip on `link`'s connection within `timeout` from `since` (see
+/// [`RedisStore::timeout`]; `None`: from now), carrying `checks` checks: every check
+/// that ends without a reply is counted.
+async fn exchange<R: script::Request + ?Sized>(
+    link: &Arc<Link>,
+    request: &R,
+    timeout: Duration,
+    since: Option<link::Since>,
+    checks: u64,
+) -> Result<Value, StoreError> {
     // While connected, the connection is lent at once: no timer for that.
     let mut lent = match link.current() {
         Some(lent) => lent,
@@ -559,15 +603,16 @@ async fn exchange(link: &Arc<Link>, call: &Call, timeout: Duration) -> Result<Va
             match lent {
                 Ok(lent) => lent,
                 Err(error) => {
-                    link.count_failure(&error);
+                    link.count_failures(&error, checks);
                     return Err(error);
                 }
             }
         }
     };
-    let reply = link.eval_within(&mut lent, call, timeout).await;
+    let since = since.unwrap_or_else(|| link.since());
+    let reply = link.eval_within(&mut lent, request, timeout, since).await;
     if let Err(error) = &reply {
-        link.count_failure(error);
+        link.count_failures(error, checks);
     }
     reply
 }
@@ -615,10 +660,23 @@ fn decision(
     reply: Value,
     lease: bool,
 ) -> Result<(Decision, Grant), StoreError> {
+    match reply {
+        Value::Array(items) => decision_of(policies, &items, lease),
+        other => Err(StoreError::new(
+            StoreErrorKind::Protocol,
+            format!("expected an array, got {other:?}"),
+        )),
+    }
+}
+
+/// [`decision`] from the reply's integers: one call's, or one check's share of a
+/// batch's.
+fn decision_of(
+    policies: &Arc<[Policy]>,
+    items: &[Value],
+    lease: bool,
+) -> Result<(Decision, Grant), StoreError> {
     let protocol = |what: String| StoreError::new(StoreErrorKind::Protocol, what);
-    let Value::Array(items) = reply else {
-        return Err(protocol(format!("expected an array, got {reply:?}")));
-    };
     let expected = 4 * policies.len() + if lease { 5 } else { 0 };
     if items.len() != expected {
         return Err(protocol(format!(

@@ -12,6 +12,7 @@
 mod support;
 
 mod admin;
+mod batching;
 mod config;
 mod conformance;
 mod flood;

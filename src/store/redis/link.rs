@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use deadpool_redis::redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 use tokio::sync::{Mutex, Notify};
 
+use super::batch::Queue;
 use super::conn::{Conn, Source};
-use super::script::{Call, Library, Via};
+use super::script::{Library, Request, Via};
 use crate::store::{StoreError, StoreErrorKind};
 
 /// How long one attempt to get a connection from the pool may take.
@@ -74,6 +75,8 @@ pub(super) struct Link {
     /// Calls that ended without a decision, and how many of them timed out.
     pub(super) failures: AtomicU64,
     pub(super) timeouts: AtomicU64,
+    /// The checks waiting for a call in flight to end, sent as the next batch.
+    pub(super) queue: Queue,
 }
 
 struct State {
@@ -103,6 +106,14 @@ enum Attempt {
     Backoff(Instant),
 }
 
+/// When a call's time started, and how many replies the connection had delivered by
+/// then.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Since {
+    at: tokio::time::Instant,
+    replies: u64,
+}
+
 /// A connection lent to one call, with the generation to report failures against.
 pub(super) struct Lent {
     conn: Conn,
@@ -129,6 +140,7 @@ impl Link {
             replies: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             timeouts: AtomicU64::new(0),
+            queue: Queue::default(),
         }
     }
 
@@ -187,10 +199,10 @@ impl Link {
     /// call is sent again as its script in full (`EVAL`, which runs and caches it, so
     /// no flush can race it), then the library is loaded. A server without functions
     /// gets the call's script instead: `EVALSHA`, and `EVAL` only after `NOSCRIPT`.
-    pub(super) async fn eval(
+    pub(super) async fn eval<R: Request + ?Sized>(
         self: &Arc<Self>,
         lent: &mut Lent,
-        call: &Call,
+        call: &R,
     ) -> Result<Value, StoreError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         match self.send(lent, call).await {
@@ -214,14 +226,19 @@ impl Link {
     /// looked for once more after the timer fires, once the connection's task has had
     /// a turn. A `timeout` too large to add to the clock (`Duration::MAX`) means no
     /// timeout.
-    pub(super) async fn eval_within(
+    ///
+    /// Every bound counts from `since`: the send, or for a batch of checks that
+    /// queued behind a call in flight, when its first check queued (with the replies
+    /// seen by then), so a check waits no longer for being batched.
+    pub(super) async fn eval_within<R: Request + ?Sized>(
         self: &Arc<Self>,
         lent: &mut Lent,
-        call: &Call,
+        call: &R,
         timeout: Duration,
+        since: Since,
     ) -> Result<Value, StoreError> {
         let timeout = timeout.max(MIN_TIMEOUT);
-        let sent = tokio::time::Instant::now();
+        let sent = since.at;
         let (Some(mut deadline), Some(bound)) = (
             sent.checked_add(timeout),
             sent.checked_add(timeout.max(MAX_WAIT)),
@@ -230,7 +247,7 @@ impl Link {
         };
         let (generation, stall) = (lent.generation, stall_ms(lent));
         let repairs_itself = lent.conn.repairs_itself();
-        let mut replies = self.replies.load(Ordering::Relaxed);
+        let mut replies = since.replies;
         let mut eval = pin!(self.eval(lent, call));
         loop {
             if let Ok(reply) = tokio::time::timeout_at(deadline, eval.as_mut()).await {
@@ -256,7 +273,11 @@ impl Link {
         }
     }
 
-    async fn send(self: &Arc<Self>, lent: &mut Lent, call: &Call) -> RedisResult<Value> {
+    async fn send<R: Request + ?Sized>(
+        self: &Arc<Self>,
+        lent: &mut Lent,
+        call: &R,
+    ) -> RedisResult<Value> {
         if self.functions.load(Ordering::Relaxed) {
             match lent.conn.query(&call.command(Via::Function)).await {
                 Err(e) if server_says(&e, "Function not found") => {
@@ -323,12 +344,27 @@ impl Link {
         }
     }
 
-    /// Counts a call that ended without a decision.
-    pub(super) fn count_failure(&self, error: &StoreError) {
-        self.failures.fetch_add(1, Ordering::Relaxed);
+    /// Counts `checks` calls (or checks of a batch) that ended without a decision.
+    pub(super) fn count_failures(&self, error: &StoreError, checks: u64) {
+        self.failures.fetch_add(checks, Ordering::Relaxed);
         if error.kind() == StoreErrorKind::Timeout {
-            self.timeouts.fetch_add(1, Ordering::Relaxed);
+            self.timeouts.fetch_add(checks, Ordering::Relaxed);
         }
+    }
+
+    /// Now, for a call's bounds ([`Link::eval_within`]).
+    pub(super) fn since(&self) -> Since {
+        Since {
+            at: tokio::time::Instant::now(),
+            replies: self.replies.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether checks that queue behind calls in flight go as one batch: on one
+    /// server, not on a cluster, whose checks of different subjects mostly lie in
+    /// different slots (a batch's keys must share one).
+    pub(super) fn batches(&self) -> bool {
+        self.source.kind() == "node"
     }
 
     fn answered(&self) {

@@ -4,14 +4,20 @@
 use std::sync::{Arc, OnceLock};
 
 use deadpool_redis::redis::{Cmd, Script};
+use smallvec::SmallVec;
 
 use crate::policy::{Algorithm, Policy};
 use crate::store::{GiveBack, LeaseAsk, Operation};
 
 /// The helpers every script starts with.
 const COMMON: &str = include_str!("../../../lua/common.lua");
-/// The entry point every script ends with.
+/// Deciding one subject's policies and writing their states: what a single call
+/// and a batch share.
+const DECIDE: &str = include_str!("../../../lua/decide.lua");
+/// The entry point of a single call.
 const MAIN: &str = include_str!("../../../lua/main.lua");
+/// The entry point of a batch of plain checks.
+const BATCH: &str = include_str!("../../../lua/batch.lua");
 
 /// The file of each algorithm, in the order of [`Algorithm::ALL`].
 const ALGORITHM_FILES: [&str; 4] = [
@@ -100,6 +106,7 @@ impl ShapeScript {
                 }
             }
         }
+        source.push_str(DECIDE);
         // Where main.lua's per-policy arguments start, after the cost (and the
         // operation of an admin call).
         source.push_str(if admin {
@@ -142,6 +149,7 @@ pub(super) struct Library {
     check: String,
     admin: String,
     lease: String,
+    batch: String,
 }
 
 impl Library {
@@ -157,24 +165,29 @@ impl Library {
         for file in ALGORITHM_FILES {
             body.push_str(file);
         }
+        body.push_str(DECIDE);
         body.push_str("local function run(KEYS, ARGV, op, first)\n");
         body.push_str(MAIN);
+        body.push_str("end\nlocal function batch(KEYS, ARGV)\n");
+        body.push_str(BATCH);
         body.push_str("end\n");
         let hash = Script::new(&body);
         let name = format!("redlimit_{}", &hash.get_hash()[..16]);
         let (check, admin) = (format!("{name}_check"), format!("{name}_admin"));
-        let lease = format!("{name}_lease");
+        let (lease, batch) = (format!("{name}_lease"), format!("{name}_batch"));
         let source = format!(
             "#!lua name={name}\n{body}\
              redis.register_function('{check}', function(keys, args) return run(keys, args, 'c', 2) end)\n\
              redis.register_function('{admin}', function(keys, args) return run(keys, args, args[2], 3) end)\n\
-             redis.register_function('{lease}', function(keys, args) return run(keys, args, 'l', 4) end)\n"
+             redis.register_function('{lease}', function(keys, args) return run(keys, args, 'l', 4) end)\n\
+             redis.register_function('{batch}', function(keys, args) return batch(keys, args) end)\n"
         );
         Self {
             source,
             check,
             admin,
             lease,
+            batch,
         }
     }
 
@@ -300,16 +313,7 @@ impl Call {
             cmd.arg(ask.want).arg(ask.batch);
         }
         for policy in self.policies.iter() {
-            let algorithm = policy.algorithm();
-            // A shadow policy's limit is sent negative: one argument fewer per policy.
-            let limit = i64::try_from(policy.limit()).unwrap_or(i64::MAX);
-            let limit = if policy.is_shadow() { -limit } else { limit };
-            // The one duration the algorithm reads.
-            let n = match algorithm {
-                Algorithm::TokenBucket => policy.emission_interval_us(),
-                _ => policy.window_ms(),
-            };
-            cmd.arg(code(algorithm)).arg(limit).arg(n);
+            push_policy_args(&mut cmd, policy);
         }
         // Without a client clock the script reads Redis `TIME`.
         if let Some(ms) = self.now_ms {
@@ -317,6 +321,117 @@ impl Call {
         }
         cmd
     }
+}
+
+/// Appends a policy's three arguments: its algorithm's code, its limit (negative for
+/// a shadow policy: one argument fewer per policy) and the one duration its algorithm
+/// reads.
+fn push_policy_args(cmd: &mut Cmd, policy: &Policy) {
+    let algorithm = policy.algorithm();
+    let limit = i64::try_from(policy.limit()).unwrap_or(i64::MAX);
+    let limit = if policy.is_shadow() { -limit } else { limit };
+    let n = match algorithm {
+        Algorithm::TokenBucket => policy.emission_interval_us(),
+        _ => policy.window_ms(),
+    };
+    cmd.arg(code(algorithm)).arg(limit).arg(n);
+}
+
+/// Plain checks sent as one call of the library's batch function (`lua/batch.lua`):
+/// each decided as its own call would be, in order.
+#[derive(Debug, Default)]
+pub(super) struct Batch {
+    pub(super) calls: Vec<Call>,
+}
+
+/// What the store sends in one round trip: one call, or a batch of checks.
+pub(super) trait Request: Send + Sync {
+    /// The command, sent `via` a function or a script.
+    fn command(&self, via: Via) -> Cmd;
+}
+
+impl Request for Call {
+    fn command(&self, via: Via) -> Cmd {
+        Call::command(self, via)
+    }
+}
+
+impl Request for Batch {
+    /// `FCALL <batch> numkeys keys.. t|c nsets (p (code limit n)*p)* (set cost [ms])*`:
+    /// each policy set is sent once, however many of the batch's checks use it.
+    fn command(&self, via: Via) -> Cmd {
+        let mut cmd = match via {
+            Via::Function => {
+                let mut cmd = deadpool_redis::redis::cmd("FCALL");
+                cmd.arg(&Library::get().batch);
+                cmd
+            }
+            Via::Script => {
+                let mut cmd = deadpool_redis::redis::cmd("EVALSHA");
+                cmd.arg(batch_script().sha1());
+                cmd
+            }
+            Via::ScriptSource => {
+                let mut cmd = deadpool_redis::redis::cmd("EVAL");
+                cmd.arg(batch_script().source());
+                cmd
+            }
+        };
+        // The batch's policy sets, by identity: a limiter's checks share its set.
+        let mut sets: SmallVec<[&Arc<[Policy]>; 4]> = SmallVec::new();
+        let mut set_of: SmallVec<[usize; 64]> = SmallVec::new();
+        for call in &self.calls {
+            let found = sets.iter().position(|s| Arc::ptr_eq(s, &call.policies));
+            set_of.push(found.unwrap_or_else(|| {
+                sets.push(&call.policies);
+                sets.len() - 1
+            }));
+        }
+        let keys: usize = self.calls.iter().map(|c| c.policies.len()).sum();
+        cmd.arg(keys);
+        let mut key = String::new();
+        for call in &self.calls {
+            for policy in call.policies.iter() {
+                key.clear();
+                key.push_str(&call.key_base);
+                push_policy_suffix(&mut key, policy);
+                cmd.arg(key.as_str());
+            }
+        }
+        // The batcher never mixes the two clocks in one batch.
+        let client_clock = self.calls.iter().any(|c| c.now_ms.is_some());
+        cmd.arg(if client_clock { "c" } else { "t" })
+            .arg(sets.len());
+        for set in &sets {
+            cmd.arg(set.len());
+            for policy in set.iter() {
+                push_policy_args(&mut cmd, policy);
+            }
+        }
+        for (call, set) in self.calls.iter().zip(&set_of) {
+            cmd.arg(set + 1).arg(call.cost);
+            if client_clock {
+                cmd.arg(call.now_ms.unwrap_or(0));
+            }
+        }
+        cmd
+    }
+}
+
+/// The batch as a script, for a server without functions or without the library:
+/// every algorithm's check, no admin part.
+fn batch_script() -> &'static ShapeScript {
+    static SCRIPT: OnceLock<ShapeScript> = OnceLock::new();
+    SCRIPT.get_or_init(|| {
+        let mut source = String::from(COMMON);
+        for file in ALGORITHM_FILES {
+            source.push_str(&file[..file.find(ADMIN_LINE).unwrap_or(file.len())]);
+        }
+        source.push_str(DECIDE);
+        source.push_str(BATCH);
+        let script = Script::new(&source);
+        ShapeScript { source, script }
+    })
 }
 
 /// The key of a subject's lease generation, from its key base (`prefix:{subject}:`):

@@ -1,0 +1,272 @@
+//! Plain checks that queue behind calls in flight on the store's connection go to
+//! Redis as one call that decides them all.
+//!
+//! A check that finds fewer than `max_in_flight` calls in flight goes at once, as
+//! its own call: at low load nothing waits. Past that, checks queue; when a call in
+//! flight ends, the queue (up to `max_batch` checks) goes as one `FCALL` of the
+//! library's batch function, sent by a task of its own so the caller whose call
+//! ended is not held up. Redis pays the call itself, its parsing and its reply once
+//! per batch instead of once per check: what a one-call-per-check design cannot
+//! shed.
+//!
+//! Each check of a batch is decided as its own call would be (all or nothing
+//! across its own policies, exact), in the order the checks queued; a denial never
+//! touches another check. A check whose caller went away before its batch left is
+//! not sent. A batch's bounds (see [`RedisStore::timeout`](super::RedisStore::timeout))
+//! count from when its first check queued, so being batched never lengthens the
+//! wait for a silent Redis.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use deadpool_redis::redis::Value;
+use tokio::sync::oneshot;
+
+use super::link::{Link, Since};
+use super::script::{Batch, Call};
+use super::{decision, decision_of, exchange};
+use crate::decision::Decision;
+use crate::store::{StoreError, StoreErrorKind};
+
+/// The most checks one call decides, by default: past about 32 a batch saves Redis
+/// little more per check (BENCHMARKS.md), while one call holds Redis longer.
+pub(super) const DEFAULT_MAX_BATCH: usize = 32;
+/// The calls in flight before checks queue, by default.
+pub(super) const DEFAULT_MAX_IN_FLIGHT: usize = 2;
+
+/// How checks are batched (see [`RedisStore::max_batch`](super::RedisStore::max_batch)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Batching {
+    pub(super) max_batch: usize,
+    pub(super) max_in_flight: usize,
+}
+
+impl Default for Batching {
+    fn default() -> Self {
+        Self {
+            max_batch: DEFAULT_MAX_BATCH,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+        }
+    }
+}
+
+/// The checks waiting for a call in flight to end, shared by every clone of a store.
+#[derive(Debug, Default)]
+pub(super) struct Queue {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Checks and batches sent and not yet answered.
+    in_flight: usize,
+    waiting: VecDeque<Waiting>,
+}
+
+/// A queued check, with where its decision goes.
+#[derive(Debug)]
+struct Waiting {
+    call: Call,
+    answer: oneshot::Sender<Result<Decision, StoreError>>,
+    since: Since,
+    timeout: Duration,
+    max_batch: usize,
+}
+
+impl Queue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Decides one plain check: at once when fewer than `max_in_flight` calls are in
+/// flight (or the store does not batch), else in the next batch.
+pub(super) async fn check(
+    link: Arc<Link>,
+    call: Call,
+    timeout: Duration,
+    batching: Batching,
+) -> Result<Decision, StoreError> {
+    let batches = link.batches() && batching.max_batch > 1;
+    let call = if batches {
+        match enqueue(&link, call, timeout, batching) {
+            Ok(decided) => {
+                return decided.await.unwrap_or_else(|_| {
+                    Err(StoreError::new(
+                        StoreErrorKind::Unavailable,
+                        "the batch of this check was dropped (its runtime shut down)",
+                    ))
+                })
+            }
+            Err(call) => call,
+        }
+    } else {
+        call
+    };
+    // Dropped when the call ends, or when its caller goes away: the slot then goes to
+    // the checks queued meanwhile.
+    let _slot = batches.then(|| Slot::taken(Arc::clone(&link)));
+    let reply = exchange(&link, &call, timeout, None, 1).await?;
+    Ok(decision(&call.policies, reply, false)?.0)
+}
+
+/// Queues `call` for the next batch, or gives it back with a place among the calls
+/// in flight taken (fewer than `max_in_flight` were).
+fn enqueue(
+    link: &Link,
+    call: Call,
+    timeout: Duration,
+    batching: Batching,
+) -> Result<oneshot::Receiver<Result<Decision, StoreError>>, Call> {
+    let mut state = link.queue.lock();
+    if state.in_flight < batching.max_in_flight.max(1) {
+        state.in_flight += 1;
+        return Err(call);
+    }
+    let (answer, decided) = oneshot::channel();
+    state.waiting.push_back(Waiting {
+        call,
+        answer,
+        since: link.since(),
+        timeout,
+        max_batch: batching.max_batch.max(1),
+    });
+    Ok(decided)
+}
+
+/// One check as its own call.
+async fn one(
+    link: &Arc<Link>,
+    call: &Call,
+    timeout: Duration,
+    since: Option<Since>,
+) -> Result<Decision, StoreError> {
+    let reply = exchange(link, call, timeout, since, 1).await?;
+    Ok(decision(&call.policies, reply, false)?.0)
+}
+
+/// A place among the calls in flight, held by a check or a batch: when it is given
+/// up, the checks queued meanwhile take it as the next batch.
+struct Slot {
+    link: Option<Arc<Link>>,
+}
+
+impl Slot {
+    fn taken(link: Arc<Link>) -> Self {
+        Self { link: Some(link) }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let Some(link) = self.link.take() else {
+            return;
+        };
+        let Some(batch) = next_batch(&link) else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(send_batches(Slot::taken(link), batch));
+            }
+            Err(_) => {
+                // No runtime to send on: every queued check gets an error (dropping
+                // its sender), and the slot is free again.
+                drop(batch);
+                let mut state = link.queue.lock();
+                state.waiting.clear();
+                state.in_flight = state.in_flight.saturating_sub(1);
+            }
+        }
+    }
+}
+
+/// The checks the next batch takes, in the order they queued: at most the first's
+/// `max_batch`, all on the same kind of clock. `None` (and the slot given up) when
+/// none wait.
+fn next_batch(link: &Link) -> Option<Vec<Waiting>> {
+    let mut state = link.queue.lock();
+    // A check whose caller went away is not sent: no one waits for its decision.
+    state.waiting.retain(|w| !w.answer.is_closed());
+    let Some(first) = state.waiting.front() else {
+        state.in_flight = state.in_flight.saturating_sub(1);
+        return None;
+    };
+    let (client_clock, max) = (first.call.now_ms.is_some(), first.max_batch);
+    let n = state
+        .waiting
+        .iter()
+        .take(max)
+        .take_while(|w| w.call.now_ms.is_some() == client_clock)
+        .count();
+    Some(state.waiting.drain(..n).collect())
+}
+
+/// Sends `batch`, then the batches that queue meanwhile, while checks keep queuing.
+async fn send_batches(mut slot: Slot, mut batch: Vec<Waiting>) {
+    let Some(link) = slot.link.clone() else {
+        return;
+    };
+    loop {
+        send(&link, batch).await;
+        match next_batch(&link) {
+            Some(next) => batch = next,
+            None => {
+                // `next_batch` gave the slot up.
+                slot.link = None;
+                return;
+            }
+        }
+    }
+}
+
+/// One batch's round trip, each check's decision sent to its caller.
+async fn send(link: &Arc<Link>, mut batch: Vec<Waiting>) {
+    if batch.len() == 1 {
+        if let Some(w) = batch.pop() {
+            let decided = one(link, &w.call, w.timeout, Some(w.since)).await;
+            let _ = w.answer.send(decided);
+        }
+        return;
+    }
+    let (since, timeout) = (batch[0].since, batch[0].timeout);
+    let (calls, answers): (Vec<Call>, Vec<_>) =
+        batch.into_iter().map(|w| (w.call, w.answer)).unzip();
+    let request = Batch { calls };
+    let checks = request.calls.len() as u64;
+    let reply = exchange(link, &request, timeout, Some(since), checks).await;
+    let expected: usize = request.calls.iter().map(|c| 4 * c.policies.len()).sum();
+    let items = match reply {
+        Ok(Value::Array(items)) if items.len() == expected => items,
+        Ok(other) => {
+            let error = StoreError::new(
+                StoreErrorKind::Protocol,
+                format!(
+                    "expected {expected} integers for a batch of {checks} checks, got {other:?}"
+                ),
+            );
+            link.count_failures(&error, checks);
+            for answer in answers {
+                let _ = answer.send(Err(error.duplicate()));
+            }
+            return;
+        }
+        Err(error) => {
+            for answer in answers {
+                let _ = answer.send(Err(error.duplicate()));
+            }
+            return;
+        }
+    };
+    let mut at = 0;
+    for (call, answer) in request.calls.iter().zip(answers) {
+        let share = &items[at..at + 4 * call.policies.len()];
+        at += share.len();
+        let decided = decision_of(&call.policies, share, false).map(|(d, _)| d);
+        if let Err(error) = &decided {
+            link.count_failures(error, 1);
+        }
+        let _ = answer.send(decided);
+    }
+}

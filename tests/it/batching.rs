@@ -1,0 +1,282 @@
+//! Batched calls: checks that queue behind calls in flight on the store's connection
+//! go to Redis as one call, and each is decided as its own call would be.
+//!
+//! `tokio::join!` polls its futures in order, so every check it holds is made before
+//! any reply can arrive: with one call allowed in flight, the first goes alone and the
+//! others queue, in order, for the next batch, whatever the machine's speed.
+
+use crate::support;
+
+use std::future::Future;
+use std::pin::pin;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis;
+use redlimit::clock::FakeClock;
+use redlimit::store::StoreErrorKind;
+use redlimit::{Error, Limiter, MemoryStore, Policy, RedisStore};
+use support::RedisServer;
+use tokio::task::JoinSet;
+
+/// One call in flight at a time: every check made meanwhile waits for the next batch.
+fn store(server: &RedisServer) -> RedisStore {
+    RedisStore::new(server.pool())
+        .timeout(Duration::from_secs(5))
+        .max_in_flight(1)
+}
+
+fn fixed(limit: u32) -> Policy {
+    Policy::fixed_window("b", limit, Duration::from_secs(3_600)).unwrap()
+}
+
+/// Remaining units of an admitted check, `None` for a denial.
+fn remaining(result: Result<redlimit::Decision, Error>) -> Option<u64> {
+    let decision = result.expect("a decision");
+    decision.is_allowed().then(|| decision.remaining())
+}
+
+#[tokio::test]
+async fn checks_in_one_batch_are_decided_in_order_and_apart() {
+    let server = RedisServer::start();
+    let limiter = Limiter::new(store(&server), fixed(4));
+    let redis_store = limiter.store().clone();
+    // Connect (and load the library) first, so the batch below is the second call.
+    limiter.check("warm", 1).await.unwrap();
+    support::wait_for_function_library(&mut server.conn().await).await;
+    let sent = redis_store.calls_sent();
+
+    // One subject five times: 1 goes alone; 2, 2, 1 and 1 queue in that order.
+    let (a, b, c, d, e) = tokio::join!(
+        limiter.check("s", 1),
+        limiter.check("s", 2),
+        limiter.check("s", 2),
+        limiter.check("s", 1),
+        limiter.check("s", 1),
+    );
+    // In order: 4 - 1 = 3, 3 - 2 = 1, denied (2 > 1), 1 - 1 = 0, denied. A denial
+    // touches no other check, and the batch is not all or nothing.
+    let got = [a, b, c, d, e].map(remaining);
+    assert_eq!(got, [Some(3), Some(1), None, Some(0), None]);
+    assert_eq!(
+        redis_store.calls_sent() - sent,
+        2,
+        "one call alone, one batch"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_mixes_limiters_subjects_and_algorithms() {
+    let server = RedisServer::start();
+    let shared = store(&server);
+    let hour = Duration::from_secs(3_600);
+    let a = Limiter::new(shared.clone(), fixed(2));
+    let b = Limiter::new(
+        shared.clone(),
+        Policy::sliding_window("sw", 3, hour).unwrap(),
+    )
+    .policy(Policy::token_bucket("tb", 2, 1, hour).unwrap())
+    .policy(Policy::sliding_log("sl", 5, hour).unwrap());
+    a.check("warm", 1).await.unwrap();
+    support::wait_for_function_library(&mut server.conn().await).await;
+    let sent = shared.calls_sent();
+
+    let (a1, b1, a2, b2, a3, b3, x1) = tokio::join!(
+        a.check("s", 1),
+        b.check("s", 1),
+        a.check("s", 1),
+        b.check("s", 1),
+        a.check("s", 1),
+        b.check("s", 1),
+        a.check("other", 2),
+    );
+    assert_eq!(shared.calls_sent() - sent, 2);
+    // Limiter a: 2 per hour. Limiter b: the token bucket of 2 denies the third.
+    assert_eq!([a1, a2, a3].map(remaining), [Some(1), Some(0), None]);
+    let b: Vec<_> = [b1, b2, b3].into_iter().map(|r| r.unwrap()).collect();
+    assert!(b[0].is_allowed() && b[1].is_allowed());
+    assert_eq!(b[2].denied_by(), Some("tb"));
+    // Limiter b's third check was denied by one policy, so it consumed from none.
+    assert_eq!(b[2].policies().len(), 3);
+    let peek = Limiter::new(
+        shared.clone(),
+        Policy::sliding_window("sw", 3, hour).unwrap(),
+    )
+    .policy(Policy::token_bucket("tb", 2, 1, hour).unwrap())
+    .policy(Policy::sliding_log("sl", 5, hour).unwrap())
+    .peek("s", 1)
+    .await
+    .unwrap();
+    assert_eq!(peek.denied_by(), Some("tb"), "the bucket is empty");
+    assert_eq!(remaining(x1), Some(0));
+    server.assert_every_key_expires().await;
+}
+
+#[tokio::test]
+async fn many_tasks_batched_admit_exactly_what_the_memory_store_admits() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(1_700_000_000_000);
+    let redis_store = RedisStore::new(server.pool())
+        .timeout(Duration::from_secs(5))
+        .client_clock(clock.clone());
+    let policies = || {
+        (
+            Policy::sliding_window("sw", 9, Duration::from_secs(60)).unwrap(),
+            Policy::token_bucket("tb", 5, 1, Duration::from_secs(10)).unwrap(),
+        )
+    };
+    let (sw, tb) = policies();
+    let on_redis = Limiter::new(redis_store.clone(), sw).policy(tb);
+    let (sw, tb) = policies();
+    let in_memory = Limiter::new(MemoryStore::with_clock(clock.clone()), sw).policy(tb);
+    on_redis.check("warm", 1).await.unwrap();
+    let sent = redis_store.calls_sent();
+
+    // 64 tasks x 7 checks over 20 subjects at one instant, four times, 20 s apart.
+    // Every check costs 1, so what a subject is admitted in a step does not depend on
+    // the order its checks arrive in: the memory store, checked one at a time, says
+    // what the batched Redis store must admit.
+    let subject_of = |t: u64, i: u64| format!("user{}", (t * 7 + i) % 20);
+    for step in 0..4 {
+        let mut tasks = JoinSet::new();
+        for t in 0..64u64 {
+            let on_redis = on_redis.clone();
+            tasks.spawn(async move {
+                let mut admitted = Vec::new();
+                for i in 0..7 {
+                    let subject = subject_of(t, i);
+                    if on_redis
+                        .check(subject.as_str(), 1)
+                        .await
+                        .unwrap()
+                        .is_allowed()
+                    {
+                        admitted.push(subject);
+                    }
+                }
+                admitted
+            });
+        }
+        let mut on_redis_admitted = std::collections::BTreeMap::<String, u32>::new();
+        while let Some(admitted) = tasks.join_next().await {
+            for subject in admitted.unwrap() {
+                *on_redis_admitted.entry(subject).or_default() += 1;
+            }
+        }
+        let mut in_memory_admitted = std::collections::BTreeMap::<String, u32>::new();
+        for t in 0..64u64 {
+            for i in 0..7 {
+                let subject = subject_of(t, i);
+                if in_memory
+                    .check(subject.as_str(), 1)
+                    .await
+                    .unwrap()
+                    .is_allowed()
+                {
+                    *in_memory_admitted.entry(subject).or_default() += 1;
+                }
+            }
+        }
+        assert_eq!(on_redis_admitted, in_memory_admitted, "step {step}");
+        clock.advance(Duration::from_secs(20));
+    }
+    let calls = redis_store.calls_sent() - sent;
+    assert!(
+        calls < 4 * 64 * 7 / 2,
+        "{calls} calls for {} checks: few batches formed",
+        4 * 64 * 7
+    );
+}
+
+#[tokio::test]
+async fn a_check_whose_caller_went_away_before_its_batch_left_is_not_sent() {
+    let server = RedisServer::start();
+    let limiter = Limiter::new(store(&server), fixed(10));
+    limiter.check("warm", 1).await.unwrap();
+    let first = limiter.check("s", 1);
+    let gone = limiter.check("s", 5);
+    let kept = limiter.check("s", 1);
+    let (mut first, mut gone, mut kept) = (pin!(first), Box::pin(gone), pin!(kept));
+    // Each made (polled once) in turn: the first in flight, the others queued.
+    std::future::poll_fn(|cx| {
+        assert!(first.as_mut().poll(cx).is_pending());
+        assert!(gone.as_mut().poll(cx).is_pending());
+        assert!(kept.as_mut().poll(cx).is_pending());
+        Poll::Ready(())
+    })
+    .await;
+    drop(gone);
+    assert_eq!(remaining(first.await), Some(9));
+    assert_eq!(
+        remaining(kept.await),
+        Some(8),
+        "the 5 units went with their caller"
+    );
+}
+
+#[tokio::test]
+async fn queued_checks_fail_within_the_timeout_of_a_paused_redis() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_millis(400);
+    let limiter = Limiter::new(store(&server).timeout(timeout), fixed(10));
+    limiter.check("warm", 1).await.unwrap();
+    let paused = server.pause();
+    let started = Instant::now();
+    let results = tokio::join!(
+        limiter.check("a", 1),
+        limiter.check("b", 1),
+        limiter.check("c", 1),
+        limiter.check("d", 1),
+    );
+    let elapsed = started.elapsed();
+    paused.resume();
+    for result in [results.0, results.1, results.2, results.3] {
+        match result {
+            Err(Error::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Timeout, "{e}"),
+            other => panic!("a store timeout, not {other:?}"),
+        }
+    }
+    // The batch's timeout ran from when its checks queued, beside the first call's:
+    // one timeout in all, not one for the call ahead and one for the batch.
+    assert!(
+        elapsed < timeout * 2 - Duration::from_millis(100),
+        "{elapsed:?}"
+    );
+}
+
+#[tokio::test]
+async fn batches_survive_a_flushed_library_and_a_server_without_functions() {
+    for args in [&[][..], &["--rename-command", "FCALL", ""][..]] {
+        let server = RedisServer::start_with(args);
+        let limiter = Limiter::new(store(&server), fixed(3));
+        let redis_store = limiter.store().clone();
+        limiter.check("warm", 1).await.unwrap();
+        for round in 0..3 {
+            let _: () = redis::cmd("FUNCTION")
+                .arg("FLUSH")
+                .query_async(&mut server.conn().await)
+                .await
+                .unwrap_or(());
+            let _: () = redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async(&mut server.conn().await)
+                .await
+                .unwrap();
+            let subject = format!("s{round}");
+            let sent = redis_store.calls_sent();
+            let results = tokio::join!(
+                limiter.check(subject.as_str(), 1),
+                limiter.check(subject.as_str(), 1),
+                limiter.check(subject.as_str(), 1),
+                limiter.check(subject.as_str(), 1),
+            );
+            let got = [results.0, results.1, results.2, results.3].map(remaining);
+            assert_eq!(
+                got,
+                [Some(2), Some(1), Some(0), None],
+                "{args:?} round {round}"
+            );
+            assert_eq!(redis_store.calls_sent() - sent, 2, "{args:?}");
+        }
+    }
+}
