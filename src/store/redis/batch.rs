@@ -91,7 +91,7 @@ pub(super) async fn check(
     let batches = link.batches() && batching.max_batch > 1;
     let call = if batches {
         match enqueue(&link, call, timeout, batching) {
-            Ok(decided) => {
+            Turn::Queued(decided) => {
                 return decided.await.unwrap_or_else(|_| {
                     Err(StoreError::new(
                         StoreErrorKind::Unavailable,
@@ -99,7 +99,7 @@ pub(super) async fn check(
                     ))
                 })
             }
-            Err(call) => call,
+            Turn::Now(call) => call,
         }
     } else {
         call
@@ -111,18 +111,21 @@ pub(super) async fn check(
     Ok(decision(&call.policies, reply, false)?.0)
 }
 
-/// Queues `call` for the next batch, or gives it back with a place among the calls
-/// in flight taken (fewer than `max_in_flight` were).
-fn enqueue(
-    link: &Link,
-    call: Call,
-    timeout: Duration,
-    batching: Batching,
-) -> Result<oneshot::Receiver<Result<Decision, StoreError>>, Call> {
+/// When a check goes: now, alone, or in the next batch.
+enum Turn {
+    /// A place among the calls in flight is taken for it.
+    Now(Call),
+    /// It waits in the queue; its decision arrives here.
+    Queued(oneshot::Receiver<Result<Decision, StoreError>>),
+}
+
+/// Takes a place among the calls in flight for `call` (fewer than `max_in_flight`
+/// are), or queues it for the next batch.
+fn enqueue(link: &Link, call: Call, timeout: Duration, batching: Batching) -> Turn {
     let mut state = link.queue.lock();
     if state.in_flight < batching.max_in_flight.max(1) {
         state.in_flight += 1;
-        return Err(call);
+        return Turn::Now(call);
     }
     let (answer, decided) = oneshot::channel();
     state.waiting.push_back(Waiting {
@@ -132,7 +135,7 @@ fn enqueue(
         timeout,
         max_batch: batching.max_batch.max(1),
     });
-    Ok(decided)
+    Turn::Queued(decided)
 }
 
 /// One check as its own call.
