@@ -144,19 +144,21 @@ fn main() {
         ),
     ];
     // Any store renders the same command; this one never connects.
-    let pool =
-        redlimit::deadpool_redis::Config::from_url(server.url())
-            .create_pool(Some(redlimit::deadpool_redis::Runtime::Tokio1))
-            .expect("a pool");
+    let pool = redlimit::deadpool_redis::Config::from_url(server.url())
+        .create_pool(Some(redlimit::deadpool_redis::Runtime::Tokio1))
+        .expect("a pool");
     let store = RedisStore::new(pool);
 
-    let reference = instructions_per_call(&server, &[
-        "EVALSHA".to_owned(),
-        smallest_sha,
-        "1".to_owned(),
-        "rl:{__rand_int__}:p:fw".to_owned(),
-        "60000".to_owned(),
-    ]);
+    let reference = instructions_per_call(
+        &server,
+        &[
+            "EVALSHA".to_owned(),
+            smallest_sha,
+            "1".to_owned(),
+            "rl:{__rand_int__}:p:fw".to_owned(),
+            "60000".to_owned(),
+        ],
+    );
     println!("Redis instructions per decision (callgrind, {CALLS} calls each, redis-benchmark -c 4 -P 16 -r 100000)\n");
     println!("| contender | FCALL (function library) | ratio to the smallest script | target | met | EVALSHA (script, servers without functions) | ratio |");
     println!("|---|---|---|---|---|---|---|");

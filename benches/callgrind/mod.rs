@@ -27,8 +27,7 @@ impl Server {
             .and_then(|l| l.local_addr())
             .expect("a free loopback port")
             .port();
-        let dir =
-            std::env::temp_dir().join(format!("redlimit-{bench}-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("redlimit-{bench}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a temporary directory");
         let child = Command::new("valgrind")
             .arg("--tool=callgrind")
@@ -53,6 +52,7 @@ impl Server {
         server
     }
 
+    #[allow(dead_code)]
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -106,7 +106,11 @@ impl Server {
                 if !matches!(name, "fcall" | "fcall_ro" | "evalsha" | "eval") {
                     return None;
                 }
-                rest.strip_prefix("calls=")?.split(',').next()?.parse::<u64>().ok()
+                rest.strip_prefix("calls=")?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
             })
             .sum()
     }
