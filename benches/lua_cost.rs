@@ -18,13 +18,14 @@
 //! Needs `valgrind` (with `callgrind_control`), `redis-server` and `redis-benchmark`
 //! (Debian: valgrind, redis-server, redis-tools). About a minute and a half.
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use redlimit::store::Operation;
 use redlimit::{Limiter, MemoryStore, Policy, RedisStore, Subject};
+
+mod callgrind;
+use callgrind::Server;
 
 /// Calls per contender: enough that the per-call figure is stable to a few
 /// instructions, few enough that callgrind's slowdown keeps the run short.
@@ -40,74 +41,14 @@ if c == 1 then redis.call("PEXPIRE", key, w) end
 return c
 "#;
 
-/// `redis-server` under callgrind, killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-}
-
-impl Server {
-    fn start() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free loopback port")
-            .port();
-        let dir = std::env::temp_dir().join(format!("redlimit-lua-cost-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a temporary directory");
-        let child = Command::new("valgrind")
-            .arg("--tool=callgrind")
-            .arg(format!("--callgrind-out-file={}/cg.out", dir.display()))
-            .args(["redis-server", "--bind", "127.0.0.1", "--port"])
-            .arg(port.to_string())
-            .args(["--save", "", "--appendonly", "no", "--dir"])
-            .arg(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("valgrind and redis-server must be installed (Debian: valgrind, redis-server)");
-        let server = Self { child, port, dir };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while server.cli(&["PING"]).trim() != "PONG" {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server under callgrind did not start"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        server
-    }
-
-    /// One `redis-cli` command; its output.
-    fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .expect("redis-cli must be installed (Debian: redis-tools)");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn callgrind(&self, what: &str) {
-        let ok = Command::new("callgrind_control")
-            .arg(what)
-            .arg(self.child.id().to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("callgrind_control (valgrind) must be installed")
-            .success();
-        assert!(ok, "callgrind_control {what} failed");
-    }
-
-    /// The server's instructions per call over `CALLS` calls of `args`.
-    fn instructions_per_call(&self, args: &[String]) -> f64 {
-        self.cli(&["FLUSHALL"]);
-        self.callgrind("--zero");
+/// The server's instructions per call over `CALLS` calls of `args`, sent by
+/// `redis-benchmark`.
+fn instructions_per_call(server: &Server, args: &[String]) -> f64 {
+    let (total, ()) = server.instructions(|| {
         let out = Command::new("redis-benchmark")
             .args([
                 "-p",
-                &self.port.to_string(),
+                &server.port().to_string(),
                 "-c",
                 "4",
                 "-P",
@@ -120,53 +61,8 @@ impl Server {
             .output()
             .expect("redis-benchmark must be installed (Debian: redis-tools)");
         assert!(out.status.success(), "redis-benchmark failed");
-        // A call that failed costs little and would flatter the contender.
-        let errors = self.cli(&["INFO", "errorstats"]);
-        assert!(!errors.contains("errorstat_"), "calls failed: {errors}");
-        self.callgrind("--dump");
-        let total = self.last_dump_total();
-        total as f64 / CALLS as f64
-    }
-
-    /// The `summary:` of the newest dump, and the dumps removed.
-    fn last_dump_total(&self) -> u64 {
-        let mut dumps: Vec<PathBuf> = std::fs::read_dir(&self.dir)
-            .expect("the dump directory")
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("cg.out."))
-            })
-            .collect();
-        dumps.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
-        let newest = dumps.last().expect("callgrind wrote a dump");
-        let total = summary(newest);
-        for dump in dumps {
-            let _ = std::fs::remove_file(dump);
-        }
-        self.cli(&["CONFIG", "RESETSTAT"]);
-        total
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// The total instruction count of a callgrind dump.
-fn summary(path: &Path) -> u64 {
-    let text = std::fs::read_to_string(path).expect("a callgrind dump");
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix("summary:")
-                .or_else(|| l.strip_prefix("totals:"))
-        })
-        .and_then(|n| n.split_whitespace().next()?.parse().ok())
-        .expect("a callgrind summary line")
+    });
+    total as f64 / CALLS as f64
 }
 
 /// The store's command for a check of `policies`, as `redis-benchmark` arguments, with
@@ -195,7 +91,7 @@ fn store_args(store: &RedisStore, policies: &[Policy], script: bool) -> Vec<Stri
 }
 
 fn main() {
-    let server = Server::start();
+    let server = Server::start("lua-cost");
     let smallest_sha = server.cli(&["SCRIPT", "LOAD", SMALLEST]).trim().to_owned();
     let library = RedisStore::function_library();
     let loaded = server.cli(&["FUNCTION", "LOAD", "REPLACE", library]);
@@ -248,30 +144,32 @@ fn main() {
         ),
     ];
     // Any store renders the same command; this one never connects.
-    let pool =
-        redlimit::deadpool_redis::Config::from_url(format!("redis://127.0.0.1:{}/", server.port))
-            .create_pool(Some(redlimit::deadpool_redis::Runtime::Tokio1))
-            .expect("a pool");
+    let pool = redlimit::deadpool_redis::Config::from_url(server.url())
+        .create_pool(Some(redlimit::deadpool_redis::Runtime::Tokio1))
+        .expect("a pool");
     let store = RedisStore::new(pool);
 
-    let reference = server.instructions_per_call(&[
-        "EVALSHA".to_owned(),
-        smallest_sha,
-        "1".to_owned(),
-        "rl:{__rand_int__}:p:fw".to_owned(),
-        "60000".to_owned(),
-    ]);
+    let reference = instructions_per_call(
+        &server,
+        &[
+            "EVALSHA".to_owned(),
+            smallest_sha,
+            "1".to_owned(),
+            "rl:{__rand_int__}:p:fw".to_owned(),
+            "60000".to_owned(),
+        ],
+    );
     println!("Redis instructions per decision (callgrind, {CALLS} calls each, redis-benchmark -c 4 -P 16 -r 100000)\n");
     println!("| contender | FCALL (function library) | ratio to the smallest script | target | met | EVALSHA (script, servers without functions) | ratio |");
     println!("|---|---|---|---|---|---|---|");
     println!("| smallest fixed-window script (TIME + INCR + PEXPIRE), the reference | {reference:.0} | 1.00x | | | | |");
     for (name, policies, target) in rows {
-        let function = server.instructions_per_call(&store_args(&store, &policies, false));
+        let function = instructions_per_call(&server, &store_args(&store, &policies, false));
         let script_args = store_args(&store, &policies, true);
         let sha = RedisStore::script_sha1(&policies);
         server.cli(&["SCRIPT", "LOAD", RedisStore::script_source(&policies)]);
         assert_eq!(script_args[1], sha);
-        let script = server.instructions_per_call(&script_args);
+        let script = instructions_per_call(&server, &script_args);
         let ratio = function / reference;
         println!(
             "| {name} | {function:.0} | {ratio:.2}x | <= {target}x | {} | {script:.0} | {:.2}x |",

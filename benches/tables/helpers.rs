@@ -97,18 +97,23 @@ pub(crate) mod reference {
     script!(SLIDING_LOG, "sliding_log.lua");
     script!(SMALLEST_FIXED_WINDOW, "smallest_fixed_window.lua");
     script!(
+        SMALLEST_FIXED_WINDOW_BATCH,
+        "smallest_fixed_window_batch.lua"
+    );
+    script!(
         SLIDING_WINDOW_TOKEN_BUCKET,
         "sliding_window_token_bucket.lua"
     );
 
     /// Every reference script, for `SCRIPT LOAD`.
-    pub(crate) fn all() -> [&'static redis::Script; 6] {
+    pub(crate) fn all() -> [&'static redis::Script; 7] {
         [
             &FIXED_WINDOW,
             &SLIDING_WINDOW,
             &TOKEN_BUCKET,
             &SLIDING_LOG,
             &SMALLEST_FIXED_WINDOW,
+            &SMALLEST_FIXED_WINDOW_BATCH,
             &SLIDING_WINDOW_TOKEN_BUCKET,
         ]
     }
@@ -166,6 +171,23 @@ pub(crate) mod reference {
             .arg(1)
             .arg(key)
             .arg(window_ms);
+        cmd
+    }
+
+    /// `EVALSHA` of the smallest fixed-window script batched: Redis `TIME` once, then
+    /// for each key `INCR` of `key:<window number>` and `PEXPIRE` when new; the reply is
+    /// the counts, in the order of `keys`.
+    pub(crate) fn smallest_fixed_window_batch<'k>(
+        keys: impl ExactSizeIterator<Item = &'k str>,
+        window_ms: u64,
+    ) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(SMALLEST_FIXED_WINDOW_BATCH.get_hash())
+            .arg(keys.len());
+        for key in keys {
+            cmd.arg(key);
+        }
+        cmd.arg(window_ms);
         cmd
     }
 

@@ -14,7 +14,9 @@
 //! - [`throughput`]: each algorithm through `Limiter::check` on a `RedisStore`, beside a
 //!   bare redis-rs loop sending the store's own command (`RedisStore::command`) and the
 //!   smallest script of each algorithm (`benches/reference/`), with Redis CPU per
-//!   decision against the smallest fixed-window script of the same run.
+//!   decision against the smallest fixed-window script of the same run, the store's
+//!   decisions per Redis call, and the smallest fixed-window script batched as many
+//!   decisions a call as the store's.
 //! - [`memory`]: Redis `used_memory` delta per subject for each algorithm, beside the
 //!   seed's layouts on the same server, and the seed's "1 million users at 1,000 per
 //!   minute" table recomputed from those figures.

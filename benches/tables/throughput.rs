@@ -6,7 +6,8 @@
 //! - [`one_client`]: one call at a time, with `redis-benchmark -c 1` and the seed's
 //!   layouts.
 //! - [`concurrent`]: 64 tasks on one multiplexed connection over 100,000 subjects, with
-//!   Redis CPU per decision, against the smallest fixed-window script of the same run,
+//!   Redis CPU per decision, against the smallest fixed-window script of the same run
+//!   (and that script batched as many decisions a call as the store's calls carry),
 //!   and `redis-benchmark -c 20 -P 16` of each script for the server's cost.
 
 mod concurrent;
@@ -102,6 +103,22 @@ where
     F: Fn(usize) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
+    concurrent_turn_by(tasks, subjects, 1, turn, call).await
+}
+
+/// [`concurrent_turn`] for calls of `stride` subjects each: a task's next call starts
+/// `stride` subjects after its last one (`call(i)` decides subjects `i..i + stride`).
+async fn concurrent_turn_by<F, Fut>(
+    tasks: usize,
+    subjects: usize,
+    stride: usize,
+    turn: Duration,
+    call: F,
+) -> (u64, Duration, u64)
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     let done = Arc::new(AtomicBool::new(false));
     let calls = Arc::new(AtomicU64::new(0));
     let cpu = machine::process_cpu_ns();
@@ -114,7 +131,7 @@ where
             let mut made = 0;
             while !done.load(Ordering::Relaxed) {
                 call(i % subjects).await;
-                i += 1;
+                i += stride;
                 made += 1;
             }
             calls.fetch_add(made, Ordering::Relaxed);

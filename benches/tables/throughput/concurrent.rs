@@ -1,8 +1,13 @@
 //! 64 tasks over 100,000 subjects on one multiplexed connection: `Limiter::check`, the
 //! bare loop of the store's own command, and the smallest script of each algorithm, with
 //! the Redis CPU per decision of every turn, all against the smallest fixed-window
-//! script of the same run. Then `redis-benchmark -c 20 -P 16` of each script:
-//! the server's cost per call with the network nearly out of the picture.
+//! script of the same run. The store may send the checks that queue behind its calls in
+//! flight together, in one call: its decisions per Redis call are measured in every turn
+//! (`calls_sent()`), and beside the fixed window runs the smallest fixed-window script
+//! batched as many decisions a call as the store's fixed window carried in the same
+//! round, the least a store batching as much could cost. Then
+//! `redis-benchmark -c 20 -P 16` of each script: the server's cost per call with the
+//! network nearly out of the picture.
 
 use super::*;
 use redlimit::store::{Operation, PolicySet};
@@ -143,6 +148,11 @@ const CONTENDERS: [Contender; 3] = [Contender::Store, Contender::Bare, Contender
 /// Everything one case's turns need, built once.
 struct Setup {
     limiter: Limiter<RedisStore>,
+    /// The limiter's store, for its count of calls sent.
+    store: RedisStore,
+    /// The fixed window's case only: the smallest script's key of each subject, for
+    /// the batched smallest script.
+    batch_keys: Option<Arc<Vec<String>>>,
     /// The store's own command for each subject (`RedisStore::command`).
     store_cmds: Arc<Vec<redis::Cmd>>,
     /// The smallest script's command for each subject.
@@ -168,6 +178,13 @@ async fn setup(server: &RedisServer, case: &Case, subjects: &[Subject]) -> Setup
         .zip(0..)
         .map(|(s, id)| case.smallest_command(&store, set, s, id))
         .collect();
+    let batch_keys = (case.smallest == Smallest::FixedWindow).then(|| {
+        let keys = subjects
+            .iter()
+            .map(|s| store.key(s, set, &case.policies[0]))
+            .collect();
+        Arc::new(keys)
+    });
     // A first call opens the store's connection.
     limiter.check(subject(0), 1).await.expect("first call");
     let mut smallest_args = bench_args(&smallest_cmds[0]);
@@ -180,6 +197,8 @@ async fn setup(server: &RedisServer, case: &Case, subjects: &[Subject]) -> Setup
         store_args: bench_args(&store_cmds[0]),
         smallest_args,
         limiter,
+        store,
+        batch_keys,
         store_cmds: Arc::new(store_cmds),
         smallest_cmds: Arc::new(smallest_cmds),
     }
@@ -189,8 +208,14 @@ async fn setup(server: &RedisServer, case: &Case, subjects: &[Subject]) -> Setup
 #[derive(Default)]
 struct Rates {
     store: Tally,
+    /// The store's decisions per Redis call in each of its turns.
+    store_per_call: Vec<f64>,
     bare: Tally,
     smallest: Tally,
+    /// The fixed window's case only: the smallest script batched, and its keys per
+    /// call in each round.
+    batched: Tally,
+    batches: Vec<usize>,
     bench_store: Tally,
     bench_smallest: Tally,
 }
@@ -259,6 +284,31 @@ async fn bare_turn(
     .await
 }
 
+/// A turn of the smallest fixed-window script batched, `batch` subjects a call, from
+/// round(`TASKS` / `batch`) tasks on one connection (about as many decisions in
+/// flight as in the other turns): decisions, time, client CPU (ns).
+async fn batched_turn(
+    conn: &MultiplexedConnection,
+    keys: &Arc<Vec<String>>,
+    window_ms: u64,
+    batch: usize,
+) -> (u64, Duration, u64) {
+    let (conn, keys) = (conn.clone(), Arc::clone(keys));
+    let tasks = (TASKS as f64 / batch as f64).round().max(1.0) as usize;
+    let (calls, time, cpu) = concurrent_turn_by(tasks, SUBJECTS, batch, TURN, move |i| {
+        let (mut conn, keys) = (conn.clone(), Arc::clone(&keys));
+        async move {
+            let subjects = (i..i + batch).map(|j| keys[j % SUBJECTS].as_str());
+            let cmd = reference::smallest_fixed_window_batch(subjects, window_ms);
+            let counts: Vec<i64> = cmd.query_async(&mut conn).await.expect("batched call");
+            assert_eq!(counts.len(), batch, "one count per key");
+            assert!(counts.iter().all(|&c| c >= 1), "counts");
+        }
+    })
+    .await;
+    (calls * batch as u64, time, cpu)
+}
+
 /// Redis CPU per call, in µs, of `redis-benchmark` sending `args`; and its rate.
 async fn bench_cpu(
     server: &RedisServer,
@@ -307,12 +357,34 @@ pub(super) async fn run(server: &RedisServer) {
                 let contender = CONTENDERS[(k + round) % CONTENDERS.len()];
                 flushall(&mut conn).await;
                 let before = redis_cpu_s(&mut conn).await;
+                let sent = s.store.calls_sent();
                 let (n, t, cpu) = turn(case, s, &bare_conn, &subjects, contender).await;
+                let sent = s.store.calls_sent() - sent;
                 let after = redis_cpu_s(&mut conn).await;
                 let tally = r.of(contender);
                 tally.add(n, t);
                 tally.cpu(n, cpu);
                 tally.redis_cpu.push((after - before) * 1e6 / n as f64);
+                if contender != Contender::Store {
+                    continue;
+                }
+                let per_call = n as f64 / sent.max(1) as f64;
+                r.store_per_call.push(per_call);
+                // Right after the store's turn: the smallest script batched as many
+                // decisions a call as the store's calls carried in it.
+                let Some(keys) = &s.batch_keys else {
+                    continue;
+                };
+                let batch = (per_call.round() as usize).max(1);
+                flushall(&mut conn).await;
+                let before = redis_cpu_s(&mut conn).await;
+                let window_ms = case.policies[0].window_ms();
+                let (n, t, cpu) = batched_turn(&bare_conn, keys, window_ms, batch).await;
+                let after = redis_cpu_s(&mut conn).await;
+                r.batched.add(n, t);
+                r.batched.cpu(n, cpu);
+                r.batched.redis_cpu.push((after - before) * 1e6 / n as f64);
+                r.batches.push(batch);
             }
         }
         eprintln!(
@@ -351,20 +423,44 @@ fn report(cases: &[Case], setups: &[Setup], rates: &[Rates]) {
          contender in rotation; figures are medians of turns, ratios the median of each round's ratio to \
          that round's smallest fixed-window turn. Redis CPU: the main thread's `used_cpu_sys_main_thread` + \
          `used_cpu_user_main_thread` delta over the turn / decisions. Client CPU: this process's CPU time \
-         (every thread) per decision over the turns.",
+         (every thread) per decision over the turns. Decisions per Redis call: the store's decisions / its \
+         `calls_sent()` delta over the turn (the median turn); the others send one call per decision, but \
+         the smallest script batched (`benches/reference/smallest_fixed_window_batch.lua`: `TIME` once, then \
+         per key `INCR` of `<key>:<window number>` and `PEXPIRE` when new, the counts as reply), which runs \
+         right after the store's fixed-window turn with as many keys per call (B) as the store's decisions \
+         per call in that turn, rounded (at least 1), from round({TASKS} / B) tasks, task t starting at subject \
+         t x {} / round({TASKS} / B).",
         thousands(SUBJECTS as f64),
         SUBJECTS / TASKS,
-        TURN.as_millis()
+        TURN.as_millis(),
+        thousands(SUBJECTS as f64),
     );
     println!();
-    println!("| algorithm | contender | decisions/s | / smallest fixed window (target >= {THROUGHPUT_TARGET}x) | Redis CPU per decision | / smallest fixed window (target) | client CPU per decision |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| algorithm | contender | decisions per Redis call | decisions/s | / smallest fixed window (target >= {THROUGHPUT_TARGET}x) | Redis CPU per decision | / smallest fixed window (target) | client CPU per decision |");
+    println!("|---|---|---|---|---|---|---|---|");
     for (case, r) in cases.iter().zip(rates) {
-        for (contender, tally) in [
-            ("redlimit `Limiter::check`", &r.store),
-            ("bare loop, the store's command", &r.bare),
-            (case.smallest_label, &r.smallest),
-        ] {
+        let batched_label = format!(
+            "`TIME` once + `INCR` + `PEXPIRE` when new per key, B keys per call (B by round: {})",
+            r.batches
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let mut rows = vec![
+            (
+                "redlimit `Limiter::check`",
+                &r.store,
+                median(r.store_per_call.clone()),
+            ),
+            ("bare loop, the store's command", &r.bare, 1.0),
+            (case.smallest_label, &r.smallest, 1.0),
+        ];
+        if !r.batches.is_empty() {
+            let per_call = median(r.batches.iter().map(|&b| b as f64).collect());
+            rows.push((batched_label.as_str(), &r.batched, per_call));
+        }
+        for (contender, tally, per_call) in rows {
             let is_store = std::ptr::eq(tally, &r.store);
             let (rate_ratio, cpu_ratio) = (tally.ratio(fw), tally.redis_cpu_ratio(fw));
             let (rate_target, cpu_target) = if is_store {
@@ -380,7 +476,7 @@ fn report(cases: &[Case], setups: &[Setup], rates: &[Rates]) {
                 (String::new(), String::new())
             };
             println!(
-                "| {} | {contender} | {} | {rate_ratio:.3}x{rate_target} | {:.2} µs | {cpu_ratio:.2}x{cpu_target} | {:.1} µs |",
+                "| {} | {contender} | {per_call:.2} | {} | {rate_ratio:.3}x{rate_target} | {:.2} µs | {cpu_ratio:.2}x{cpu_target} | {:.1} µs |",
                 case.label,
                 thousands(tally.rate()),
                 tally.redis_cpu_us(),
@@ -448,4 +544,15 @@ fn report(cases: &[Case], setups: &[Setup], rates: &[Rates]) {
         "- fastest / slowest algorithm at {TASKS} tasks (the four single-policy rows): {spread:.2}x (target <= 1.15x: {}; the seed: 1.42x)",
         met(spread <= 1.15)
     );
+    let fixed = &rates[0];
+    if !fixed.batches.is_empty() {
+        println!(
+            "- fixed window against the smallest script batched as many decisions a call as the store's \
+             ({:.2} decisions per Redis call), the limit of this design at 1.00x: {:.3}x its decisions/s, \
+             {:.2}x its Redis CPU per decision",
+            median(fixed.store_per_call.clone()),
+            fixed.store.ratio(&fixed.batched),
+            fixed.store.redis_cpu_ratio(&fixed.batched),
+        );
+    }
 }
