@@ -8,9 +8,14 @@
 -- ARGV[2]   the number of policy sets s, then each set: its number of
 --           policies p, then 3p arguments (algorithm, limit, window or
 --           interval: as in main.lua)
--- then each check: the number of its set (1..s), its cost, and with "c" its
---           time in ms
+-- then      one byte per check: its set, 1 for the first (so a batch has at
+--           most 255 sets; its length is the number of checks n)
+-- then      "1" when every check costs 1, else "n" and n costs
+-- then      with "c", n times in ms
 -- KEYS      each check's keys, one per policy of its set, check after check
+--
+-- A check's set and cost are read without tonumber where they can be, and
+-- every argument Redis turns into a Lua string costs a call a visible share.
 --
 -- Reply: each check's four integers per policy (as main.lua's), check after
 -- check.
@@ -21,35 +26,42 @@ local nsets = tonumber(ARGV[2])
 if not (nsets and (timed or ARGV[1] == "t")) then
   return redis.error_reply("ERR redlimit: a batch starts with its clock (t or c) and its number of policy sets")
 end
-local set_size, set_at = {}, {}
+local sets = {}
 local at = 3
 for s = 1, nsets do
   local p = tonumber(ARGV[at])
   if not p then
     return redis.error_reply(string.format("ERR redlimit: policy set %d has no size", s))
   end
-  set_size[s], set_at[s] = p, at + 1
-  for i = 1, p do
-    local a = at + 3 * i - 2
-    if not (DECIDE[ARGV[a]] and tonumber(ARGV[a + 1]) and tonumber(ARGV[a + 2])) then
-      return redis.error_reply(bad_policy(i, ARGV[a], ARGV[a + 1], ARGV[a + 2]))
-    end
+  local set, bad = read_policies(ARGV, at + 1, p)
+  if not set then
+    return redis.error_reply(bad)
   end
+  sets[s] = set
   at = at + 1 + 3 * p
 end
--- Every set's policies (above), every check's set and the keys they name: all
--- checked before any check writes.
-local nargs, needed = #ARGV, 0
-if (nargs - at + 1) % stride ~= 0 then
-  return redis.error_reply("ERR redlimit: a batch's checks take a set and a cost (and a clock) each")
+-- Every set's policies (above), every check's set, cost and time and the keys
+-- they name: all read and checked before any check writes.
+local order, unit = ARGV[at], ARGV[at + 1]
+local n = order and #order or 0
+local costs_at = at + 2
+local times_at = unit == "1" and costs_at or costs_at + n
+if not (unit == "1" or unit == "n") or #ARGV ~= times_at - 1 + (timed and n or 0) then
+  return redis.error_reply("ERR redlimit: a batch's checks take a set each, then their costs (and times)")
 end
-for c = at, nargs, stride do
-  local p = set_size[tonumber(ARGV[c])]
-  if not (p and tonumber(ARGV[c + 1]) and (not timed or tonumber(ARGV[c + 2]))) then
-    return redis.error_reply(string.format(
-      "ERR redlimit: check %d of the batch names no set, or has no cost or clock", (c - at) / stride + 1))
+local needed = 0
+for j = 1, n do
+  local set = sets[string.byte(order, j)]
+  local cost = 1
+  if unit == "n" then
+    cost = tonumber(ARGV[costs_at + j - 1])
   end
-  needed = needed + p
+  local t = timed and tonumber(ARGV[times_at + j - 1])
+  if not (set and cost and (t or not timed)) then
+    return redis.error_reply(string.format(
+      "ERR redlimit: check %d of the batch names no set, or has no cost or clock", j))
+  end
+  needed = needed + #set / 5
 end
 if needed ~= #KEYS then
   return redis.error_reply(string.format(
@@ -57,24 +69,23 @@ if needed ~= #KEYS then
 end
 local now
 if not timed then
-  local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
+  now = time_ms()
 end
 local reply, writes = {}, { false, false }
 local k0 = 0
-for c = at, nargs, stride do
-  local s = tonumber(ARGV[c])
-  local p = set_size[s]
+for j = 1, n do
+  -- Read again rather than kept in tables: a set is a byte away, and a cost
+  -- other than 1 and a client's time are the rare batches.
+  local set, cost = sets[string.byte(order, j)], 1
+  if unit == "n" then
+    cost = tonumber(ARGV[costs_at + j - 1])
+  end
   if timed then
-    now = tonumber(ARGV[c + 2])
+    now = tonumber(ARGV[times_at + j - 1])
   end
-  local all, bad = decide_policies(KEYS, k0, p, ARGV, set_at[s], "c", now, tonumber(ARGV[c + 1]), reply, 4 * k0, writes, nil)
-  if all == nil then
-    return redis.error_reply(bad)
+  if decide_policies(KEYS, k0, set, "c", now, cost, reply, 4 * k0, writes, nil) then
+    write_states(KEYS, k0, #set / 5, writes)
   end
-  if all then
-    write_states(KEYS, k0, p, writes)
-  end
-  k0 = k0 + p
+  k0 = k0 + #set / 5
 end
 return reply

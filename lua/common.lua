@@ -35,27 +35,65 @@ local function cdiv(a, b)
   return q
 end
 
+-- Whether "%d" formats every integer below 2^53 in one conversion: Lua's "%d"
+-- converts to a C long, 64 bits on every 64-bit build of Redis, 32 on others.
+-- Found out by the first call (a function library, when loaded, cannot reach
+-- the string library yet).
+local WIDE
+local function wide()
+  if WIDE == nil then
+    WIDE = string.format("%d", 9007199254740991) == "9007199254740991"
+  end
+  return WIDE
+end
+
 -- A non-negative integer below 2^53 as decimal text. Lua's own number-to-string
--- conversion keeps only 14 significant digits, so never let it format a state or
--- an argument. "%.0f" would be exact too, but glibc formats a double through
--- multi-precision arithmetic, several times slower than "%d"; "%d" converts to a
--- C long, which may be 32 bits, so larger values go as two halves of 8 digits.
+-- conversion keeps only 14 significant digits, so never let it format a state.
+-- "%.0f" would be exact too, but glibc formats a double through multi-precision
+-- arithmetic, several times slower than "%d"; with a 32-bit C long, larger values
+-- go as two halves of 8 digits. (Numbers passed to redis.call as numbers, such as
+-- TTLs, are formatted by Redis with 17 digits: exact below 2^53.)
 local function int(n)
-  if n < 100000000 then
+  if n < 100000000 or wide() then
     return string.format("%d", n)
   end
   local high = idiv(n, 100000000)
   return string.format("%d%08d", high, n - high * 100000000)
 end
 
--- A stored decimal field, or nil when it is not one.
+-- "a:b" (and "a:b:c") of non-negative integers below 2^53, in one conversion
+-- where "%d" takes them: every string made costs a call a visible share.
+local function ints(a, b, c)
+  if wide() then
+    if c then
+      return string.format("%d:%d:%d", a, b, c)
+    end
+    return string.format("%d:%d", a, b)
+  end
+  if c then
+    return int(a) .. ":" .. int(b) .. ":" .. int(c)
+  end
+  return int(a) .. ":" .. int(b)
+end
+
+-- A stored decimal field (digits only, as the patterns that capture it
+-- match), or nil when it is none or too large to be exact. Read with an
+-- arithmetic coercion: tonumber parses the text twice (Lua 5.1 asks whether it
+-- is a number, then converts it, each time with strtod), a visible share of a
+-- decision.
 local function field(s)
   if s == nil or #s > 16 then
     return nil
   end
-  local n = tonumber(s)
-  if n == nil or n >= 9007199254740992 then
+  local n = s + 0
+  if n >= 9007199254740992 then
     return nil
   end
   return n
+end
+
+-- Redis TIME in ms: its two fields are always digits.
+local function time_ms()
+  local t = redis.call("TIME")
+  return t[1] * 1000 + idiv(t[2] + 0, 1000)
 end

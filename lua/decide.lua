@@ -15,15 +15,14 @@ local function bad_policy(i, code, limit, n)
     string.sub(n or "", 1, 24))
 end
 
--- Decides the n policies of one subject before writing anything: policy i's key
--- is keys[k0 + i], its arguments args[a0 + 3(i-1)] .. args[a0 + 3(i-1) + 2] (code,
--- limit, window or interval), its four reply integers reply[r0 + 4(i-1) + 1..4].
--- Sets writes[i] (the state to write, false for none) and writes[n + i] (its
--- TTL); raws[i] keeps the state read, when raws is a table. A refund (op "r")
--- gives the cost back first; a reset (op "x") reads nothing. Returns whether
--- every enforced policy admits, or nil and the error.
-local function decide_policies(keys, k0, n, args, a0, op, now, cost, reply, r0, writes, raws)
-  local all = true
+-- The n policies whose arguments start at args[a0] (3 each: code, limit,
+-- window or interval), read once into one flat table: policy i's decide
+-- function, limit, window, shadow flag and code at 5(i-1) + 1..5. Or nil and
+-- the error.
+local function read_policies(args, a0, n)
+  -- Sized for one policy: growing a table from empty costs a visible share of a
+  -- call.
+  local set = { false, false, false, false, false }
   for i = 1, n do
     local at = a0 + 3 * (i - 1)
     local code = args[at]
@@ -32,10 +31,28 @@ local function decide_policies(keys, k0, n, args, a0, op, now, cost, reply, r0, 
     if not (decide and limit and window) then
       return nil, bad_policy(i, code, args[at + 1], args[at + 2])
     end
+    -- A shadow policy's limit comes negative: it decides, never denies.
     local shadow = limit < 0
     if shadow then
       limit = -limit
     end
+    local b = 5 * (i - 1)
+    set[b + 1], set[b + 2], set[b + 3], set[b + 4], set[b + 5] = decide, limit, window, shadow, code
+  end
+  return set
+end
+
+-- Decides the policies of one subject (a table of read_policies) before writing
+-- anything: policy i's key is keys[k0 + i], its four reply integers
+-- reply[r0 + 4(i-1) + 1..4]. Sets writes[i] (the state to write, false for
+-- none) and writes[n + i] (its TTL); raws[i] keeps the state read, when raws is
+-- a table. A refund (op "r") gives the cost back first; a reset (op "x") reads
+-- nothing. Returns whether every enforced policy admits.
+local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, raws)
+  local all, n = true, #set / 5
+  for i = 1, n do
+    local b = 5 * (i - 1)
+    local limit, window = set[b + 2], set[b + 3]
     local key = keys[k0 + i]
     local raw = false
     if op ~= "x" then
@@ -45,13 +62,13 @@ local function decide_policies(keys, k0, n, args, a0, op, now, cost, reply, r0, 
       raws[i] = raw
     end
     if op == "r" and raw then
-      local given_back = REFUND[code](limit, window, now, cost, raw)
+      local given_back = REFUND[set[b + 5]](limit, window, now, cost, raw)
       if given_back then
         redis.call("SET", key, given_back, "KEEPTTL")
         raw = given_back
       end
     end
-    local allowed, remaining, reset, retry, ttl, nxt = decide(limit, window, now, cost, raw)
+    local allowed, remaining, reset, retry, ttl, nxt = set[b + 1](limit, window, now, cost, raw)
     local base = r0 + 4 * (i - 1)
     if allowed then
       reply[base + 1] = 1
@@ -60,7 +77,7 @@ local function decide_policies(keys, k0, n, args, a0, op, now, cost, reply, r0, 
     else
       reply[base + 1] = 0
       writes[i] = false
-      if not shadow then
+      if not set[b + 4] then
         all = false
       end
     end
@@ -82,11 +99,11 @@ local function write_states(keys, k0, n, writes)
       local ttl = math.max(writes[n + i], 1)
       if type(nxt) == "table" then
         for j = 1, #nxt, 2 do
-          redis.call("SETRANGE", key, int(nxt[j]), nxt[j + 1])
+          redis.call("SETRANGE", key, nxt[j], nxt[j + 1])
         end
-        redis.call("PEXPIRE", key, int(ttl))
+        redis.call("PEXPIRE", key, ttl)
       else
-        redis.call("SET", key, nxt, "PX", int(ttl))
+        redis.call("SET", key, nxt, "PX", ttl)
       end
     end
   end

@@ -29,7 +29,7 @@ local function fixed_window(limit, w, now, cost, raw)
   local retry = 0
   local nxt = nil
   if allowed then
-    nxt = int(idx) .. ":" .. int(count)
+    nxt = ints(idx, count)
   else
     retry = reset
   end
@@ -48,7 +48,7 @@ local function fixed_window_refund(_limit, w, now, cost, raw)
   local window, c = field(a), field(b)
   local idx = idiv(now, w)
   if window and c and window >= idx and window <= idx + MAX_BACK and c > 0 then
-    return int(window) .. ":" .. int(math.max(c - cost, 0))
+    return ints(window, math.max(c - cost, 0))
   end
   return nil
 end

@@ -70,8 +70,7 @@ local now
 if nargs == clock_at then
   now = tonumber(ARGV[clock_at])
 else
-  local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
+  now = time_ms()
 end
 local cost = tonumber(ARGV[1])
 if lease_key and op ~= "l" and op ~= "x" then
@@ -98,10 +97,11 @@ end
 local reply, writes = { 0, 0, 0, 0 }, { false, false }
 -- A leasing check decides again on the same states: it keeps them.
 local raws = op == "l" and {} or nil
-local all, bad = decide_policies(KEYS, 0, nkeys, ARGV, first, op, now, cost, reply, 0, writes, raws)
-if all == nil then
+local set, bad = read_policies(ARGV, first, nkeys)
+if not set then
   return redis.error_reply(bad)
 end
+local all = decide_policies(KEYS, 0, set, op, now, cost, reply, 0, writes, raws)
 
 if raws then
   -- Translation of the lease rule in src/algorithm/mod.rs (`lease`).

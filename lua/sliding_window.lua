@@ -67,7 +67,7 @@ local function sliding_window(limit, w, now, cost, raw)
   end
   local nxt = nil
   if allowed then
-    nxt = int(idx) .. ":" .. int(prev) .. ":" .. int(cur)
+    nxt = ints(idx, prev, cur)
   end
   return allowed, remaining, reset, retry, reset, nxt
 end
@@ -84,7 +84,7 @@ local function sliding_window_refund(_limit, w, now, cost, raw)
   local window, p, c = field(a), field(b), field(d)
   local idx = idiv(now, w)
   if window and p and c and window >= idx and window <= idx + MAX_BACK and c > 0 then
-    return int(window) .. ":" .. int(p) .. ":" .. int(math.max(c - cost, 0))
+    return ints(window, p, math.max(c - cost, 0))
   end
   return nil
 end

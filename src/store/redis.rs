@@ -389,7 +389,7 @@ impl RedisStore {
         self
     }
 
-    /// Sets the most checks one call to Redis decides (default 32).
+    /// Sets the most checks one call to Redis decides (default 32, at most 255).
     ///
     /// While [`RedisStore::max_in_flight`] calls are in flight on the store's
     /// connection, further checks queue; when one of those calls ends, up to
@@ -402,7 +402,7 @@ impl RedisStore {
     /// alone (they are rare), and so does every call on a Redis Cluster, where the
     /// checks of different subjects mostly lie in different slots.
     pub fn max_batch(mut self, max_batch: usize) -> Self {
-        Arc::make_mut(&mut self.settings).batching.max_batch = max_batch.max(1);
+        Arc::make_mut(&mut self.settings).batching.max_batch = max_batch.clamp(1, batch::MAX_BATCH);
         self
     }
 

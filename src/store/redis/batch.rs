@@ -32,6 +32,9 @@ use crate::store::{StoreError, StoreErrorKind};
 /// The most checks one call decides, by default: past about 32 a batch saves Redis
 /// little more per check (BENCHMARKS.md), while one call holds Redis longer.
 pub(super) const DEFAULT_MAX_BATCH: usize = 32;
+/// The most checks one call may decide: the batch names each check's policy set in
+/// one byte.
+pub(super) const MAX_BATCH: usize = 255;
 /// The calls in flight before checks queue, by default.
 pub(super) const DEFAULT_MAX_IN_FLIGHT: usize = 2;
 
@@ -133,7 +136,7 @@ fn enqueue(link: &Link, call: Call, timeout: Duration, batching: Batching) -> Tu
         answer,
         since: link.since(),
         timeout,
-        max_batch: batching.max_batch.max(1),
+        max_batch: batching.max_batch.clamp(1, MAX_BATCH),
     });
     Turn::Queued(decided)
 }

@@ -357,7 +357,7 @@ impl Request for Call {
 }
 
 impl Request for Batch {
-    /// `FCALL <batch> numkeys keys.. t|c nsets (p (code limit n)*p)* (set cost [ms])*`:
+    /// `FCALL <batch> numkeys keys.. t|c nsets (p (code limit n)*p)* sets 1|n costs.. ms..`:
     /// each policy set is sent once, however many of the batch's checks use it.
     fn command(&self, via: Via) -> Cmd {
         let mut cmd = match via {
@@ -408,9 +408,22 @@ impl Request for Batch {
                 push_policy_args(&mut cmd, policy);
             }
         }
-        for (call, set) in self.calls.iter().zip(&set_of) {
-            cmd.arg(set + 1).arg(call.cost);
-            if client_clock {
+        // One byte per check: its set, from 1 (a batch holds at most 255 checks).
+        let order: Vec<u8> = set_of
+            .iter()
+            .map(|&set| u8::try_from(set + 1).unwrap_or(u8::MAX))
+            .collect();
+        cmd.arg(order);
+        if self.calls.iter().all(|c| c.cost == 1) {
+            cmd.arg("1");
+        } else {
+            cmd.arg("n");
+            for call in &self.calls {
+                cmd.arg(call.cost);
+            }
+        }
+        if client_clock {
+            for call in &self.calls {
                 cmd.arg(call.now_ms.unwrap_or(0));
             }
         }
