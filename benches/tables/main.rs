@@ -4,6 +4,10 @@
 //! cargo bench --bench tables                      # every section
 //! cargo bench --bench tables -- throughput memory # some of: throughput, memory, flood, latency, http
 //! REDLIMIT_BENCH_TURN_SCALE=0.1 cargo bench --bench tables -- latency http # a smoke run
+//! # with tower-rate-limiter in the http section (see Cargo.toml for why the flags; a
+//! # target directory of its own keeps the default build's artifacts):
+//! RUSTFLAGS="--cfg redlimit_peers" CARGO_TARGET_DIR=target/peers \
+//!     cargo bench --bench tables --ignore-rust-version -- http
 //! ```
 //!
 //! Starts its own `redis-server` on a free loopback port (the test harness in
@@ -24,7 +28,8 @@
 //!   `Limiter::check` beside the smallest fixed-window script, and where the
 //!   difference goes.
 //! - [`http`]: hello world over HTTP, bare, behind the layer, and behind a handler that
-//!   sends the smallest script, with Redis CPU and the server's CPU per request.
+//!   sends the smallest script (and, built with `--cfg redlimit_peers`, behind
+//!   tower-rate-limiter's Redis store), with Redis CPU and the server's CPU per request.
 //!
 //! `REDLIMIT_BENCH_TURN_SCALE` (a factor, 1 when unset) scales the turns of the
 //! latency and http sections, for smoke runs; their tables print the turns they ran.
