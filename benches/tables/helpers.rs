@@ -43,6 +43,27 @@ pub(crate) mod machine {
             .unwrap_or(0)
     }
 
+    /// CPU time of this process's threads named `name` (as `/proc/self/task/<tid>/comm`
+    /// shows them: at most 15 bytes), in ns, from each thread's `schedstat` (time on a
+    /// CPU, user and system). For the share of one runtime whose threads carry a name.
+    pub(crate) fn threads_cpu_ns(name: &str) -> u64 {
+        std::fs::read_dir("/proc/self/task")
+            .map(|tasks| {
+                tasks
+                    .filter_map(|task| {
+                        let dir = task.ok()?.path();
+                        let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+                        if comm.trim_end() != name {
+                            return None;
+                        }
+                        let stat = std::fs::read_to_string(dir.join("schedstat")).ok()?;
+                        stat.split_whitespace().next()?.parse::<u64>().ok()
+                    })
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+
     pub(crate) fn print_load() {
         println!("\nload average (1, 5, 15 min): {}", load());
     }
@@ -249,6 +270,49 @@ pub(crate) fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
     info.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
         .map(str::trim)
+}
+
+/// The Redis main thread's CPU time (user + system) in an `INFO cpu` answer, in
+/// seconds; the whole server's on a Redis without the per-thread fields.
+pub(crate) fn redis_cpu_s_of(info: &str) -> f64 {
+    let field = |name: &str| -> Option<f64> { info_field(info, name)?.parse().ok() };
+    let main_thread = field("used_cpu_user_main_thread")
+        .zip(field("used_cpu_sys_main_thread"))
+        .map(|(u, s)| u + s);
+    main_thread
+        .or_else(|| Some(field("used_cpu_user")? + field("used_cpu_sys")?))
+        .expect("INFO cpu has used_cpu_user and used_cpu_sys")
+}
+
+/// The Redis main thread's CPU time, in seconds, read on a blocking connection: for
+/// the sections that time their runtimes from outside, so the reading runs on none of
+/// them.
+pub(crate) fn redis_cpu_s_blocking(conn: &mut redis::Connection) -> f64 {
+    let info: String = redis::cmd("INFO").arg("cpu").query(conn).expect("INFO cpu");
+    redis_cpu_s_of(&info)
+}
+
+/// A blocking connection, for [`redis_cpu_s_blocking`].
+pub(crate) fn blocking_conn(server: &RedisServer) -> redis::Connection {
+    redis::Client::open(server.url())
+        .and_then(|c| c.get_connection())
+        .expect("a blocking Redis connection")
+}
+
+/// `default` times `REDLIMIT_BENCH_TURN_SCALE` (a factor, 1 when unset): shorter turns
+/// for a smoke run of the sections that read it (latency, http). Their tables print the
+/// turn they ran, so a scaled run cannot pass for a full one.
+pub(crate) fn scaled(default: Duration) -> Duration {
+    let scale = std::env::var("REDLIMIT_BENCH_TURN_SCALE")
+        .ok()
+        .map(|s| {
+            s.parse::<f64>()
+                .ok()
+                .filter(|x| *x > 0.0 && x.is_finite())
+                .unwrap_or_else(|| panic!("REDLIMIT_BENCH_TURN_SCALE={s:?}: a positive number"))
+        })
+        .unwrap_or(1.0);
+    default.mul_f64(scale)
 }
 
 /// A connection for the bench's own commands: long answers (a `FLUSHALL` of a

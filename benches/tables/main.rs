@@ -2,7 +2,12 @@
 //!
 //! ```text
 //! cargo bench --bench tables                      # every section
-//! cargo bench --bench tables -- throughput memory # some of: throughput, memory, flood, http
+//! cargo bench --bench tables -- throughput memory # some of: throughput, memory, flood, latency, http
+//! REDLIMIT_BENCH_TURN_SCALE=0.1 cargo bench --bench tables -- latency http # a smoke run
+//! # with tower-rate-limiter in the http section (see Cargo.toml for why the flags; a
+//! # target directory of its own keeps the default build's artifacts):
+//! RUSTFLAGS="--cfg redlimit_peers" CARGO_TARGET_DIR=target/peers \
+//!     cargo bench --bench tables --ignore-rust-version -- http
 //! ```
 //!
 //! Starts its own `redis-server` on a free loopback port (the test harness in
@@ -21,8 +26,15 @@
 //!   seed's layouts on the same server, and the seed's "1 million users at 1,000 per
 //!   minute" table recomputed from those figures.
 //! - [`flood`]: everyone else's rate under a flood from one subject.
+//! - [`latency`]: p50 and p99 of one task's calls, one at a time, through
+//!   `Limiter::check` beside the smallest fixed-window script, and where the
+//!   difference goes.
 //! - [`http`]: hello world over HTTP, bare, behind the layer, and behind a handler that
-//!   sends the smallest script.
+//!   sends the smallest script (and, built with `--cfg redlimit_peers`, behind
+//!   tower-rate-limiter's Redis store), with Redis CPU and the server's CPU per request.
+//!
+//! `REDLIMIT_BENCH_TURN_SCALE` (a factor, 1 when unset) scales the turns of the
+//! latency and http sections, for smoke runs; their tables print the turns they ran.
 //!
 //! [`helpers`] holds what the sections share.
 
@@ -32,6 +44,7 @@ mod support;
 mod flood;
 mod helpers;
 mod http;
+mod latency;
 mod memory;
 mod throughput;
 
@@ -40,7 +53,7 @@ use std::time::Instant;
 use helpers::{connect, load_scripts, machine};
 use support::RedisServer;
 
-const SECTIONS: [&str; 4] = ["throughput", "memory", "flood", "http"];
+const SECTIONS: [&str; 5] = ["throughput", "memory", "flood", "latency", "http"];
 
 fn main() {
     // `cargo bench` appends `--bench`; anything else not starting with '-' is a section.
@@ -78,7 +91,12 @@ fn main() {
             machine::print_load();
         }
     });
-    // The HTTP section runs its own runtimes (server, load generator).
+    // The latency and HTTP sections run their own runtimes (latency: the one it
+    // measures; http: server, load generator).
+    if wanted("latency") {
+        latency::run(&server);
+        machine::print_load();
+    }
     if wanted("http") {
         http::run(&server);
         machine::print_load();

@@ -246,12 +246,5 @@ fn resp_args(packed: &[u8]) -> Vec<String> {
 
 /// The Redis main thread's CPU time (user + system), in seconds.
 async fn redis_cpu_s(conn: &mut MultiplexedConnection) -> f64 {
-    let info = info(conn, "cpu").await;
-    let field = |name: &str| -> Option<f64> { info_field(&info, name)?.parse().ok() };
-    let main_thread = field("used_cpu_user_main_thread")
-        .zip(field("used_cpu_sys_main_thread"))
-        .map(|(u, s)| u + s);
-    main_thread
-        .or_else(|| Some(field("used_cpu_user")? + field("used_cpu_sys")?))
-        .expect("INFO cpu has used_cpu_user and used_cpu_sys")
+    redis_cpu_s_of(&info(conn, "cpu").await)
 }
