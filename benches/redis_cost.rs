@@ -245,7 +245,9 @@ impl Bench {
         let pool = redlimit::deadpool_redis::Config::from_url(server.url())
             .create_pool(Some(redlimit::deadpool_redis::Runtime::Tokio1))
             .expect("a pool");
-        let store = RedisStore::new(pool).timeout(CALL_TIMEOUT);
+        let store = RedisStore::new(pool).timeout(CALL_TIMEOUT)
+        .max_in_flight(env_usize("REDLIMIT_MAX_IN_FLIGHT", 2))
+        .max_batch(env_usize("REDLIMIT_MAX_BATCH", 32));
         let limiters: Vec<Limiter<RedisStore>> = cases()
             .into_iter()
             .map(|case| {
@@ -578,4 +580,13 @@ fn report(
          this design is 1.00x): {:.2}x",
         ratio(turns(Contender::Store(0)), as_store)
     );
+}
+
+/// A store setting from the environment, to measure other settings than the
+/// defaults: `REDLIMIT_MAX_IN_FLIGHT`, `REDLIMIT_MAX_BATCH`.
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }

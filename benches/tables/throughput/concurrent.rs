@@ -163,7 +163,9 @@ struct Setup {
 }
 
 async fn setup(server: &RedisServer, case: &Case, subjects: &[Subject]) -> Setup {
-    let store = RedisStore::new(server.pool()).timeout(Duration::from_secs(5));
+    let store = RedisStore::new(server.pool()).timeout(Duration::from_secs(5))
+        .max_in_flight(env_usize("REDLIMIT_MAX_IN_FLIGHT", 2))
+        .max_batch(env_usize("REDLIMIT_MAX_BATCH", 32));
     let mut limiter = Limiter::new(store.clone(), case.policies[0].clone());
     for policy in &case.policies[1..] {
         limiter = limiter.policy(policy.clone());
@@ -555,4 +557,13 @@ fn report(cases: &[Case], setups: &[Setup], rates: &[Rates]) {
             fixed.store.redis_cpu_ratio(&fixed.batched),
         );
     }
+}
+
+/// A store setting from the environment, to measure other settings than the
+/// defaults: `REDLIMIT_MAX_IN_FLIGHT`, `REDLIMIT_MAX_BATCH`.
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
