@@ -245,9 +245,10 @@ impl Bench {
         let pool = redlimit::deadpool_redis::Config::from_url(server.url())
             .create_pool(Some(redlimit::deadpool_redis::Runtime::Tokio1))
             .expect("a pool");
-        let store = RedisStore::new(pool).timeout(CALL_TIMEOUT)
-        .max_in_flight(env_usize("REDLIMIT_MAX_IN_FLIGHT", 2))
-        .max_batch(env_usize("REDLIMIT_MAX_BATCH", 32));
+        let store = RedisStore::new(pool)
+            .timeout(CALL_TIMEOUT)
+            .max_in_flight(env_usize("REDLIMIT_MAX_IN_FLIGHT", 2))
+            .max_batch(env_usize("REDLIMIT_MAX_BATCH", 32));
         let limiters: Vec<Limiter<RedisStore>> = cases()
             .into_iter()
             .map(|case| {

@@ -4,7 +4,8 @@
 -- touches another check: the batch is not all or nothing across checks.
 --
 -- ARGV[1]   "t": the checks are decided at one Redis TIME, read once;
---           "c": each check carries the client's clock in ms
+--           "c": each check carries the client's clock in ms; either
+--           followed by "r" when a subject comes more than once in the batch
 -- ARGV[2]   the number of policy sets s, then each set: its number of
 --           policies p, then 3p arguments (algorithm, limit, window or
 --           interval: as in main.lua)
@@ -20,10 +21,10 @@
 -- Reply: each check's four integers per policy (as main.lua's), check after
 -- check.
 
-local timed = ARGV[1] == "c"
-local stride = timed and 3 or 2
+local mode = ARGV[1]
+local timed, repeats = string.sub(mode, 1, 1) == "c", string.sub(mode, 2) == "r"
 local nsets = tonumber(ARGV[2])
-if not (nsets and (timed or ARGV[1] == "t")) then
+if not (nsets and (mode == "t" or mode == "c" or mode == "tr" or mode == "cr")) then
   return redis.error_reply("ERR redlimit: a batch starts with its clock (t or c) and its number of policy sets")
 end
 local sets = {}
@@ -71,6 +72,9 @@ local now
 if not timed then
   now = time_ms()
 end
+-- Every state the batch reads, in one call; what its checks write is kept for
+-- the checks after them and written once at the end.
+local batch = new_batch(redis.call("MGET", unpack(KEYS)), repeats)
 local reply, writes = {}, { false, false }
 local k0 = 0
 for j = 1, n do
@@ -83,9 +87,10 @@ for j = 1, n do
   if timed then
     now = tonumber(ARGV[times_at + j - 1])
   end
-  if decide_policies(KEYS, k0, set, "c", now, cost, reply, 4 * k0, writes, nil) then
-    write_states(KEYS, k0, #set / 5, writes)
+  if decide_policies(KEYS, k0, set, "c", now, cost, reply, 4 * k0, writes, nil, batch) then
+    write_states(KEYS, k0, #set / 5, writes, batch)
   end
   k0 = k0 + #set / 5
 end
+write_batch(batch)
 return reply

@@ -47,15 +47,31 @@ end
 -- reply[r0 + 4(i-1) + 1..4]. Sets writes[i] (the state to write, false for
 -- none) and writes[n + i] (its TTL); raws[i] keeps the state read, when raws is
 -- a table. A refund (op "r") gives the cost back first; a reset (op "x") reads
--- nothing. Returns whether every enforced policy admits.
-local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, raws)
+-- nothing. Without a batch, each state is a GET; a batch's checks read the
+-- states the batch has written so far, else what its one MGET read (a
+-- redis.call costs more than the read), else a GET.
+local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, raws, batch)
   local all, n = true, #set / 5
   for i = 1, n do
     local b = 5 * (i - 1)
     local limit, window = set[b + 2], set[b + 3]
     local key = keys[k0 + i]
     local raw = false
-    if op ~= "x" then
+    if batch then
+      local kept = batch.state
+      if kept then
+        raw = kept[key]
+      else
+        raw = nil
+      end
+      if raw == nil then
+        if kept and batch.reread[key] then
+          raw = redis.call("GET", key)
+        else
+          raw = batch.stored[k0 + i]
+        end
+      end
+    elseif op ~= "x" then
       raw = redis.call("GET", key)
     end
     if raws then
@@ -90,21 +106,55 @@ end
 
 -- Writes the states decide_policies left in writes for keys[k0 + 1 .. k0 + n],
 -- each with its TTL: a string is the whole state, a table the ranges to
--- overwrite (offset, bytes, ...) in a state that keeps its length.
-local function write_states(keys, k0, n, writes)
+-- overwrite (offset, bytes, ...) in a state that keeps its length. In a batch
+-- where a subject comes again, a whole state is kept for the checks after it
+-- and written once, by write_batch, with the TTL of the last; ranges are
+-- written at once, and the key read again by the next check that needs it.
+local function write_states(keys, k0, n, writes, batch)
   for i = 1, n do
     local nxt = writes[i]
     if nxt then
       local key = keys[k0 + i]
       local ttl = math.max(writes[n + i], 1)
+      local kept = batch and batch.state
       if type(nxt) == "table" then
         for j = 1, #nxt, 2 do
           redis.call("SETRANGE", key, nxt[j], nxt[j + 1])
         end
         redis.call("PEXPIRE", key, ttl)
+        if kept then
+          batch.reread[key] = true
+        end
+      elseif kept then
+        if batch.state[key] == nil then
+          batch.keys[#batch.keys + 1] = key
+        end
+        batch.state[key], batch.ttl[key] = nxt, ttl
       else
         redis.call("SET", key, nxt, "PX", ttl)
       end
     end
+  end
+end
+
+-- What a batch keeps between its checks: the states read by its MGET; where a
+-- subject comes again (repeats), the whole states written so far (and their
+-- TTLs, in the order first written) and the keys written as ranges, to read
+-- again. Without repeats, each state is read once and written at once: the
+-- tables would cost more than they save.
+local function new_batch(stored, repeats)
+  if not repeats then
+    return { stored = stored }
+  end
+  return { stored = stored, state = {}, ttl = {}, keys = {}, reread = {} }
+end
+
+-- Writes the whole states a batch kept, each once.
+local function write_batch(batch)
+  if not batch.state then
+    return
+  end
+  for _, key in ipairs(batch.keys) do
+    redis.call("SET", key, batch.state[key], "PX", batch.ttl[key])
   end
 end

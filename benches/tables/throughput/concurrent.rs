@@ -163,7 +163,8 @@ struct Setup {
 }
 
 async fn setup(server: &RedisServer, case: &Case, subjects: &[Subject]) -> Setup {
-    let store = RedisStore::new(server.pool()).timeout(Duration::from_secs(5))
+    let store = RedisStore::new(server.pool())
+        .timeout(Duration::from_secs(5))
         .max_in_flight(env_usize("REDLIMIT_MAX_IN_FLIGHT", 2))
         .max_batch(env_usize("REDLIMIT_MAX_BATCH", 32));
     let mut limiter = Limiter::new(store.clone(), case.policies[0].clone());

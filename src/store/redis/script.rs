@@ -357,7 +357,7 @@ impl Request for Call {
 }
 
 impl Request for Batch {
-    /// `FCALL <batch> numkeys keys.. t|c nsets (p (code limit n)*p)* sets 1|n costs.. ms..`:
+    /// `FCALL <batch> numkeys keys.. t|c[r] nsets (p (code limit n)*p)* sets 1|n costs.. ms..`:
     /// each policy set is sent once, however many of the batch's checks use it.
     fn command(&self, via: Via) -> Cmd {
         let mut cmd = match via {
@@ -400,8 +400,20 @@ impl Request for Batch {
         }
         // The batcher never mixes the two clocks in one batch.
         let client_clock = self.calls.iter().any(|c| c.now_ms.is_some());
-        cmd.arg(if client_clock { "c" } else { "t" })
-            .arg(sets.len());
+        // Whether a subject comes twice: only then does the batch keep what it
+        // writes for the checks after, and write each state once.
+        let mut subjects = std::collections::HashSet::with_capacity(self.calls.len());
+        let repeats = !self
+            .calls
+            .iter()
+            .all(|c| subjects.insert(c.key_base.as_str()));
+        let mode = match (client_clock, repeats) {
+            (false, false) => "t",
+            (false, true) => "tr",
+            (true, false) => "c",
+            (true, true) => "cr",
+        };
+        cmd.arg(mode).arg(sets.len());
         for set in &sets {
             cmd.arg(set.len());
             for policy in set.iter() {
