@@ -177,4 +177,136 @@ fn main() {
             script / reference
         );
     }
+    parts(&server, library);
+}
+
+/// Where a decision's instructions go: the library with diagnostic functions added,
+/// each doing one piece of a decision, and the batch function at several sizes, over
+/// distinct subjects and over one hot subject.
+fn parts(server: &Server, library: &str) {
+    let name = library
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("#!lua name="))
+        .expect("the library's name line")
+        .to_owned();
+    // Functions of the same chunk see the library's local functions.
+    let pieces: [(&str, &str, &str); 10] = [
+        (
+            "nop",
+            "an FCALL that does nothing (1 key, 3 arguments)",
+            "return 1",
+        ),
+        ("time", "+ Redis TIME", "redis.call('TIME') return 1"),
+        (
+            "tonumber",
+            "+ 2 tonumber of arguments",
+            "local a, b = tonumber(args[2]), tonumber(args[3]) return 1",
+        ),
+        (
+            "coerce",
+            "+ 2 arithmetic coercions of arguments",
+            "local a, b = args[2] + 0, args[3] + 0 return 1",
+        ),
+        (
+            "get",
+            "+ GET of a new key",
+            "redis.call('GET', keys[1]) return 1",
+        ),
+        (
+            "set",
+            "+ SET of a new key, no TTL",
+            "redis.call('SET', keys[1], '29000000:1') return 1",
+        ),
+        (
+            "set_px",
+            "+ SET .. PX of a new key",
+            "redis.call('SET', keys[1], '29000000:1', 'PX', 60000) return 1",
+        ),
+        (
+            "incr_pexpire",
+            "+ INCR and PEXPIRE of a new key (the smallest script's writes)",
+            "redis.call('INCR', keys[1]) redis.call('PEXPIRE', keys[1], 60000) return 1",
+        ),
+        (
+            "format",
+            "+ a fixed window's state formatted (`ints`)",
+            "local s = ints(29000000, 1) return 1",
+        ),
+        (
+            "reply4",
+            "+ a reply of 4 integers (one policy's)",
+            "return { 1, 5, 100, 0 }",
+        ),
+    ];
+    let mut source = library.to_owned();
+    for (piece, _, body) in &pieces {
+        source.push_str(&format!(
+            "redis.register_function('{name}_diag_{piece}', function(keys, args) {body} end)\n"
+        ));
+    }
+    let loaded = server.cli(&["FUNCTION", "LOAD", "REPLACE", &source]);
+    assert!(
+        loaded.trim().starts_with("redlimit_"),
+        "FUNCTION LOAD: {loaded}"
+    );
+    let key = "rl:{__rand_int__}:p:fw".to_owned();
+    let mut nop = 0.0;
+    println!("\nWhere a decision's Redis instructions go (the same run: functions added to the library, each one piece; redis-benchmark as above)\n");
+    println!("| piece | instructions per call | over the empty FCALL |");
+    println!("|---|---|---|");
+    for (piece, label, _) in &pieces {
+        let args = [
+            "FCALL".to_owned(),
+            format!("{name}_diag_{piece}"),
+            "1".to_owned(),
+            key.clone(),
+            "fw".to_owned(),
+            "1000000".to_owned(),
+            "60000".to_owned(),
+        ];
+        let cost = instructions_per_call(server, &args);
+        if *piece == "nop" {
+            nop = cost;
+        }
+        println!("| {label} | {cost:.0} | {:+.0} |", cost - nop);
+    }
+    // The batch function as the store sends it (lua/batch.lua): `t` (Redis TIME) or
+    // `tr` (a subject comes again), one policy set, one byte per check naming it,
+    // `1` (every cost is 1).
+    println!(
+        "\n| the batch function, fixed window | decisions per call | instructions per decision |"
+    );
+    println!("|---|---|---|");
+    for (subjects, size) in [
+        ("distinct", 1usize),
+        ("distinct", 8),
+        ("distinct", 32),
+        ("one hot", 16),
+    ] {
+        let hot = subjects == "one hot";
+        let key = if hot {
+            "rl:{hot}:p:fw"
+        } else {
+            "rl:{__rand_int__}:p:fw"
+        };
+        let mut args = vec![
+            "FCALL".to_owned(),
+            format!("{name}_batch"),
+            size.to_string(),
+        ];
+        args.extend(std::iter::repeat_n(key.to_owned(), size));
+        args.extend([
+            if hot { "tr" } else { "t" }.to_owned(),
+            "1".to_owned(),
+            "1".to_owned(),
+            "fw".to_owned(),
+            "1000000000".to_owned(),
+            "60000".to_owned(),
+            "\u{1}".repeat(size),
+            "1".to_owned(),
+        ]);
+        let cost = instructions_per_call(server, &args) / size as f64;
+        println!("| {subjects} subjects | {size} | {cost:.0} |");
+    }
 }
