@@ -274,6 +274,22 @@ fn parts(server: &Server, library: &str) {
     // The batch function as the store sends it (lua/batch.lua): `t` (Redis TIME) or
     // `tr` (a subject comes again), one policy set, one byte per check naming it,
     // `1` (every cost is 1).
+    // One hot subject: the smallest script's key exists, so it only INCRs.
+    let sha = server.cli(&["SCRIPT", "LOAD", SMALLEST]).trim().to_owned();
+    let hot_key = "rl:{hot}:p:fw".to_owned();
+    let hot = instructions_per_call(
+        server,
+        &[
+            "EVALSHA".to_owned(),
+            sha,
+            "1".to_owned(),
+            hot_key,
+            "60000".to_owned(),
+        ],
+    );
+    println!(
+        "\nThe smallest script on one hot subject (its key exists: TIME + INCR): {hot:.0} instructions per decision"
+    );
     println!(
         "\n| the batch function, fixed window | decisions per call | instructions per decision |"
     );
