@@ -280,3 +280,53 @@ async fn batches_survive_a_flushed_library_and_a_server_without_functions() {
         }
     }
 }
+
+#[tokio::test]
+async fn the_batch_settings_bound_what_one_call_decides() {
+    let server = RedisServer::start();
+    // (max_batch, max_in_flight) -> calls for 7 checks made at once.
+    for (max_batch, max_in_flight, calls) in [
+        (1, 1, 7),           // batching off: every check alone
+        (0, 1, 7),           // 0 is read as 1
+        (2, 1, 4),           // 1 alone, then 2 + 2 + 2
+        (32, 1, 2),          // 1 alone, then the other 6 together
+        (32, 3, 4),          // 3 alone, then 4 together
+        (32, usize::MAX, 7), // never queues
+        (usize::MAX, 1, 2),  // read as the largest batch, 255
+    ] {
+        let store = RedisStore::new(server.pool())
+            .timeout(Duration::from_secs(5))
+            .max_batch(max_batch)
+            .max_in_flight(max_in_flight);
+        let limiter = Limiter::new(store.clone(), fixed(100));
+        limiter.check("warm", 1).await.unwrap();
+        support::wait_for_function_library(&mut server.conn().await).await;
+        let sent = store.calls_sent();
+        let subject = format!("s{max_batch}-{max_in_flight}");
+        let s = subject.as_str();
+        let results = tokio::join!(
+            limiter.check(s, 1),
+            limiter.check(s, 1),
+            limiter.check(s, 1),
+            limiter.check(s, 1),
+            limiter.check(s, 1),
+            limiter.check(s, 1),
+            limiter.check(s, 1),
+        );
+        let remaining = [
+            results.0, results.1, results.2, results.3, results.4, results.5, results.6,
+        ]
+        .map(remaining);
+        // However they went, in order: 99 down to 93.
+        assert_eq!(
+            remaining,
+            [99, 98, 97, 96, 95, 94, 93].map(Some),
+            "{max_batch}, {max_in_flight}"
+        );
+        assert_eq!(
+            store.calls_sent() - sent,
+            calls,
+            "{max_batch}, {max_in_flight}"
+        );
+    }
+}
