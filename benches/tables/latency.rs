@@ -264,15 +264,6 @@ struct Contender {
     turns: Vec<Turn>,
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
-}
-
 /// Median, min and max.
 fn spread(values: Vec<f64>) -> (f64, f64, f64) {
     let min = values.iter().cloned().fold(f64::INFINITY, f64::min);

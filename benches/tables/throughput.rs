@@ -26,16 +26,6 @@ pub(crate) async fn run(server: &RedisServer) {
     concurrent::run(server).await;
 }
 
-/// The median, halfway between the middle two of an even count.
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
-}
-
 /// A contender's rate in each of its turns, and what each turn cost.
 #[derive(Default, Clone)]
 struct Tally {

@@ -234,7 +234,7 @@ mod script;
 use batch::Batching;
 use conn::Source;
 use link::Link;
-use script::{Call, Via};
+use script::{Call, Request, Via};
 
 /// Longest key prefix: it is repeated in every key.
 const MAX_PREFIX_LEN: usize = 32;

@@ -377,12 +377,7 @@ async fn break_and_mend(
             let mut control = server.conn().await;
             enter(OUTAGE);
             for kill in 0..3 {
-                let killed: u64 = redis::cmd("CLIENT")
-                    .arg("KILL")
-                    .arg("TYPE")
-                    .arg("normal")
-                    .arg("SKIPME")
-                    .arg("yes")
+                let killed: u64 = support::kill_other_clients()
                     .query_async(&mut control)
                     .await
                     .unwrap();

@@ -584,12 +584,7 @@ async fn a_call_that_may_have_run_is_never_sent_again() {
         // milliseconds (a local write); then the kill goes after it.
         tokio::time::sleep(Duration::from_millis(50)).await;
         let kill = tokio::spawn(async move {
-            let killed: RedisResult<u64> = redis::cmd("CLIENT")
-                .arg("KILL")
-                .arg("TYPE")
-                .arg("normal")
-                .arg("SKIPME")
-                .arg("yes")
+            let killed: RedisResult<u64> = support::kill_other_clients()
                 .query_async(&mut control)
                 .await;
             killed

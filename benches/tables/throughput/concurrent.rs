@@ -559,12 +559,3 @@ fn report(cases: &[Case], setups: &[Setup], rates: &[Rates]) {
         );
     }
 }
-
-/// A store setting from the environment, to measure other settings than the
-/// defaults: `REDLIMIT_MAX_IN_FLIGHT`, `REDLIMIT_MAX_BATCH`.
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}

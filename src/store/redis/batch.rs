@@ -110,6 +110,8 @@ pub(super) async fn check(
     // Dropped when the call ends, or when its caller goes away: the slot then goes to
     // the checks queued meanwhile.
     let _slot = batches.then(|| Slot::taken(Arc::clone(&link)));
+    // `one`'s body, inline: awaiting it here would add its frame to every check's
+    // boxed future (`a_check_s_future_stays_small`).
     let reply = exchange(&link, &call, timeout, None, 1).await?;
     Ok(decision(&call.policies, reply, false)?.0)
 }

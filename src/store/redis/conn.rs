@@ -63,6 +63,13 @@ impl Source {
         }
     }
 
+    /// Whether checks that queue behind calls in flight go as one batch: on one
+    /// server, not on a cluster, whose checks of different subjects mostly lie in
+    /// different slots (a batch's keys must share one).
+    pub(super) fn batches(&self) -> bool {
+        matches!(self, Self::Node(_))
+    }
+
     /// The deployment's name, for logs and `Debug`.
     pub(super) fn kind(&self) -> &'static str {
         match self {

@@ -360,11 +360,10 @@ impl Link {
         }
     }
 
-    /// Whether checks that queue behind calls in flight go as one batch: on one
-    /// server, not on a cluster, whose checks of different subjects mostly lie in
-    /// different slots (a batch's keys must share one).
+    /// Whether checks that queue behind calls in flight go as one batch
+    /// ([`Source::batches`]).
     pub(super) fn batches(&self) -> bool {
-        self.source.kind() == "node"
+        self.source.batches()
     }
 
     fn answered(&self) {

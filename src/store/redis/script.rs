@@ -267,9 +267,38 @@ impl Call {
     fn names_lease_key(&self) -> bool {
         self.lease.is_some() || self.give_back.is_some() || self.op == Operation::Reset
     }
+}
 
+/// Appends a policy's three arguments: its algorithm's code, its limit (negative for
+/// a shadow policy: one argument fewer per policy) and the one duration its algorithm
+/// reads.
+fn push_policy_args(cmd: &mut Cmd, policy: &Policy) {
+    let algorithm = policy.algorithm();
+    let limit = i64::try_from(policy.limit()).unwrap_or(i64::MAX);
+    let limit = if policy.is_shadow() { -limit } else { limit };
+    let n = match algorithm {
+        Algorithm::TokenBucket => policy.emission_interval_us(),
+        _ => policy.window_ms(),
+    };
+    cmd.arg(code(algorithm)).arg(limit).arg(n);
+}
+
+/// Plain checks sent as one call of the library's batch function (`lua/batch.lua`):
+/// each decided as its own call would be, in order.
+#[derive(Debug, Default)]
+pub(super) struct Batch {
+    pub(super) calls: Vec<Call>,
+}
+
+/// What the store sends in one round trip: one call, or a batch of checks.
+pub(super) trait Request: Send + Sync {
+    /// The command, sent `via` a function or a script.
+    fn command(&self, via: Via) -> Cmd;
+}
+
+impl Request for Call {
     /// The command, sent `via` a function or a script; the arguments are the same.
-    pub(super) fn command(&self, via: Via) -> Cmd {
+    fn command(&self, via: Via) -> Cmd {
         let mut cmd = match via {
             Via::Function => {
                 let library = Library::get();
@@ -320,39 +349,6 @@ impl Call {
             cmd.arg(ms);
         }
         cmd
-    }
-}
-
-/// Appends a policy's three arguments: its algorithm's code, its limit (negative for
-/// a shadow policy: one argument fewer per policy) and the one duration its algorithm
-/// reads.
-fn push_policy_args(cmd: &mut Cmd, policy: &Policy) {
-    let algorithm = policy.algorithm();
-    let limit = i64::try_from(policy.limit()).unwrap_or(i64::MAX);
-    let limit = if policy.is_shadow() { -limit } else { limit };
-    let n = match algorithm {
-        Algorithm::TokenBucket => policy.emission_interval_us(),
-        _ => policy.window_ms(),
-    };
-    cmd.arg(code(algorithm)).arg(limit).arg(n);
-}
-
-/// Plain checks sent as one call of the library's batch function (`lua/batch.lua`):
-/// each decided as its own call would be, in order.
-#[derive(Debug, Default)]
-pub(super) struct Batch {
-    pub(super) calls: Vec<Call>,
-}
-
-/// What the store sends in one round trip: one call, or a batch of checks.
-pub(super) trait Request: Send + Sync {
-    /// The command, sent `via` a function or a script.
-    fn command(&self, via: Via) -> Cmd;
-}
-
-impl Request for Call {
-    fn command(&self, via: Via) -> Cmd {
-        Call::command(self, via)
     }
 }
 

@@ -18,6 +18,18 @@ use tempfile::TempDir;
 #[path = "../../../src/algorithm/traces.rs"]
 pub mod traces;
 
+/// `CLIENT KILL TYPE normal SKIPME yes`: closes every client connection but the
+/// sender's own, as a network fault would; the reply is how many it closed.
+pub fn kill_other_clients() -> redis::Cmd {
+    let mut cmd = redis::cmd("CLIENT");
+    cmd.arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .arg("SKIPME")
+        .arg("yes");
+    cmd
+}
+
 /// Calls per command since the last `CONFIG RESETSTAT`, from `INFO commandstats`
 /// (`evalsha`, `get`, `config|resetstat`, ...).
 pub async fn command_calls(
