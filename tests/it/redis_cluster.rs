@@ -566,50 +566,61 @@ async fn a_call_that_may_have_run_is_never_sent_again() {
     let own = RedisStore::cluster_from_urls(cluster.urls())
         .unwrap()
         .timeout(Duration::from_secs(3));
-    let subjects = subjects_on(&cluster, &own, &policy, master, "once", 4).await;
-    let mut counted = Vec::new();
-    for (store, subjects) in [(pooled, &subjects[..2]), (own, &subjects[2..])] {
-        let limiter = Arc::new(Limiter::new(store, policy.clone()));
-        // The store's socket to the master exists and the library is loaded.
-        let (warm, subject) = (&subjects[0], subjects[1].clone());
-        assert!(first_decision(&limiter, warm).await.is_allowed());
-        let mut control = cluster.node(master.port).conn().await;
+    // The control needs the master to run the call before it reads the kill, a race
+    // the machine's scheduling does not always deal the same way: up to 3 rounds, the
+    // store's own client checked in every one, until the control shows its resend.
+    const ROUNDS: usize = 3;
+    let all = subjects_on(&cluster, &own, &policy, master, "once", 4 * ROUNDS).await;
+    let mut rounds = Vec::new();
+    for round in all.chunks_exact(4) {
+        let mut counted = Vec::new();
+        for (store, subjects) in [(pooled.clone(), &round[..2]), (own.clone(), &round[2..])] {
+            let limiter = Arc::new(Limiter::new(store, policy.clone()));
+            // The store's socket to the master exists and the library is loaded.
+            let (warm, subject) = (&subjects[0], subjects[1].clone());
+            assert!(first_decision(&limiter, warm).await.is_allowed());
+            let mut control = cluster.node(master.port).conn().await;
 
-        let paused = cluster.node(master.port).pause();
-        let check = tokio::spawn({
-            let (limiter, subject) = (Arc::clone(&limiter), subject.clone());
-            async move { limiter.check(subject, 1).await }
-        });
-        // The call is written to the frozen master's socket within a few
-        // milliseconds (a local write); then the kill goes after it.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let kill = tokio::spawn(async move {
-            let killed: RedisResult<u64> = support::kill_other_clients()
-                .query_async(&mut control)
-                .await;
-            killed
-        });
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        paused.resume();
-        let killed = kill.await.unwrap().expect("CLIENT KILL");
-        assert!(killed >= 1, "the store's connection was not killed");
-        let checked = check.await.unwrap();
+            let paused = cluster.node(master.port).pause();
+            let check = tokio::spawn({
+                let (limiter, subject) = (Arc::clone(&limiter), subject.clone());
+                async move { limiter.check(subject, 1).await }
+            });
+            // The call is written to the frozen master's socket within a few
+            // milliseconds (a local write); then the kill goes after it.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let kill = tokio::spawn(async move {
+                let killed: RedisResult<u64> = support::kill_other_clients()
+                    .query_async(&mut control)
+                    .await;
+                killed
+            });
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            paused.resume();
+            let killed = kill.await.unwrap().expect("CLIENT KILL");
+            assert!(killed >= 1, "the store's connection was not killed");
+            let checked = check.await.unwrap();
 
-        // How many times the master counted the one check.
-        let peek = first_decision_of(&limiter, &subject).await;
-        counted.push((100 - 1 - peek.remaining(), checked.is_ok()));
+            // How many times the master counted the one check.
+            let peek = first_decision_of(&limiter, &subject).await;
+            counted.push((100 - 1 - peek.remaining(), checked.is_ok()));
+        }
+        eprintln!(
+            "counted (count, check answered): pooled {:?}, own {:?}",
+            counted[0], counted[1]
+        );
+        assert!(
+            counted[1].0 <= 1,
+            "the store's client counted one check twice"
+        );
+        rounds.push(counted[0].0);
+        if counted[0].0 == 2 {
+            break;
+        }
     }
-    eprintln!(
-        "counted (count, check answered): pooled {:?}, own {:?}",
-        counted[0], counted[1]
-    );
-    assert_eq!(
-        counted[0].0, 2,
-        "control: the pool's client did not resend the call, so this test shows nothing"
-    );
     assert!(
-        counted[1].0 <= 1,
-        "the store's client counted one check twice"
+        rounds.contains(&2),
+        "control: the pool's client never resent the call ({rounds:?}), so this test shows nothing"
     );
 }
 
