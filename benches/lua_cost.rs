@@ -69,10 +69,13 @@ fn instructions_per_call(server: &Server, args: &[String]) -> f64 {
 /// the subject's key part replaced by `__rand_int__` (a plain subject is its own key
 /// part, so the replacement is exact).
 fn store_args(store: &RedisStore, policies: &[Policy], script: bool) -> Vec<String> {
-    let mut limiter = Limiter::new(MemoryStore::new(), policies[0].clone());
-    for policy in &policies[1..] {
-        limiter = limiter.policy(policy.clone());
-    }
+    let limiter = policies
+        .iter()
+        .fold(Limiter::builder(MemoryStore::new()), |l, p| {
+            l.policy(p.clone())
+        })
+        .build()
+        .expect("policies named apart");
     const MARK: &str = "subjectmark";
     let cmd = store.command(
         Operation::Check,

@@ -15,12 +15,11 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let clock = FakeClock::new(0);
-//! let limiter = Limiter::new(
-//!     MemoryStore::with_clock(clock.clone()),
-//!     Policy::fixed_window("p", 1, Duration::from_secs(1))?,
-//! )
-//! .block_cache(10_000)
-//! .local_clock(clock.clone());
+//! let limiter = Limiter::builder(MemoryStore::with_clock(clock.clone()))
+//!     .policy(Policy::fixed_window("p", 1, Duration::from_secs(1))?)
+//!     .block_cache(10_000)
+//!     .local_clock(clock.clone())
+//!     .build()?;
 //! limiter.check("flooder", 1).await?;
 //! let denied = limiter.check("flooder", 1).await?;
 //! assert!(!denied.is_allowed());
@@ -95,11 +94,6 @@ impl BlockCache {
             ring: Mutex::new(Ring::default()),
             max_entries: max_entries.max(1),
         }
-    }
-
-    /// A new, empty cache of the same size.
-    pub(crate) fn empty_like(&self) -> Self {
-        Self::new(self.max_entries)
     }
 
     fn ring(&self) -> MutexGuard<'_, Ring> {

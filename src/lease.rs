@@ -11,11 +11,10 @@
 //!     .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
 //! // 1000 a second per API key across the fleet; keys sending 50 a second or more to
 //! // this instance spend leases of up to 100 units, each living at most 100 ms.
-//! let limiter = Limiter::new(
-//!     RedisStore::new(pool),
-//!     Policy::sliding_window("api", 1000, Duration::from_secs(1))?,
-//! )
-//! .leases(Leases::new())?;
+//! let limiter = Limiter::builder(RedisStore::new(pool))
+//!     .policy(Policy::sliding_window("api", 1000, Duration::from_secs(1))?)
+//!     .leases(Leases::new())
+//!     .build()?;
 //! let decision = limiter.check("key-7", 1).await?;
 //! # let _ = decision; Ok(()) }
 //! ```
@@ -130,7 +129,7 @@
 //!   lease): never a panic, never another limit.
 //!
 //! A sliding log never leases: exactness is its promise, and
-//! [`Limiter::leases`](crate::Limiter::leases) refuses it ([`LeaseError::SlidingLog`]).
+//! [`LimiterBuilder::leases`](crate::LimiterBuilder::leases) refuses it ([`LeaseError::SlidingLog`]).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -151,7 +150,7 @@ use crate::subject::Subject;
 use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
 
-/// Lease settings for a limiter ([`Limiter::leases`](crate::Limiter::leases)); see
+/// Lease settings for a limiter ([`LimiterBuilder::leases`](crate::LimiterBuilder::leases)); see
 /// the [module docs](self) for what they do and promise.
 #[derive(Debug, Clone)]
 pub struct Leases {
@@ -533,19 +532,6 @@ impl LeaseTable {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             sweeping: AtomicBool::new(false),
         }
-    }
-
-    /// An empty table of the same store on `clock`, with the same plan and set or
-    /// `replan`'s: for a limiter configured after it was cloned or after leases were
-    /// turned on.
-    pub(crate) fn empty_like(
-        &self,
-        clock: Arc<dyn Clock>,
-        replan: Option<(Plan, PolicySet)>,
-    ) -> Self {
-        let (plan, set) = replan.unwrap_or_else(|| (self.plan, self.set.clone()));
-        let store_clock = Arc::clone(&self.store_clock);
-        Self::with_clocks(plan, set, Arc::clone(&self.source), clock, store_clock)
     }
 
     fn shard(&self, subject: &Subject) -> MutexGuard<'_, Shard> {

@@ -87,7 +87,7 @@ pub use decision::{Decision, Origin, PolicyOutcome};
 pub use error::Error;
 pub use headers::HeaderStyle;
 pub use layer::{BodyStyle, FailureMode, Plan, RateLimit, RateLimitLayer};
-pub use limiter::{CheckFuture, Limiter};
+pub use limiter::{BuildError, CheckFuture, Limiter, LimiterBuilder};
 pub use policy::{Algorithm, Policy, PolicyError};
 pub use store::{CheckNow, LeaseStore, MemoryStore, RedisStore, Store, StoreError};
 pub use subject::Subject;

@@ -877,9 +877,11 @@ fn block_cache_changes_nothing(
     };
     let plain = Local::with_limiter(|clock| limiter(unswept(&clock), &policies));
     let cached = Local::with_limiter(|clock| {
-        limiter(unswept(&clock), &policies)
+        support::props::builder(unswept(&clock), &policies)
             .block_cache(entries)
             .local_clock(clock)
+            .build()
+            .unwrap()
     });
     let subjects: Vec<Subject> = (0..3).map(|i| Subject::new(format!("s{i}"))).collect();
     let mut walk = Walk::new(&policies, start);
@@ -1049,8 +1051,11 @@ fn keys_are_injective(inputs: Vec<Input>, prefix: &str) -> Result<(), TestCaseEr
         Policy::fixed_window("a", 1, ms(1_000)).expect("valid"),
         Policy::token_bucket("a.b-c_9", 3, 1, ms(100)).expect("valid"),
     ];
-    let set =
-        redlimit::Limiter::new(store.clone(), policies[0].clone()).policy(policies[1].clone());
+    let set = redlimit::Limiter::builder(store.clone())
+        .policy(policies[0].clone())
+        .policy(policies[1].clone())
+        .build()
+        .unwrap();
     // Lookalikes: each raw value's escaped text as a raw value, and small edits.
     let mut all = inputs.clone();
     for input in &inputs {

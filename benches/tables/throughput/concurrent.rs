@@ -167,10 +167,12 @@ async fn setup(server: &RedisServer, case: &Case, subjects: &[Subject]) -> Setup
         .timeout(Duration::from_secs(5))
         .max_in_flight(env_usize("REDLIMIT_MAX_IN_FLIGHT", 2))
         .max_batch(env_usize("REDLIMIT_MAX_BATCH", 32));
-    let mut limiter = Limiter::new(store.clone(), case.policies[0].clone());
-    for policy in &case.policies[1..] {
-        limiter = limiter.policy(policy.clone());
-    }
+    let limiter = case
+        .policies
+        .iter()
+        .fold(Limiter::builder(store.clone()), |l, p| l.policy(p.clone()))
+        .build()
+        .expect("policies named apart");
     let set = limiter.policy_set();
     let store_cmds: Vec<redis::Cmd> = subjects
         .iter()
