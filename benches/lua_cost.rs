@@ -31,7 +31,7 @@ use callgrind::Server;
 /// instructions, few enough that callgrind's slowdown keeps the run short.
 const CALLS: u64 = 5_000;
 
-/// The reference: the seed's fixed-window layout, the least a decision can do.
+/// The reference: the common fixed-window layout, the least a decision can do.
 const SMALLEST: &str = r#"local t = redis.call("TIME")
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local w = tonumber(ARGV[1])

@@ -35,7 +35,7 @@ pub const MAX_NAME_LEN: usize = 64;
 /// back as empty in Redis.
 pub const MAX_WINDOW: Duration = Duration::from_secs(3_653 * 86_400);
 
-/// The four algorithms of the seed documents.
+/// The four algorithms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Algorithm {
@@ -64,7 +64,7 @@ impl Algorithm {
         }
     }
 
-    /// All four, in the seed's order of speed.
+    /// All four, from the fastest to the slowest.
     pub const ALL: [Algorithm; 4] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
