@@ -546,6 +546,7 @@ impl LeaseTable {
     }
 
     /// Units held in leases that have not expired.
+    #[cfg(any(test, feature = "internals"))]
     pub(crate) fn held_units(&self) -> u64 {
         let now = self.store_clock.now_ms();
         self.shards

@@ -15,6 +15,7 @@ mod one_client;
 
 use crate::helpers::*;
 use crate::support::RedisServer;
+use redlimit::internals::SubjectInternals;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

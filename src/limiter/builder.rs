@@ -72,7 +72,30 @@ impl<S: Store> LimiterBuilder<S> {
 
     /// Answers subjects the store denied locally until their retry time, holding at
     /// most `max_entries` of them (0 is read as 1): a flood from one over-limit subject
-    /// then sends almost nothing to the store. See [`crate::block_cache`].
+    /// then costs the store one call per retry period instead of one per request.
+    ///
+    /// Exact, not a heuristic: the store said the request would not be admitted before
+    /// its retry time. The cache answers only the cost that was denied (another cost has
+    /// another retry time) and forgets a subject once the store admits it again.
+    ///
+    /// ```
+    /// use redlimit::{clock::FakeClock, Limiter, MemoryStore, Origin, Policy};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let clock = FakeClock::new(0);
+    /// let limiter = Limiter::builder(MemoryStore::with_clock(clock.clone()))
+    ///     .policy(Policy::fixed_window("p", 1, Duration::from_secs(1))?)
+    ///     .block_cache(10_000)
+    ///     .local_clock(clock.clone())
+    ///     .build()?;
+    /// limiter.check("flooder", 1).await?;
+    /// assert!(!limiter.check("flooder", 1).await?.is_allowed());
+    /// // Answered from the cache until the retry time.
+    /// assert_eq!(limiter.check("flooder", 1).await?.origin(), Origin::BlockCache);
+    /// # Ok(()) }
+    /// ```
     pub fn block_cache(mut self, max_entries: usize) -> Self {
         self.block_cache = Some(max_entries);
         self

@@ -25,7 +25,7 @@ use crate::clock::Clock;
 use crate::error::Error;
 use crate::lease::{LeaseTable, Local};
 use crate::policy::Policy;
-use crate::store::{CheckNow, LeaseStore, MemoryStore, PolicySet, Store};
+use crate::store::{CheckNow, MemoryStore, PolicySet, Store};
 use crate::subject::Subject;
 
 mod admin;
@@ -151,44 +151,13 @@ impl<S: Store> Limiter<S> {
     }
 }
 
-impl<S: Store + LeaseStore + Clone> Limiter<S> {
-    /// Gives back the units of every expired lease now and waits for the store, as the
-    /// background sweep does every quarter lifetime; returns how many calls it made.
-    /// For tests on a fake clock and for a clean shutdown.
-    #[doc(hidden)]
-    pub async fn sweep_leases(&self) -> usize {
-        let Some(table) = self.guard.as_ref().and_then(|g| g.leases.as_ref()) else {
-            return 0;
-        };
-        let calls = table.sweep(table.now_ms());
-        let made = calls.len();
-        for call in calls {
-            let _ = call.await;
-        }
-        made
-    }
-
-    /// Units this instance holds now in unexpired leases, over all subjects: what it
-    /// could admit without the store. For tests that bound what a lost store costs.
-    #[doc(hidden)]
-    pub fn held_units(&self) -> u64 {
-        self.guard
-            .as_ref()
-            .and_then(|g| g.leases.as_ref())
-            .map_or(0, |table| table.held_units())
-    }
-
-    /// Subjects whose rate or lease this limiter tracks.
-    #[doc(hidden)]
-    pub fn leased_subjects(&self) -> usize {
-        self.guard
-            .as_ref()
-            .and_then(|g| g.leases.as_ref())
-            .map_or(0, |table| table.len())
-    }
-}
-
 impl<S> Limiter<S> {
+    /// This limiter's leases, when on.
+    #[cfg(feature = "internals")]
+    pub(crate) fn lease_table(&self) -> Option<&LeaseTable> {
+        self.guard.as_ref()?.leases.as_deref()
+    }
+
     /// The policies checked, in order.
     pub fn policies(&self) -> &[Policy] {
         self.set.policies()

@@ -31,6 +31,7 @@ use tower::ServiceExt;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
 use redlimit::clock::{Clock, FakeClock};
+use redlimit::internals::LimiterInternals;
 use redlimit::lease::{LeaseError, Leases};
 use redlimit::{BuildError, Limiter, MemoryStore, Origin, Policy, RedisStore};
 use support::RedisServer;

@@ -26,6 +26,8 @@ use std::time::Instant;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
 use redlimit::clock::FakeClock;
+use redlimit::internals::SubjectInternals;
+use redlimit::key::Secret;
 use redlimit::{Algorithm, Decision, Limiter, MemoryStore, Policy, RedisStore, Subject};
 use support::props::{limiter, SideBySide};
 use support::traces::Spec;
@@ -976,7 +978,9 @@ impl Input {
     fn subject(&self) -> Subject {
         match self {
             Input::Raw(bytes) => Subject::new(bytes),
-            Input::Secret(bytes) => Subject::secret(b"server-side secret", bytes),
+            Input::Secret(bytes) => Secret::new("server-side secret")
+                .expect("a secret that is not empty")
+                .subject(bytes),
             Input::Pair(a, b) => Subject::pair(&Subject::new(a), &Subject::new(b)),
         }
     }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::{self, AsyncCommands};
 use redlimit::clock::{Clock, FakeClock};
+use redlimit::internals::SubjectInternals;
 use redlimit::store::StoreErrorKind;
 use redlimit::{Error, Limiter, Policy, RedisStore, Subject};
 use support::{hash_tag, key_of, RedisServer};
