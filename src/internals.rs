@@ -2,6 +2,7 @@
 //! inside a limiter or build what the stores send. Not part of the API: no stability
 //! promise, and applications have no use for them.
 
+pub use crate::algorithm::traces;
 use crate::limiter::Limiter;
 use crate::subject::Subject;
 

@@ -33,11 +33,11 @@ mod token_bucket;
 
 pub(crate) use sliding_log::ring_stamps as sliding_log_ring_stamps;
 
-/// The conformance table the stores are held to (tests/it/conformance.rs, which takes this
-/// file by path), checked here against the model itself.
-#[cfg(test)]
-#[allow(unreachable_pub, dead_code)]
-pub(crate) mod traces;
+/// The conformance table the stores are held to (tests/it/conformance.rs, through
+/// `redlimit::internals::traces`), checked here against the model itself.
+#[cfg(any(test, feature = "internals"))]
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub, dead_code))]
+pub mod traces;
 
 /// The state one subject holds for one policy.
 #[derive(Debug, Clone, PartialEq, Eq)]

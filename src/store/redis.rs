@@ -179,10 +179,11 @@
 //! "api") writes other keys, so no limiter ever reads state written under other
 //! numbers. Instances of the old and the new configuration count apart while both
 //! run; the new one starts from zero, which admits at most one window's limit again,
-//! and the old keys expire within two of their own windows. The subject is escaped by
-//! [`Subject::write_key_part`], which never emits `{` or `}`, so the hash tag is
-//! exactly the subject: all of a subject's policies share one cluster slot, and no
-//! input can choose another slot or reach another subject's key. Every write sets a
+//! and the old keys expire within two of their own windows. The subject is escaped
+//! (raw bytes outside `[A-Za-z0-9._=:/@-]` percent-escaped, hashes in hex), which
+//! never emits `{` or `}`, so the hash tag is exactly the subject: all of a
+//! subject's policies share one cluster slot, and no input can choose another slot or
+//! reach another subject's key. Every write sets a
 //! TTL equal to the time the state needs to decay back to unused (at most two
 //! windows, three for a sliding window read with a clock that went back); no key
 //! lives without one.

@@ -10,9 +10,9 @@
 
 use crate::support;
 
+use redlimit::internals::traces::{Spec, TRACES};
 use redlimit::Policy;
 use support::props::{Admin, SideBySide};
-use support::traces::{Spec, TRACES};
 use support::RedisServer;
 
 #[tokio::test]

@@ -26,11 +26,11 @@ use std::time::Instant;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
 use redlimit::clock::FakeClock;
+use redlimit::internals::traces::Spec;
 use redlimit::internals::SubjectInternals;
 use redlimit::key::Secret;
 use redlimit::{Algorithm, Decision, Limiter, MemoryStore, Policy, RedisStore, Subject};
 use support::props::{limiter, SideBySide};
-use support::traces::Spec;
 use support::{hash_tag, RedisServer};
 
 // ---------------------------------------------------------------------------------
