@@ -30,7 +30,7 @@ use crate::block_cache::BlockCache;
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::{Decision, Origin};
 use crate::error::Error;
-use crate::lease::{DecisionFuture, LeaseError, LeaseTable, Leases, Local};
+use crate::lease::{DecisionFuture, LeaseError, LeaseTable, Leased, Leases};
 use crate::policy::Policy;
 use crate::store::{
     AdminStore, CheckNow, LeaseStore, MemoryStore, Operation, PolicySet, Store, StoreError,
@@ -205,22 +205,18 @@ impl<S: Store> Limiter<S> {
         };
         if let Some((_, leases)) = &guard.leases {
             let now = guard.clock.now_ms();
-            let pending = match leases.try_local(&subject, cost, now) {
+            match leases.check(&subject, cost, now) {
                 // Served from a lease or a kept denial: nothing to do afterwards.
-                Local::Decided(decision) => return CheckFuture::settled(Ok(decision)),
-                Local::Ask(ask) => Some(leases.ask(subject.clone(), cost, ask)),
-                Local::Wait(answered, awaited) => {
-                    Some(leases.after_wait(answered, awaited, subject.clone(), cost))
+                Leased::Decided(decision) => return CheckFuture::settled(Ok(decision)),
+                Leased::Pending(future) => {
+                    return CheckFuture {
+                        state: CheckState::Lease {
+                            future: PendingLease(future),
+                        },
+                        after: Some(after()),
+                    }
                 }
-                Local::Plain => None,
-            };
-            if let Some(future) = pending {
-                return CheckFuture {
-                    state: CheckState::Lease {
-                        future: PendingLease(future),
-                    },
-                    after: Some(after()),
-                };
+                Leased::Plain => {}
             }
         }
         let after = after();
@@ -262,15 +258,10 @@ impl<S: Store + LeaseStore + Clone> Limiter<S> {
     /// For tests on a fake clock and for a clean shutdown.
     #[doc(hidden)]
     pub async fn sweep_leases(&self) -> usize {
-        let Some((_, table)) = self.guard.as_ref().and_then(|g| g.leases.as_ref()) else {
-            return 0;
-        };
-        let calls = table.sweep(table.now_ms());
-        let made = calls.len();
-        for call in calls {
-            let _ = call.await;
+        match self.guard.as_ref().and_then(|g| g.leases.as_ref()) {
+            Some((_, table)) => table.sweep_now().await,
+            None => 0,
         }
-        made
     }
 
     /// Units this instance holds now in unexpired leases, over all subjects: what it

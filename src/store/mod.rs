@@ -321,10 +321,13 @@ impl<S: LeaseStore> LeaseStore for Arc<S> {
 }
 
 /// What went wrong with a store: it is never shown to clients as a 429.
-#[derive(Debug)]
+///
+/// A clone is the same failure with the same cause (shared): the requests waiting for
+/// one leasing check all answer with its error.
+#[derive(Debug, Clone)]
 pub struct StoreError {
     kind: StoreErrorKind,
-    source: Option<Box<dyn StdError + Send + Sync>>,
+    source: Option<Arc<dyn StdError + Send + Sync>>,
 }
 
 /// The broad class of a [`StoreError`].
@@ -344,7 +347,7 @@ impl StoreError {
     pub fn new(kind: StoreErrorKind, source: impl Into<Box<dyn StdError + Send + Sync>>) -> Self {
         Self {
             kind,
-            source: Some(source.into()),
+            source: Some(Arc::from(source.into())),
         }
     }
 
@@ -366,7 +369,10 @@ impl StoreError {
     pub(crate) fn duplicate(&self) -> Self {
         Self {
             kind: self.kind,
-            source: self.source.as_ref().map(|s| s.to_string().into()),
+            source: self
+                .source
+                .as_ref()
+                .map(|s| Arc::from(Box::<dyn StdError + Send + Sync>::from(s.to_string()))),
         }
     }
 }
