@@ -167,6 +167,7 @@
 
 mod flight;
 mod grant;
+pub(crate) mod store;
 mod sweep;
 mod table;
 #[cfg(test)]
