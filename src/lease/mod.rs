@@ -153,6 +153,9 @@
 //! - **The store fails** during a leasing check: the request and those waiting for
 //!   the same check answer with the failure (the limiter's fallback or failure mode);
 //!   a lease held keeps being spent until it expires (its units are counted).
+//! - **The request making a leasing check is cancelled** (its future dropped): the
+//!   requests waiting for that check are not left waiting; the first of them asks in
+//!   its place, the others wait for that one.
 //! - **More subjects than [`Leases::max_subjects`]**: the others are checked without
 //!   leases until idle subjects (two lifetimes without a request, holding nothing)
 //!   make room: the sweep looks every quarter lifetime from the first subject
@@ -165,6 +168,10 @@
 //! A sliding log never leases: exactness is its promise, and
 //! [`Limiter::leases`](crate::Limiter::leases) refuses it ([`LeaseError::SlidingLog`]).
 
+// Here: the settings and their plan for a policy set. Beside them: the table of
+// subjects (table.rs), the one leasing check in flight per subject (flight.rs),
+// recording its answer (grant.rs), give-backs and idle subjects (sweep.rs), and what
+// a store does for leases (store.rs, public as `redlimit::store::*`).
 mod flight;
 mod grant;
 pub(crate) mod store;
