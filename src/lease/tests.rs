@@ -282,3 +282,21 @@ async fn a_cancelled_asker_hands_its_flight_to_one_of_its_waiters() {
     );
     assert!(table.held_units() > 0);
 }
+
+#[tokio::test]
+async fn a_reset_during_a_leasing_check_leaves_its_waiters_to_look_again() {
+    let (table, store, asking, waiting) = in_flight(First::Answers);
+    table.forget(&Subject::new("s"));
+    // The asker is answered; the subject was forgotten here meanwhile, so its lease is
+    // not kept (its units go back to the store).
+    assert_eq!(asking.await.unwrap().origin(), Origin::Store);
+    assert_eq!(table.held_units(), 0);
+    // Its waiters get that answer, then look again on a fresh entry: the first is
+    // below the rate there and checks without a lease, the second asks for one.
+    for waiting in waiting {
+        let decision = waiting.await.unwrap();
+        assert_eq!(decision.origin(), Origin::Store);
+    }
+    assert_eq!(store.calls.load(Ordering::SeqCst), 3);
+    assert!(table.held_units() > 0, "the second waiter's lease");
+}
