@@ -21,15 +21,10 @@ pub trait LimiterInternals {
 
 impl<S> LimiterInternals for Limiter<S> {
     async fn sweep_leases(&self) -> usize {
-        let Some(table) = self.lease_table() else {
-            return 0;
-        };
-        let calls = table.sweep(table.now_ms());
-        let made = calls.len();
-        for call in calls {
-            let _ = call.await;
+        match self.lease_table() {
+            Some(table) => table.sweep_now().await,
+            None => 0,
         }
-        made
     }
 
     fn held_units(&self) -> u64 {

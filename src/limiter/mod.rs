@@ -23,7 +23,7 @@ use std::sync::Arc;
 use crate::block_cache::BlockCache;
 use crate::clock::Clock;
 use crate::error::Error;
-use crate::lease::{LeaseTable, Local};
+use crate::lease::{LeaseTable, Leased};
 use crate::policy::Policy;
 use crate::store::{CheckNow, MemoryStore, PolicySet, Store};
 use crate::subject::Subject;
@@ -120,22 +120,18 @@ impl<S: Store> Limiter<S> {
         };
         if let Some(leases) = &guard.leases {
             let now = guard.clock.now_ms();
-            let pending = match leases.try_local(&subject, cost, now) {
+            match leases.check(&subject, cost, now) {
                 // Served from a lease or a kept denial: nothing to do afterwards.
-                Local::Decided(decision) => return CheckFuture::settled(Ok(decision)),
-                Local::Ask(ask) => Some(leases.ask(subject.clone(), cost, ask)),
-                Local::Wait(answered, awaited) => {
-                    Some(leases.after_wait(answered, awaited, subject.clone(), cost))
+                Leased::Decided(decision) => return CheckFuture::settled(Ok(decision)),
+                Leased::Pending(future) => {
+                    return CheckFuture {
+                        state: CheckState::Lease {
+                            future: PendingLease(future),
+                        },
+                        after: Some(after()),
+                    }
                 }
-                Local::Plain => None,
-            };
-            if let Some(future) = pending {
-                return CheckFuture {
-                    state: CheckState::Lease {
-                        future: PendingLease(future),
-                    },
-                    after: Some(after()),
-                };
+                Leased::Plain => {}
             }
         }
         let after = after();
