@@ -126,6 +126,7 @@ impl LeaseTable {
     }
 
     /// [`LeaseTable::sweep`] now, waiting for its give-backs: how many calls it made.
+    #[cfg(feature = "internals")]
     pub(crate) async fn sweep_now(&self) -> usize {
         let calls = self.sweep(self.now_ms());
         let made = calls.len();
