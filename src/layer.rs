@@ -86,8 +86,8 @@ pub mod rules;
 pub(crate) mod service;
 pub mod tiers;
 
-pub use plan::Plan;
-pub(crate) use plan::{Gate, SealedPlan, Selected};
+pub use plan::{Keyed, Plan};
+pub(crate) use plan::{Limit, Pick, Sealed};
 pub(crate) use refund::{PendingRefund, Refund};
 
 pub use crate::layer::future::ResponseFuture;
@@ -113,34 +113,18 @@ pub enum FailureMode {
 
 /// Middleware that limits requests by a key taken from each request.
 ///
-/// Built from a [`Limiter`] and a [`KeyExtractor`] ([`RateLimitLayer::new`]), or from a
-/// [`Plan`] that picks the limiter per request: [`RateLimitLayer::rules`],
-/// [`RateLimitLayer::tiers`]. The options are builder methods. Cloning and
-/// [`Layer::layer`] share the limiters and their state. See the [module docs](self)
-/// for an example.
-pub struct RateLimitLayer<S, K: Plan<S>> {
-    shared: Arc<Shared<S, K>>,
-}
-
-/// Everything the service and its futures share: one `Arc` clone per service clone.
-pub(crate) struct Shared<S, P: Plan<S>> {
-    pub(crate) plan: Arc<Planned<S, P>>,
+/// Built from a [`Limiter`] and a [`KeyExtractor`] ([`RateLimitLayer::new`], whose plan
+/// is a [`Keyed`]), or from a [`Plan`] that picks the limiter per request:
+/// [`RateLimitLayer::rules`], [`RateLimitLayer::tiers`]. The options are builder
+/// methods. Cloning and [`Layer::layer`] share the limiters and their state. See the
+/// [module docs](self) for an example.
+pub struct RateLimitLayer<S, P: Plan<S>> {
+    /// In an `Arc` so that neither the store nor the key extractor needs `Clone`; each
+    /// service keeps the layer it was made by, the plan shared.
+    pub(crate) plan: Arc<P>,
     pub(crate) config: Config,
     /// When to give back an allowed request's cost ([`RateLimitLayer::refund_on`]).
     pub(crate) refund: Option<Refund<S>>,
-}
-
-/// The plan and what the layer keeps for it (the one limiter of a key extractor).
-pub(crate) struct Planned<S, P: Plan<S>> {
-    pub(crate) plan: P,
-    pub(crate) held: P::Held,
-}
-
-impl<S, P: Plan<S>> Planned<S, P> {
-    #[inline]
-    pub(crate) fn select(&self, parts: &Parts) -> Selected<'_, S> {
-        self.plan.select(&self.held, parts)
-    }
 }
 
 /// The layer's options, with the headers that depend only on the policies precomputed.
@@ -191,7 +175,7 @@ impl fmt::Debug for Config {
 }
 
 // By hand: the plan is in an `Arc`, so neither the store nor the extractor needs `Clone`.
-impl<S, P: Plan<S>> Clone for Shared<S, P> {
+impl<S, P: Plan<S>> Clone for RateLimitLayer<S, P> {
     fn clone(&self) -> Self {
         Self {
             plan: Arc::clone(&self.plan),
@@ -201,25 +185,17 @@ impl<S, P: Plan<S>> Clone for Shared<S, P> {
     }
 }
 
-impl<S, K: Plan<S>> Clone for RateLimitLayer<S, K> {
-    fn clone(&self) -> Self {
-        Self {
-            shared: Arc::clone(&self.shared),
-        }
-    }
-}
-
-impl<S: Store, K: Plan<S>> fmt::Debug for RateLimitLayer<S, K> {
+impl<S: Store, P: Plan<S>> fmt::Debug for RateLimitLayer<S, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("plan", &std::any::type_name::<K>())
-            .field("config", &self.shared.config)
-            .field("refund", &self.shared.refund)
+            .field("plan", &std::any::type_name::<P>())
+            .field("config", &self.config)
+            .field("refund", &self.refund)
             .finish()
     }
 }
 
-impl<S: Store, K: KeyExtractor> RateLimitLayer<S, K> {
+impl<S: Store, K: KeyExtractor> RateLimitLayer<S, Keyed<S, K>> {
     /// Limits requests with `limiter`, keyed by `key`, with the defaults: IETF headers
     /// on every response, plain-text denials, fail open, cost 1.
     pub fn new(limiter: Limiter<S>, key: K) -> Self {
@@ -229,12 +205,12 @@ impl<S: Store, K: KeyExtractor> RateLimitLayer<S, K> {
     /// Like [`RateLimitLayer::new`], for a limiter the application also uses elsewhere
     /// (the same limits checked outside HTTP).
     pub fn from_shared(limiter: Arc<Limiter<S>>, key: K) -> Self {
-        Self::with_plan(key, Gate::new(limiter))
+        Self::with_plan(Keyed::new(limiter, key))
     }
 
     /// The limiter the layer checks.
     pub fn limiter(&self) -> &Arc<Limiter<S>> {
-        &self.shared.plan.held.limiter
+        &self.plan.limit.limiter
     }
 }
 
@@ -243,7 +219,7 @@ impl<S: Store> RateLimitLayer<S, Rules<S>> {
     /// path, or gRPC service and method), with that rule's limiter and key; a request
     /// no rule matches passes unchecked unless the rules have a default.
     pub fn rules(rules: Rules<S>) -> Self {
-        Self::with_plan(rules, ())
+        Self::with_plan(rules)
     }
 }
 
@@ -251,49 +227,47 @@ impl<S: Store, K: KeyExtractor> RateLimitLayer<S, Tiers<S, K>> {
     /// Checks each request against the limiter of its tier (a user's plan, say), all
     /// in one layer; see [`Tiers`].
     pub fn tiers(tiers: Tiers<S, K>) -> Self {
-        Self::with_plan(tiers, ())
+        Self::with_plan(tiers)
     }
 }
 
-impl<S: Store, K: Plan<S>> RateLimitLayer<S, K> {
-    fn with_plan(plan: K, held: K::Held) -> Self {
+impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
+    fn with_plan(plan: P) -> Self {
         Self {
-            shared: Arc::new(Shared {
-                plan: Arc::new(Planned { plan, held }),
-                config: Config {
-                    header_style: HeaderStyle::default(),
-                    headers_on_allowed: true,
-                    body_style: BodyStyle::default(),
-                    failure_mode: FailureMode::default(),
-                    cost: Cost::Fixed(1),
-                },
-                refund: None,
-            }),
+            plan: Arc::new(plan),
+            config: Config {
+                header_style: HeaderStyle::default(),
+                headers_on_allowed: true,
+                body_style: BodyStyle::default(),
+                failure_mode: FailureMode::default(),
+                cost: Cost::Fixed(1),
+            },
+            refund: None,
         }
     }
 
     /// Which rate-limit headers to send ([`HeaderStyle::Ietf`] by default).
     pub fn header_style(mut self, style: HeaderStyle) -> Self {
-        self.config_mut().header_style = style;
+        self.config.header_style = style;
         self
     }
 
     /// Whether allowed responses carry the rate-limit headers too (yes by default), so
     /// well-behaved clients can slow down before they are denied.
     pub fn headers_on_allowed(mut self, on: bool) -> Self {
-        self.config_mut().headers_on_allowed = on;
+        self.config.headers_on_allowed = on;
         self
     }
 
     /// How the bodies of 429, 503 and key rejections are written (plain text by default).
     pub fn body_style(mut self, style: BodyStyle) -> Self {
-        self.config_mut().body_style = style;
+        self.config.body_style = style;
         self
     }
 
     /// What to answer when the store cannot decide ([`FailureMode::Open`] by default).
     pub fn failure_mode(mut self, mode: FailureMode) -> Self {
-        self.config_mut().failure_mode = mode;
+        self.config.failure_mode = mode;
         self
     }
 
@@ -304,17 +278,16 @@ impl<S: Store, K: Plan<S>> RateLimitLayer<S, K> {
     /// [`Error::ZeroCost`] for 0, [`Error::CostTooHigh`] when some limiter of the layer
     /// could never admit `cost`: found now, not at the first request.
     pub fn cost(mut self, cost: u32) -> Result<Self, Error> {
-        let planned = &self.shared.plan;
         let mut refused = None;
-        planned.plan.each_gate(&planned.held, &mut |gate| {
+        self.plan.each_limit(&mut |limit| {
             if refused.is_none() {
-                refused = gate.limiter.valid_cost(cost).err();
+                refused = limit.limiter.valid_cost(cost).err();
             }
         });
         match refused {
             Some(error) => Err(error),
             None => {
-                self.config_mut().cost = Cost::Fixed(cost);
+                self.config.cost = Cost::Fixed(cost);
                 Ok(self)
             }
         }
@@ -331,16 +304,12 @@ impl<S: Store, K: Plan<S>> RateLimitLayer<S, K> {
     /// [`Limiter::check`] still returns [`Error::ZeroCost`] and
     /// [`Error::CostTooHigh`] to callers outside HTTP.
     pub fn cost_fn(mut self, cost: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
-        self.config_mut().cost = Cost::PerRequest(Arc::new(cost));
+        self.config.cost = Cost::PerRequest(Arc::new(cost));
         self
-    }
-
-    fn config_mut(&mut self) -> &mut Config {
-        &mut Arc::make_mut(&mut self.shared).config
     }
 }
 
-impl<S: AdminStore, K: Plan<S>> RateLimitLayer<S, K> {
+impl<S: AdminStore, P: Plan<S>> RateLimitLayer<S, P> {
     /// Gives back an allowed request's cost when the inner service answers with a
     /// status `when` picks: a client should not lose its budget to the server's own
     /// failures.
@@ -385,16 +354,16 @@ impl<S: AdminStore, K: Plan<S>> RateLimitLayer<S, K> {
         mut self,
         when: impl Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
     ) -> Self {
-        Arc::make_mut(&mut self.shared).refund = Some(Refund::new(when));
+        self.refund = Some(Refund::new(when));
         self
     }
 }
 
-impl<S, K: Plan<S>, Inner> Layer<Inner> for RateLimitLayer<S, K> {
-    type Service = RateLimit<S, K, Inner>;
+impl<S, P: Plan<S>, Inner> Layer<Inner> for RateLimitLayer<S, P> {
+    type Service = RateLimit<S, P, Inner>;
 
     fn layer(&self, inner: Inner) -> Self::Service {
-        RateLimit::new(inner, Arc::clone(&self.shared))
+        RateLimit::new(inner, Arc::new(self.clone()))
     }
 }
 

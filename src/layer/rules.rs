@@ -63,7 +63,7 @@ use http::request::Parts;
 use http::Method;
 
 use crate::key::KeyExtractor;
-use crate::layer::{Gate, SealedPlan, Selected};
+use crate::layer::{Keyed, Limit, Pick, Sealed};
 use crate::limiter::Limiter;
 use crate::store::Store;
 
@@ -71,8 +71,8 @@ use crate::store::Store;
 /// [`RateLimitLayer::rules`](crate::RateLimitLayer::rules). Built with
 /// [`Rules::builder`]; see the [module docs](self).
 pub struct Rules<S> {
-    pub(crate) rules: Box<[Rule<S>]>,
-    pub(crate) default: Option<Target<S>>,
+    rules: Box<[Rule<S>]>,
+    default: Option<Target<S>>,
 }
 
 /// Collects rules in order; [`RulesBuilder::build`] checks their patterns.
@@ -109,41 +109,23 @@ impl RuleError {
     }
 }
 
-pub(crate) struct Rule<S> {
-    pub(crate) method: Option<Method>,
-    pub(crate) pattern: Pattern,
-    pub(crate) target: Target<S>,
+struct Rule<S> {
+    method: Option<Method>,
+    pattern: Pattern,
+    target: Target<S>,
 }
 
-/// A limiter and the extractor that names the subject it checks.
-pub(crate) struct Target<S> {
-    limit: Gate<S>,
-    key: Arc<dyn KeyExtractor>,
-}
+/// What a rule (or the default) checks: a limit, keyed by the rule's extractor. Each
+/// rule has its own key type, so the extractor is behind a pointer.
+type Target<S> = Keyed<S, Arc<dyn KeyExtractor>>;
 
-impl<S: Store> Target<S> {
-    fn new(limiter: impl Into<Arc<Limiter<S>>>, key: impl KeyExtractor) -> Self {
-        Self::shared(limiter.into(), Arc::new(key))
-    }
-
-    pub(crate) fn shared(limiter: Arc<Limiter<S>>, key: Arc<dyn KeyExtractor>) -> Self {
-        Self {
-            limit: Gate::new(limiter),
-            key,
-        }
-    }
-
-    #[inline]
-    fn select(&self, parts: &Parts) -> Selected<'_, S> {
-        self.key
-            .extract(parts)
-            .map(|subject| Some((&self.limit, subject)))
-    }
+fn target<S: Store>(limiter: impl Into<Arc<Limiter<S>>>, key: impl KeyExtractor) -> Target<S> {
+    Keyed::new(limiter.into(), Arc::new(key))
 }
 
 /// A parsed path pattern: its segments after the leading `/`.
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) struct Pattern {
+struct Pattern {
     segments: Box<[Segment]>,
 }
 
@@ -159,7 +141,7 @@ enum Segment {
 }
 
 impl Pattern {
-    pub(crate) fn parse(pattern: &str) -> Result<Self, &'static str> {
+    fn parse(pattern: &str) -> Result<Self, &'static str> {
         let Some(path) = pattern.strip_prefix('/') else {
             return Err("must start with '/'");
         };
@@ -200,7 +182,7 @@ impl Pattern {
     }
 
     /// A gRPC service (`package.Service`) and method, or any method of the service.
-    pub(crate) fn grpc(service: &str, method: Option<&str>) -> Result<Self, &'static str> {
+    fn grpc(service: &str, method: Option<&str>) -> Result<Self, &'static str> {
         let valid = |name: &str| !name.is_empty() && !name.contains(['/', '{', '}', '*']);
         if !valid(service) {
             return Err("is not a gRPC service name (`package.Service`)");
@@ -303,7 +285,7 @@ impl<S: Store> RulesBuilder<S> {
 
     /// What checks requests no rule matches (without one, they pass unchecked).
     pub fn default(mut self, limiter: impl Into<Arc<Limiter<S>>>, key: impl KeyExtractor) -> Self {
-        self.default = Some(Target::new(limiter, key));
+        self.default = Some(target(limiter, key));
         self
     }
 
@@ -331,7 +313,7 @@ impl<S: Store> RulesBuilder<S> {
             Ok(pattern) => self.rules.push(Rule {
                 method,
                 pattern,
-                target: Target::new(limiter, key),
+                target: target(limiter, key),
             }),
             Err(reason) => {
                 self.error.get_or_insert_with(|| RuleError {
@@ -345,7 +327,7 @@ impl<S: Store> RulesBuilder<S> {
                     pattern: Pattern {
                         segments: Box::new([]),
                     },
-                    target: Target::new(limiter, key),
+                    target: target(limiter, key),
                 });
             }
         }
@@ -353,26 +335,24 @@ impl<S: Store> RulesBuilder<S> {
     }
 }
 
-impl<S: Store> SealedPlan<S> for Rules<S> {
-    type Held = ();
-
-    fn select<'a>(&'a self, _: &'a (), parts: &Parts) -> Selected<'a, S> {
+impl<S: Store> Sealed<S> for Rules<S> {
+    fn pick(&self, parts: &Parts) -> Pick<'_, S> {
         let path = parts.uri.path();
         let rule = self.rules.iter().find(|rule| {
             rule.method.as_ref().is_none_or(|m| *m == parts.method) && rule.pattern.matches(path)
         });
         match rule.map(|rule| &rule.target).or(self.default.as_ref()) {
-            Some(target) => target.select(parts),
-            None => Ok(None),
+            Some(target) => target.pick(parts),
+            None => Pick::Pass,
         }
     }
 
-    fn each_gate<'a>(&'a self, _: &'a (), visit: &mut dyn FnMut(&'a Gate<S>)) {
+    fn each_limit<'a>(&'a self, visit: &mut dyn FnMut(&'a Limit<S>)) {
         self.rules
             .iter()
             .map(|rule| &rule.target)
             .chain(&self.default)
-            .for_each(|target| visit(&target.limit));
+            .for_each(|target| target.each_limit(visit));
     }
 }
 

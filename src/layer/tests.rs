@@ -54,7 +54,10 @@ fn fixed(name: &str, limit: u32, window_ms: u64) -> Policy {
 }
 
 /// A layer over a memory store on `clock`, with the given policies.
-fn layer_on(clock: &FakeClock, policies: Vec<Policy>) -> RateLimitLayer<MemoryStore, UserHeader> {
+fn layer_on(
+    clock: &FakeClock,
+    policies: Vec<Policy>,
+) -> RateLimitLayer<MemoryStore, Keyed<MemoryStore, UserHeader>> {
     let mut policies = policies.into_iter();
     let mut limiter = Limiter::new(
         MemoryStore::with_clock(clock.clone()),
@@ -389,7 +392,7 @@ impl Store for BrokenStore {
     }
 }
 
-fn broken_layer() -> RateLimitLayer<BrokenStore, UserHeader> {
+fn broken_layer() -> RateLimitLayer<BrokenStore, Keyed<BrokenStore, UserHeader>> {
     RateLimitLayer::new(
         Limiter::new(BrokenStore, fixed("default", 1, 1_000)),
         UserHeader,
@@ -924,8 +927,8 @@ async fn only_what_was_consumed_is_refunded_when_the_store_fails() {
 fn layer_is_clone_and_debug_and_configures_a_copy() {
     let layer = layer_on(&FakeClock::new(0), vec![fixed("default", 1, 1_000)]);
     let legacy = layer.clone().header_style(HeaderStyle::Legacy);
-    assert_eq!(layer.shared.config.header_style, HeaderStyle::Ietf);
-    assert_eq!(legacy.shared.config.header_style, HeaderStyle::Legacy);
+    assert_eq!(layer.config.header_style, HeaderStyle::Ietf);
+    assert_eq!(legacy.config.header_style, HeaderStyle::Legacy);
     assert!(Arc::ptr_eq(layer.limiter(), legacy.limiter()));
     let debug = format!("{legacy:?}");
     assert!(
