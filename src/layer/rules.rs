@@ -72,13 +72,13 @@ use crate::store::Store;
 /// [`Rules::builder`]; see the [module docs](self).
 pub struct Rules<S> {
     rules: Box<[Rule<S>]>,
-    default: Option<Target<S>>,
+    default: Option<Keyed<S, Arc<dyn KeyExtractor>>>,
 }
 
 /// Collects rules in order; [`RulesBuilder::build`] checks their patterns.
 pub struct RulesBuilder<S> {
     rules: Vec<Rule<S>>,
-    default: Option<Target<S>>,
+    default: Option<Keyed<S, Arc<dyn KeyExtractor>>>,
     error: Option<RuleError>,
 }
 
@@ -112,14 +112,15 @@ impl RuleError {
 struct Rule<S> {
     method: Option<Method>,
     pattern: Pattern,
-    target: Target<S>,
+    keyed: Keyed<S, Arc<dyn KeyExtractor>>,
 }
 
-/// What a rule (or the default) checks: a limit, keyed by the rule's extractor. Each
-/// rule has its own key type, so the extractor is behind a pointer.
-type Target<S> = Keyed<S, Arc<dyn KeyExtractor>>;
-
-fn target<S: Store>(limiter: impl Into<Arc<Limiter<S>>>, key: impl KeyExtractor) -> Target<S> {
+/// What a rule (or the default) checks: its limit, keyed by its extractor. Each rule
+/// has a key type of its own, so the extractor is behind a pointer.
+fn keyed<S: Store>(
+    limiter: impl Into<Arc<Limiter<S>>>,
+    key: impl KeyExtractor,
+) -> Keyed<S, Arc<dyn KeyExtractor>> {
     Keyed::new(limiter.into(), Arc::new(key))
 }
 
@@ -285,7 +286,7 @@ impl<S: Store> RulesBuilder<S> {
 
     /// What checks requests no rule matches (without one, they pass unchecked).
     pub fn default(mut self, limiter: impl Into<Arc<Limiter<S>>>, key: impl KeyExtractor) -> Self {
-        self.default = Some(target(limiter, key));
+        self.default = Some(keyed(limiter, key));
         self
     }
 
@@ -313,7 +314,7 @@ impl<S: Store> RulesBuilder<S> {
             Ok(pattern) => self.rules.push(Rule {
                 method,
                 pattern,
-                target: target(limiter, key),
+                keyed: keyed(limiter, key),
             }),
             Err(reason) => {
                 self.error.get_or_insert_with(|| RuleError {
@@ -327,7 +328,7 @@ impl<S: Store> RulesBuilder<S> {
                     pattern: Pattern {
                         segments: Box::new([]),
                     },
-                    target: target(limiter, key),
+                    keyed: keyed(limiter, key),
                 });
             }
         }
@@ -341,8 +342,8 @@ impl<S: Store> Sealed<S> for Rules<S> {
         let rule = self.rules.iter().find(|rule| {
             rule.method.as_ref().is_none_or(|m| *m == parts.method) && rule.pattern.matches(path)
         });
-        match rule.map(|rule| &rule.target).or(self.default.as_ref()) {
-            Some(target) => target.pick(parts),
+        match rule.map(|rule| &rule.keyed).or(self.default.as_ref()) {
+            Some(keyed) => keyed.pick(parts),
             None => Pick::Pass,
         }
     }
@@ -350,9 +351,9 @@ impl<S: Store> Sealed<S> for Rules<S> {
     fn each_limit<'a>(&'a self, visit: &mut dyn FnMut(&'a Limit<S>)) {
         self.rules
             .iter()
-            .map(|rule| &rule.target)
+            .map(|rule| &rule.keyed)
             .chain(&self.default)
-            .for_each(|target| target.each_limit(visit));
+            .for_each(|keyed| keyed.each_limit(visit));
     }
 }
 
@@ -377,7 +378,7 @@ impl<S: Store> fmt::Debug for Rules<S> {
                 "{} {:?} -> {:?}",
                 rule.method.as_ref().map_or("*", Method::as_str),
                 rule.pattern,
-                rule.target.limit
+                rule.keyed.limit
             ));
         }
         if let Some(default) = &self.default {
