@@ -119,8 +119,15 @@ pub enum FailureMode {
 /// methods. Cloning and [`Layer::layer`] share the limiters and their state. See the
 /// [module docs](self) for an example.
 pub struct RateLimitLayer<S, P: Plan<S>> {
-    /// In an `Arc` so that neither the store nor the key extractor needs `Clone`; each
-    /// service keeps the layer it was made by, the plan shared.
+    shared: Arc<Shared<S, P>>,
+}
+
+/// What a layer and every service made of it share, behind one `Arc`: cloning either,
+/// and [`Layer::layer`], allocate nothing (axum layers a handler's route again for
+/// each request it serves without state).
+pub(crate) struct Shared<S, P: Plan<S>> {
+    /// In an `Arc` of its own so that configuring a cloned layer copies its options,
+    /// not its plan: neither the store nor the key extractor needs `Clone`.
     pub(crate) plan: Arc<P>,
     pub(crate) config: Config,
     /// When to give back an allowed request's cost ([`RateLimitLayer::refund_on`]).
@@ -175,7 +182,7 @@ impl fmt::Debug for Config {
 }
 
 // By hand: the plan is in an `Arc`, so neither the store nor the extractor needs `Clone`.
-impl<S, P: Plan<S>> Clone for RateLimitLayer<S, P> {
+impl<S, P: Plan<S>> Clone for Shared<S, P> {
     fn clone(&self) -> Self {
         Self {
             plan: Arc::clone(&self.plan),
@@ -185,12 +192,20 @@ impl<S, P: Plan<S>> Clone for RateLimitLayer<S, P> {
     }
 }
 
+impl<S, P: Plan<S>> Clone for RateLimitLayer<S, P> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
 impl<S: Store, P: Plan<S>> fmt::Debug for RateLimitLayer<S, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("plan", &std::any::type_name::<P>())
-            .field("config", &self.config)
-            .field("refund", &self.refund)
+            .field("config", &self.shared.config)
+            .field("refund", &self.shared.refund)
             .finish()
     }
 }
@@ -210,7 +225,7 @@ impl<S: Store, K: KeyExtractor> RateLimitLayer<S, Keyed<S, K>> {
 
     /// The limiter the layer checks.
     pub fn limiter(&self) -> &Arc<Limiter<S>> {
-        &self.plan.limit.limiter
+        &self.shared.plan.limit.limiter
     }
 }
 
@@ -234,40 +249,42 @@ impl<S: Store, K: KeyExtractor> RateLimitLayer<S, Tiers<S, K>> {
 impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
     fn with_plan(plan: P) -> Self {
         Self {
-            plan: Arc::new(plan),
-            config: Config {
-                header_style: HeaderStyle::default(),
-                headers_on_allowed: true,
-                body_style: BodyStyle::default(),
-                failure_mode: FailureMode::default(),
-                cost: Cost::Fixed(1),
-            },
-            refund: None,
+            shared: Arc::new(Shared {
+                plan: Arc::new(plan),
+                config: Config {
+                    header_style: HeaderStyle::default(),
+                    headers_on_allowed: true,
+                    body_style: BodyStyle::default(),
+                    failure_mode: FailureMode::default(),
+                    cost: Cost::Fixed(1),
+                },
+                refund: None,
+            }),
         }
     }
 
     /// Which rate-limit headers to send ([`HeaderStyle::Ietf`] by default).
     pub fn header_style(mut self, style: HeaderStyle) -> Self {
-        self.config.header_style = style;
+        self.config_mut().header_style = style;
         self
     }
 
     /// Whether allowed responses carry the rate-limit headers too (yes by default), so
     /// well-behaved clients can slow down before they are denied.
     pub fn headers_on_allowed(mut self, on: bool) -> Self {
-        self.config.headers_on_allowed = on;
+        self.config_mut().headers_on_allowed = on;
         self
     }
 
     /// How the bodies of 429, 503 and key rejections are written (plain text by default).
     pub fn body_style(mut self, style: BodyStyle) -> Self {
-        self.config.body_style = style;
+        self.config_mut().body_style = style;
         self
     }
 
     /// What to answer when the store cannot decide ([`FailureMode::Open`] by default).
     pub fn failure_mode(mut self, mode: FailureMode) -> Self {
-        self.config.failure_mode = mode;
+        self.config_mut().failure_mode = mode;
         self
     }
 
@@ -279,7 +296,7 @@ impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
     /// could never admit `cost`: found now, not at the first request.
     pub fn cost(mut self, cost: u32) -> Result<Self, Error> {
         let mut refused = None;
-        self.plan.each_limit(&mut |limit| {
+        self.shared.plan.each_limit(&mut |limit| {
             if refused.is_none() {
                 refused = limit.limiter.valid_cost(cost).err();
             }
@@ -287,7 +304,7 @@ impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
         match refused {
             Some(error) => Err(error),
             None => {
-                self.config.cost = Cost::Fixed(cost);
+                self.config_mut().cost = Cost::Fixed(cost);
                 Ok(self)
             }
         }
@@ -304,8 +321,12 @@ impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
     /// [`Limiter::check`] still returns [`Error::ZeroCost`] and
     /// [`Error::CostTooHigh`] to callers outside HTTP.
     pub fn cost_fn(mut self, cost: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
-        self.config.cost = Cost::PerRequest(Arc::new(cost));
+        self.config_mut().cost = Cost::PerRequest(Arc::new(cost));
         self
+    }
+
+    fn config_mut(&mut self) -> &mut Config {
+        &mut Arc::make_mut(&mut self.shared).config
     }
 }
 
@@ -354,7 +375,7 @@ impl<S: AdminStore, P: Plan<S>> RateLimitLayer<S, P> {
         mut self,
         when: impl Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
     ) -> Self {
-        self.refund = Some(Refund::new(when));
+        Arc::make_mut(&mut self.shared).refund = Some(Refund::new(when));
         self
     }
 }
@@ -363,7 +384,7 @@ impl<S, P: Plan<S>, Inner> Layer<Inner> for RateLimitLayer<S, P> {
     type Service = RateLimit<S, P, Inner>;
 
     fn layer(&self, inner: Inner) -> Self::Service {
-        RateLimit::new(inner, Arc::new(self.clone()))
+        RateLimit::new(inner, Arc::clone(&self.shared))
     }
 }
 

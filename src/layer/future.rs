@@ -15,7 +15,7 @@ use crate::decision::Decision;
 use crate::error::Error;
 use crate::layer::headers::{HeaderStyle, PolicyHeaders, Snapshot};
 use crate::layer::response::{self, Answer, ResponseBody};
-use crate::layer::{Config, FailureMode, Limit, PendingRefund, Plan, RateLimitLayer};
+use crate::layer::{Config, FailureMode, Limit, PendingRefund, Plan, Shared};
 use crate::limiter::CheckFuture;
 use crate::store::Store;
 
@@ -82,7 +82,7 @@ pin_project! {
 struct Waiting<S, P: Plan<S>, Inner, ReqBody> {
     request: Request<ReqBody>,
     inner: Inner,
-    layer: Arc<RateLimitLayer<S, P>>,
+    shared: Arc<Shared<S, P>>,
     limit: Limit<S>,
     refund: Option<Box<PendingRefund<S>>>,
 }
@@ -106,7 +106,7 @@ where
         check: CheckFuture<S::Future>,
         request: Request<ReqBody>,
         inner: Inner,
-        layer: Arc<RateLimitLayer<S, P>>,
+        shared: Arc<Shared<S, P>>,
         limit: Limit<S>,
         refund: Option<Box<PendingRefund<S>>>,
     ) -> Self {
@@ -116,7 +116,7 @@ where
                 waiting: Box::new(Waiting {
                     request,
                     inner,
-                    layer,
+                    shared,
                     limit,
                     refund,
                 }),
@@ -130,11 +130,11 @@ where
         checked: Result<Decision, Error>,
         request: Request<ReqBody>,
         inner: &mut Inner,
-        layer: &RateLimitLayer<S, P>,
+        shared: &Shared<S, P>,
         limit: &Limit<S>,
         refund: Option<Box<PendingRefund<S>>>,
     ) -> Self {
-        let next = next_step(checked, request, inner, &layer.config, limit, refund);
+        let next = next_step(checked, request, inner, &shared.config, limit, refund);
         let state = match next {
             Next::Call {
                 future,
@@ -195,11 +195,11 @@ where
                     let Waiting {
                         request,
                         mut inner,
-                        layer,
+                        shared,
                         limit,
                         refund,
                     } = *waiting;
-                    match next_step(checked, request, &mut inner, &layer.config, &limit, refund) {
+                    match next_step(checked, request, &mut inner, &shared.config, &limit, refund) {
                         Next::Call {
                             future,
                             headers,

@@ -10,7 +10,7 @@ use tower_service::Service;
 
 use crate::layer::future::ResponseFuture;
 use crate::layer::response::{self, ResponseBody};
-use crate::layer::{Pick, Plan, RateLimitLayer};
+use crate::layer::{Pick, Plan, Shared};
 use crate::store::Store;
 
 /// A service limited by key: it answers 429 itself when the limiter denies, and calls
@@ -21,14 +21,13 @@ use crate::store::Store;
 /// failures are responses, never errors.
 pub struct RateLimit<S, P: Plan<S>, Inner> {
     inner: Inner,
-    /// The layer this service was made by: its plan, options and refund rule, one `Arc`
-    /// clone per service clone.
-    layer: Arc<RateLimitLayer<S, P>>,
+    /// The plan, options and refund rule of the layer that made this service.
+    shared: Arc<Shared<S, P>>,
 }
 
 impl<S, P: Plan<S>, Inner> RateLimit<S, P, Inner> {
-    pub(crate) fn new(inner: Inner, layer: Arc<RateLimitLayer<S, P>>) -> Self {
-        Self { inner, layer }
+    pub(crate) fn new(inner: Inner, shared: Arc<Shared<S, P>>) -> Self {
+        Self { inner, shared }
     }
 
     /// The inner service.
@@ -51,7 +50,7 @@ impl<S, P: Plan<S>, Inner: Clone> Clone for RateLimit<S, P, Inner> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            layer: Arc::clone(&self.layer),
+            shared: Arc::clone(&self.shared),
         }
     }
 }
@@ -61,7 +60,7 @@ impl<S: Store, P: Plan<S>, Inner: fmt::Debug> fmt::Debug for RateLimit<S, P, Inn
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
             .field("plan", &std::any::type_name::<P>())
-            .field("config", &self.layer.config)
+            .field("config", &self.shared.config)
             .finish()
     }
 }
@@ -81,9 +80,9 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let layer = &self.layer;
+        let shared = &self.shared;
         let (parts, body) = request.into_parts();
-        let (limit, subject) = match layer.plan.pick(&parts) {
+        let (limit, subject) = match shared.plan.pick(&parts) {
             Pick::Check(limit, subject) => (limit, subject),
             Pick::Pass => {
                 let request = Request::from_parts(parts, body);
@@ -93,12 +92,12 @@ where
                 return ResponseFuture::answered(response::rejected(
                     &parts,
                     &rejection,
-                    &layer.config,
+                    &shared.config,
                 ));
             }
         };
-        let cost = layer.config.cost.of(&parts);
-        let refund = layer
+        let cost = shared.config.cost.of(&parts);
+        let refund = shared
             .refund
             .as_ref()
             .map(|refund| Box::new(refund.keep(&limit.limiter, &subject, cost)));
@@ -111,7 +110,7 @@ where
                 checked,
                 request,
                 &mut self.inner,
-                layer,
+                shared,
                 limit,
                 refund,
             );
@@ -122,6 +121,6 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let limit = limit.clone();
-        ResponseFuture::checking(check, request, inner, Arc::clone(layer), limit, refund)
+        ResponseFuture::checking(check, request, inner, Arc::clone(shared), limit, refund)
     }
 }

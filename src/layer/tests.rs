@@ -2,10 +2,8 @@
 //! and the limiter's decision made at once, which the layer's fast path depends on. The
 //! layer end to end, through its public API, is tested in `tests/it/layer*.rs`.
 
-use std::future::{ready, Future, Ready};
-use std::pin::Pin;
+use std::future::{ready, Ready};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use super::*;
@@ -28,38 +26,15 @@ impl Store for BrokenStore {
     }
 }
 
-/// A store whose answers arrive one poll late, as a network store's would.
-struct SlowStore<S>(S);
+/// A store that never decides at once, as Redis does not: its `check_now` is the
+/// default one, which hands the subject back.
+struct AnswersLater(MemoryStore);
 
-struct OnePollLate<F> {
-    inner: F,
-    waited: bool,
-}
-
-impl<F: Future + Unpin> Future for OnePollLate<F> {
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        if !self.waited {
-            self.waited = true;
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
-        }
-        Pin::new(&mut self.inner).poll(cx)
-    }
-}
-
-impl<S> Store for SlowStore<S>
-where
-    S: Store<Future = Ready<Result<Decision, StoreError>>>,
-{
-    type Future = OnePollLate<Ready<Result<Decision, StoreError>>>;
+impl Store for AnswersLater {
+    type Future = Ready<Result<Decision, StoreError>>;
 
     fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
-        OnePollLate {
-            inner: self.0.check(subject, set, cost),
-            waited: false,
-        }
+        self.0.check(subject, set, cost)
     }
 }
 
@@ -75,8 +50,8 @@ fn layer_is_clone_and_debug_and_configures_a_copy() {
     );
     let layer = RateLimitLayer::new(limiter, Global);
     let legacy = layer.clone().header_style(HeaderStyle::Legacy);
-    assert_eq!(layer.config.header_style, HeaderStyle::Ietf);
-    assert_eq!(legacy.config.header_style, HeaderStyle::Legacy);
+    assert_eq!(layer.shared.config.header_style, HeaderStyle::Ietf);
+    assert_eq!(legacy.shared.config.header_style, HeaderStyle::Legacy);
     assert!(Arc::ptr_eq(layer.limiter(), legacy.limiter()));
     let debug = format!("{legacy:?}");
     assert!(
@@ -98,7 +73,7 @@ async fn decisions_made_at_once_take_the_fast_path() {
     );
     // A store that answers later, as Redis does: no fast path for its own answers...
     let slow = Limiter::new(
-        SlowStore(MemoryStore::with_clock(clock.clone())),
+        AnswersLater(MemoryStore::with_clock(clock.clone())),
         fixed("d", 1, 1_000),
     )
     .block_cache(16)
