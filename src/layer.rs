@@ -86,8 +86,8 @@ pub mod rules;
 pub(crate) mod service;
 pub mod tiers;
 
-pub use plan::Plan;
-pub(crate) use plan::{Gate, SealedPlan, Selected};
+pub use plan::{Keyed, Plan};
+pub(crate) use plan::{Limit, Pick, Sealed};
 pub(crate) use refund::{PendingRefund, Refund};
 
 pub use crate::layer::future::ResponseFuture;
@@ -113,34 +113,25 @@ pub enum FailureMode {
 
 /// Middleware that limits requests by a key taken from each request.
 ///
-/// Built from a [`Limiter`] and a [`KeyExtractor`] ([`RateLimitLayer::new`]), or from a
-/// [`Plan`] that picks the limiter per request: [`RateLimitLayer::rules`],
-/// [`RateLimitLayer::tiers`]. The options are builder methods. Cloning and
-/// [`Layer::layer`] share the limiters and their state. See the [module docs](self)
-/// for an example.
-pub struct RateLimitLayer<S, K: Plan<S>> {
-    shared: Arc<Shared<S, K>>,
+/// Built from a [`Limiter`] and a [`KeyExtractor`] ([`RateLimitLayer::new`], whose plan
+/// is a [`Keyed`]), or from a [`Plan`] that picks the limiter per request:
+/// [`RateLimitLayer::rules`], [`RateLimitLayer::tiers`]. The options are builder
+/// methods. Cloning and [`Layer::layer`] share the limiters and their state. See the
+/// [module docs](self) for an example.
+pub struct RateLimitLayer<S, P: Plan<S>> {
+    shared: Arc<Shared<S, P>>,
 }
 
-/// Everything the service and its futures share: one `Arc` clone per service clone.
+/// What a layer and every service made of it share, behind one `Arc`: cloning either,
+/// and [`Layer::layer`], allocate nothing (axum layers a handler's route again for
+/// each request it serves without state).
 pub(crate) struct Shared<S, P: Plan<S>> {
-    pub(crate) plan: Arc<Planned<S, P>>,
+    /// In an `Arc` of its own so that configuring a cloned layer copies its options,
+    /// not its plan: neither the store nor the key extractor needs `Clone`.
+    pub(crate) plan: Arc<P>,
     pub(crate) config: Config,
     /// When to give back an allowed request's cost ([`RateLimitLayer::refund_on`]).
     pub(crate) refund: Option<Refund<S>>,
-}
-
-/// The plan and what the layer keeps for it (the one limiter of a key extractor).
-pub(crate) struct Planned<S, P: Plan<S>> {
-    pub(crate) plan: P,
-    pub(crate) held: P::Held,
-}
-
-impl<S, P: Plan<S>> Planned<S, P> {
-    #[inline]
-    pub(crate) fn select(&self, parts: &Parts) -> Selected<'_, S> {
-        self.plan.select(&self.held, parts)
-    }
 }
 
 /// The layer's options, with the headers that depend only on the policies precomputed.
@@ -201,7 +192,7 @@ impl<S, P: Plan<S>> Clone for Shared<S, P> {
     }
 }
 
-impl<S, K: Plan<S>> Clone for RateLimitLayer<S, K> {
+impl<S, P: Plan<S>> Clone for RateLimitLayer<S, P> {
     fn clone(&self) -> Self {
         Self {
             shared: Arc::clone(&self.shared),
@@ -209,17 +200,17 @@ impl<S, K: Plan<S>> Clone for RateLimitLayer<S, K> {
     }
 }
 
-impl<S: Store, K: Plan<S>> fmt::Debug for RateLimitLayer<S, K> {
+impl<S: Store, P: Plan<S>> fmt::Debug for RateLimitLayer<S, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("plan", &std::any::type_name::<K>())
+            .field("plan", &std::any::type_name::<P>())
             .field("config", &self.shared.config)
             .field("refund", &self.shared.refund)
             .finish()
     }
 }
 
-impl<S: Store, K: KeyExtractor> RateLimitLayer<S, K> {
+impl<S: Store, K: KeyExtractor> RateLimitLayer<S, Keyed<S, K>> {
     /// Limits requests with `limiter`, keyed by `key`, with the defaults: IETF headers
     /// on every response, plain-text denials, fail open, cost 1.
     pub fn new(limiter: Limiter<S>, key: K) -> Self {
@@ -229,12 +220,12 @@ impl<S: Store, K: KeyExtractor> RateLimitLayer<S, K> {
     /// Like [`RateLimitLayer::new`], for a limiter the application also uses elsewhere
     /// (the same limits checked outside HTTP).
     pub fn from_shared(limiter: Arc<Limiter<S>>, key: K) -> Self {
-        Self::with_plan(key, Gate::new(limiter))
+        Self::with_plan(Keyed::new(limiter, key))
     }
 
     /// The limiter the layer checks.
     pub fn limiter(&self) -> &Arc<Limiter<S>> {
-        &self.shared.plan.held.limiter
+        &self.shared.plan.limit.limiter
     }
 }
 
@@ -243,7 +234,7 @@ impl<S: Store> RateLimitLayer<S, Rules<S>> {
     /// path, or gRPC service and method), with that rule's limiter and key; a request
     /// no rule matches passes unchecked unless the rules have a default.
     pub fn rules(rules: Rules<S>) -> Self {
-        Self::with_plan(rules, ())
+        Self::with_plan(rules)
     }
 }
 
@@ -251,15 +242,15 @@ impl<S: Store, K: KeyExtractor> RateLimitLayer<S, Tiers<S, K>> {
     /// Checks each request against the limiter of its tier (a user's plan, say), all
     /// in one layer; see [`Tiers`].
     pub fn tiers(tiers: Tiers<S, K>) -> Self {
-        Self::with_plan(tiers, ())
+        Self::with_plan(tiers)
     }
 }
 
-impl<S: Store, K: Plan<S>> RateLimitLayer<S, K> {
-    fn with_plan(plan: K, held: K::Held) -> Self {
+impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
+    fn with_plan(plan: P) -> Self {
         Self {
             shared: Arc::new(Shared {
-                plan: Arc::new(Planned { plan, held }),
+                plan: Arc::new(plan),
                 config: Config {
                     header_style: HeaderStyle::default(),
                     headers_on_allowed: true,
@@ -304,11 +295,10 @@ impl<S: Store, K: Plan<S>> RateLimitLayer<S, K> {
     /// [`Error::ZeroCost`] for 0, [`Error::CostTooHigh`] when some limiter of the layer
     /// could never admit `cost`: found now, not at the first request.
     pub fn cost(mut self, cost: u32) -> Result<Self, Error> {
-        let planned = &self.shared.plan;
         let mut refused = None;
-        planned.plan.each_gate(&planned.held, &mut |gate| {
+        self.shared.plan.each_limit(&mut |limit| {
             if refused.is_none() {
-                refused = gate.limiter.valid_cost(cost).err();
+                refused = limit.limiter.valid_cost(cost).err();
             }
         });
         match refused {
@@ -340,7 +330,7 @@ impl<S: Store, K: Plan<S>> RateLimitLayer<S, K> {
     }
 }
 
-impl<S: AdminStore, K: Plan<S>> RateLimitLayer<S, K> {
+impl<S: AdminStore, P: Plan<S>> RateLimitLayer<S, P> {
     /// Gives back an allowed request's cost when the inner service answers with a
     /// status `when` picks: a client should not lose its budget to the server's own
     /// failures.
@@ -390,8 +380,8 @@ impl<S: AdminStore, K: Plan<S>> RateLimitLayer<S, K> {
     }
 }
 
-impl<S, K: Plan<S>, Inner> Layer<Inner> for RateLimitLayer<S, K> {
-    type Service = RateLimit<S, K, Inner>;
+impl<S, P: Plan<S>, Inner> Layer<Inner> for RateLimitLayer<S, P> {
+    type Service = RateLimit<S, P, Inner>;
 
     fn layer(&self, inner: Inner) -> Self::Service {
         RateLimit::new(inner, Arc::clone(&self.shared))

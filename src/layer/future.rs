@@ -15,7 +15,7 @@ use crate::decision::Decision;
 use crate::error::Error;
 use crate::layer::headers::{HeaderStyle, PolicyHeaders, Snapshot};
 use crate::layer::response::{self, Answer, ResponseBody};
-use crate::layer::{Config, FailureMode, Gate, PendingRefund, Plan, Shared};
+use crate::layer::{Config, FailureMode, Limit, PendingRefund, Plan, Shared};
 use crate::limiter::CheckFuture;
 use crate::store::Store;
 
@@ -31,24 +31,24 @@ pin_project! {
     /// # Panics
     ///
     /// When polled again after it has completed, as futures may.
-    pub struct ResponseFuture<S, K, Inner, ReqBody>
+    pub struct ResponseFuture<S, P, Inner, ReqBody>
     where
         S: Store,
-        K: Plan<S>,
+        P: Plan<S>,
         Inner: Service<Request<ReqBody>>,
     {
         #[pin]
-        state: State<S, K, Inner, ReqBody>,
+        state: State<S, P, Inner, ReqBody>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
     #[project_replace = StateOwned]
-    enum State<S, K, Inner, ReqBody>
+    enum State<S, P, Inner, ReqBody>
     where
         S: Store,
-        K: Plan<S>,
+        P: Plan<S>,
         Inner: Service<Request<ReqBody>>,
     {
         /// Waiting for the limiter; the request and the readied inner service wait
@@ -58,7 +58,7 @@ pin_project! {
         Checking {
             #[pin]
             check: CheckFuture<S::Future>,
-            waiting: Box<Waiting<S, K, Inner, ReqBody>>,
+            waiting: Box<Waiting<S, P, Inner, ReqBody>>,
         },
         /// Allowed: the inner service runs; `headers` says what to add to its response
         /// (absent when allowed responses carry no headers, the store failed open, or
@@ -77,13 +77,13 @@ pin_project! {
 }
 
 /// What waits beside a pending check: the request, the readied inner service, and
-/// what deciding needs once the check completes (the layer's options, the gate that
+/// what deciding needs once the check completes (the layer's options, the limit that
 /// checks the request, what a refund would give back).
-struct Waiting<S, K: Plan<S>, Inner, ReqBody> {
+struct Waiting<S, P: Plan<S>, Inner, ReqBody> {
     request: Request<ReqBody>,
     inner: Inner,
-    shared: Arc<Shared<S, K>>,
-    gate: Gate<S>,
+    shared: Arc<Shared<S, P>>,
+    limit: Limit<S>,
     refund: Option<Box<PendingRefund<S>>>,
 }
 
@@ -94,20 +94,20 @@ struct Headers {
     policies: Arc<PolicyHeaders>,
 }
 
-impl<S, K, Inner, ReqBody> ResponseFuture<S, K, Inner, ReqBody>
+impl<S, P, Inner, ReqBody> ResponseFuture<S, P, Inner, ReqBody>
 where
     S: Store,
-    K: Plan<S>,
+    P: Plan<S>,
     Inner: Service<Request<ReqBody>>,
 {
-    /// A check still pending: `inner` is the service `poll_ready` readied; `gate` is
+    /// A check still pending: `inner` is the service `poll_ready` readied; `limit` is
     /// the one checking.
     pub(crate) fn checking(
         check: CheckFuture<S::Future>,
         request: Request<ReqBody>,
         inner: Inner,
-        shared: Arc<Shared<S, K>>,
-        gate: Gate<S>,
+        shared: Arc<Shared<S, P>>,
+        limit: Limit<S>,
         refund: Option<Box<PendingRefund<S>>>,
     ) -> Self {
         Self {
@@ -117,7 +117,7 @@ where
                     request,
                     inner,
                     shared,
-                    gate,
+                    limit,
                     refund,
                 }),
             },
@@ -130,11 +130,11 @@ where
         checked: Result<Decision, Error>,
         request: Request<ReqBody>,
         inner: &mut Inner,
-        shared: &Shared<S, K>,
-        gate: &Gate<S>,
+        shared: &Shared<S, P>,
+        limit: &Limit<S>,
         refund: Option<Box<PendingRefund<S>>>,
     ) -> Self {
-        let next = next_step(checked, request, inner, &shared.config, gate, refund);
+        let next = next_step(checked, request, inner, &shared.config, limit, refund);
         let state = match next {
             Next::Call {
                 future,
@@ -173,10 +173,10 @@ where
     }
 }
 
-impl<S, K, Inner, ReqBody, ResBody> Future for ResponseFuture<S, K, Inner, ReqBody>
+impl<S, P, Inner, ReqBody, ResBody> Future for ResponseFuture<S, P, Inner, ReqBody>
 where
     S: Store,
-    K: Plan<S>,
+    P: Plan<S>,
     Inner: Service<Request<ReqBody>, Response = Response<ResBody>>,
 {
     type Output = Result<Response<ResponseBody<ResBody>>, Inner::Error>;
@@ -196,10 +196,10 @@ where
                         request,
                         mut inner,
                         shared,
-                        gate,
+                        limit,
                         refund,
                     } = *waiting;
-                    match next_step(checked, request, &mut inner, &shared.config, &gate, refund) {
+                    match next_step(checked, request, &mut inner, &shared.config, &limit, refund) {
                         Next::Call {
                             future,
                             headers,
@@ -270,13 +270,13 @@ fn next_step<S, Inner, ReqBody>(
     mut request: Request<ReqBody>,
     inner: &mut Inner,
     config: &Config,
-    gate: &Gate<S>,
+    limit: &Limit<S>,
     mut refund: Option<Box<PendingRefund<S>>>,
 ) -> Next<Inner::Future, Box<PendingRefund<S>>>
 where
     Inner: Service<Request<ReqBody>>,
 {
-    let policies = &gate.headers;
+    let policies = &limit.headers;
     let (headers, refund) = match checked {
         Ok(decision) if decision.is_allowed() => {
             let headers =
@@ -306,7 +306,7 @@ where
             }
             // No RateLimit headers: there are no figures to send, and made-up ones
             // would mislead a client.
-            let policies = gate.limiter.policy_set().policies();
+            let policies = limit.limiter.policy_set().policies();
             request
                 .extensions_mut()
                 .insert(Decision::fail_open(policies));
@@ -327,10 +327,10 @@ where
     }
 }
 
-impl<S, K, Inner, ReqBody> fmt::Debug for ResponseFuture<S, K, Inner, ReqBody>
+impl<S, P, Inner, ReqBody> fmt::Debug for ResponseFuture<S, P, Inner, ReqBody>
 where
     S: Store,
-    K: Plan<S>,
+    P: Plan<S>,
     Inner: Service<Request<ReqBody>>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -1,8 +1,11 @@
-//! What the layer checks for one request: a [`Plan`] picks a limiter and a subject.
+//! What the layer checks for one request: a [`Plan`] picks a [`Limit`] and a subject.
 //!
-//! One layer, one `Service` impl: a key extractor (with the layer's one limiter),
-//! [`Rules`](crate::layer::rules::Rules) and [`Tiers`](crate::layer::tiers::Tiers) are all plans.
+//! One layer, one `Service` impl: [`Keyed`] (one limiter and a key extractor, what
+//! [`RateLimitLayer::new`](crate::RateLimitLayer::new) builds),
+//! [`Rules`](crate::layer::rules::Rules) and [`Tiers`](crate::layer::tiers::Tiers) are
+//! all plans, and each owns the limiters it picks from.
 
+use std::fmt;
 use std::sync::Arc;
 
 use http::request::Parts;
@@ -16,30 +19,73 @@ use crate::subject::Subject;
 /// Chooses, per request, which limiter checks it and as which subject; or that no limit
 /// applies and the request passes untouched.
 ///
-/// Implemented by every [`KeyExtractor`] (checked against the limiter given to
-/// [`RateLimitLayer::new`](crate::RateLimitLayer::new)), by
-/// [`Rules`](crate::layer::rules::Rules) and by [`Tiers`](crate::layer::tiers::Tiers). Sealed: the
-/// layer's answers depend on what a plan hands back, so new plans are added here.
-pub trait Plan<S>: SealedPlan<S> + Send + Sync + 'static {}
+/// Implemented by [`Keyed`] (what [`RateLimitLayer::new`](crate::RateLimitLayer::new)
+/// makes of a limiter and a [`KeyExtractor`]), by
+/// [`Rules`](crate::layer::rules::Rules) and by [`Tiers`](crate::layer::tiers::Tiers).
+/// Sealed: the layer's answers depend on what a plan hands back, so new plans are added
+/// here.
+pub trait Plan<S>: Sealed<S> + Send + Sync + 'static {}
 
-impl<S, P: SealedPlan<S> + Send + Sync + 'static> Plan<S> for P {}
+impl<S, P: Sealed<S> + Send + Sync + 'static> Plan<S> for P {}
 
-/// What a request is checked against: a limiter, with the headers its policies always
-/// produce computed once when the plan is built, so a request only formats its own
-/// numbers.
-pub struct Gate<S> {
+/// The sealed half of [`Plan`]: public in a private module, so it cannot be named or
+/// implemented outside the crate.
+pub trait Sealed<S> {
+    /// The limit and subject for this request.
+    fn pick(&self, parts: &Parts) -> Pick<'_, S>;
+
+    /// Every limit this plan can pick, for checks made once when the layer is built.
+    fn each_limit<'a>(&'a self, visit: &mut dyn FnMut(&'a Limit<S>));
+}
+
+/// What a plan picked for one request.
+pub enum Pick<'a, S> {
+    /// Check the request against this limit, as this subject.
+    Check(&'a Limit<S>, Subject),
+    /// No limit applies: the request passes untouched, without headers.
+    Pass,
+    /// The key extractor found no subject; its rejection is the answer.
+    Reject(KeyRejection),
+}
+
+impl<'a, S> Pick<'a, S> {
+    /// `limit` for the subject a key extractor found, or its rejection.
+    #[inline]
+    pub(crate) fn keyed(limit: &'a Limit<S>, subject: Result<Subject, KeyRejection>) -> Self {
+        match subject {
+            Ok(subject) => Pick::Check(limit, subject),
+            Err(rejection) => Pick::Reject(rejection),
+        }
+    }
+}
+
+impl<S: Store> fmt::Debug for Pick<'_, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Pick::Check(limit, subject) => {
+                f.debug_tuple("Check").field(limit).field(subject).finish()
+            }
+            Pick::Pass => f.write_str("Pass"),
+            Pick::Reject(rejection) => f.debug_tuple("Reject").field(rejection).finish(),
+        }
+    }
+}
+
+/// A limiter, with the headers its policies always produce computed once when the plan
+/// is built, so a request only formats its own numbers.
+pub struct Limit<S> {
     pub(crate) limiter: Arc<Limiter<S>>,
     pub(crate) headers: Arc<PolicyHeaders>,
 }
 
-impl<S: Store> Gate<S> {
+impl<S: Store> Limit<S> {
     pub(crate) fn new(limiter: Arc<Limiter<S>>) -> Self {
         let headers = Arc::new(PolicyHeaders::new(limiter.policies()));
         Self { limiter, headers }
     }
 }
 
-impl<S> Clone for Gate<S> {
+impl<S> Clone for Limit<S> {
     fn clone(&self) -> Self {
         Self {
             limiter: Arc::clone(&self.limiter),
@@ -48,40 +94,47 @@ impl<S> Clone for Gate<S> {
     }
 }
 
-impl<S: Store> std::fmt::Debug for Gate<S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl<S: Store> fmt::Debug for Limit<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list()
             .entries(self.limiter.policies().iter().map(|p| p.name()))
             .finish()
     }
 }
 
-/// What a plan picked for a request: `Ok(None)` lets it pass without a check.
-pub(crate) type Selected<'a, S> = Result<Option<(&'a Gate<S>, Subject)>, KeyRejection>;
-
-/// The sealed half of [`Plan`]: public in a private module, so it cannot be named or
-/// implemented outside the crate.
-pub trait SealedPlan<S> {
-    /// What the layer keeps beside the plan: the one limiter of a key extractor, nothing
-    /// for plans that hold their own limiters.
-    type Held: Send + Sync + 'static;
-
-    /// The gate and subject for this request.
-    fn select<'a>(&'a self, held: &'a Self::Held, parts: &Parts) -> Selected<'a, S>;
-
-    /// Every gate this plan can pick, for checks made once when the layer is built.
-    fn each_gate<'a>(&'a self, held: &'a Self::Held, visit: &mut dyn FnMut(&'a Gate<S>));
+/// One limit and the key extractor that names the subject it checks: the plan of
+/// [`RateLimitLayer::new`](crate::RateLimitLayer::new), and what each rule of
+/// [`Rules`](crate::layer::rules::Rules) points to.
+pub struct Keyed<S, K> {
+    pub(crate) limit: Limit<S>,
+    key: K,
 }
 
-impl<S: Store, K: KeyExtractor> SealedPlan<S> for K {
-    type Held = Gate<S>;
+impl<S: Store, K: KeyExtractor> Keyed<S, K> {
+    pub(crate) fn new(limiter: Arc<Limiter<S>>, key: K) -> Self {
+        Self {
+            limit: Limit::new(limiter),
+            key,
+        }
+    }
+}
 
+impl<S: Store, K: KeyExtractor> Sealed<S> for Keyed<S, K> {
     #[inline]
-    fn select<'a>(&'a self, gate: &'a Gate<S>, parts: &Parts) -> Selected<'a, S> {
-        self.extract(parts).map(|subject| Some((gate, subject)))
+    fn pick(&self, parts: &Parts) -> Pick<'_, S> {
+        Pick::keyed(&self.limit, self.key.extract(parts))
     }
 
-    fn each_gate<'a>(&'a self, gate: &'a Gate<S>, visit: &mut dyn FnMut(&'a Gate<S>)) {
-        visit(gate);
+    fn each_limit<'a>(&'a self, visit: &mut dyn FnMut(&'a Limit<S>)) {
+        visit(&self.limit);
+    }
+}
+
+impl<S: Store, K> fmt::Debug for Keyed<S, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Keyed")
+            .field("limit", &self.limit)
+            .field("key", &std::any::type_name::<K>())
+            .finish()
     }
 }

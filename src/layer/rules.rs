@@ -63,7 +63,7 @@ use http::request::Parts;
 use http::Method;
 
 use crate::key::KeyExtractor;
-use crate::layer::{Gate, SealedPlan, Selected};
+use crate::layer::{Keyed, Limit, Pick, Sealed};
 use crate::limiter::Limiter;
 use crate::store::Store;
 
@@ -71,14 +71,14 @@ use crate::store::Store;
 /// [`RateLimitLayer::rules`](crate::RateLimitLayer::rules). Built with
 /// [`Rules::builder`]; see the [module docs](self).
 pub struct Rules<S> {
-    pub(crate) rules: Box<[Rule<S>]>,
-    pub(crate) default: Option<Target<S>>,
+    rules: Box<[Rule<S>]>,
+    default: Option<Keyed<S, Arc<dyn KeyExtractor>>>,
 }
 
 /// Collects rules in order; [`RulesBuilder::build`] checks their patterns.
 pub struct RulesBuilder<S> {
     rules: Vec<Rule<S>>,
-    default: Option<Target<S>>,
+    default: Option<Keyed<S, Arc<dyn KeyExtractor>>>,
     error: Option<RuleError>,
 }
 
@@ -109,41 +109,24 @@ impl RuleError {
     }
 }
 
-pub(crate) struct Rule<S> {
-    pub(crate) method: Option<Method>,
-    pub(crate) pattern: Pattern,
-    pub(crate) target: Target<S>,
+struct Rule<S> {
+    method: Option<Method>,
+    pattern: Pattern,
+    keyed: Keyed<S, Arc<dyn KeyExtractor>>,
 }
 
-/// A limiter and the extractor that names the subject it checks.
-pub(crate) struct Target<S> {
-    limit: Gate<S>,
-    key: Arc<dyn KeyExtractor>,
-}
-
-impl<S: Store> Target<S> {
-    fn new(limiter: impl Into<Arc<Limiter<S>>>, key: impl KeyExtractor) -> Self {
-        Self::shared(limiter.into(), Arc::new(key))
-    }
-
-    pub(crate) fn shared(limiter: Arc<Limiter<S>>, key: Arc<dyn KeyExtractor>) -> Self {
-        Self {
-            limit: Gate::new(limiter),
-            key,
-        }
-    }
-
-    #[inline]
-    fn select(&self, parts: &Parts) -> Selected<'_, S> {
-        self.key
-            .extract(parts)
-            .map(|subject| Some((&self.limit, subject)))
-    }
+/// What a rule (or the default) checks: its limit, keyed by its extractor. Each rule
+/// has a key type of its own, so the extractor is behind a pointer.
+fn keyed<S: Store>(
+    limiter: impl Into<Arc<Limiter<S>>>,
+    key: impl KeyExtractor,
+) -> Keyed<S, Arc<dyn KeyExtractor>> {
+    Keyed::new(limiter.into(), Arc::new(key))
 }
 
 /// A parsed path pattern: its segments after the leading `/`.
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) struct Pattern {
+struct Pattern {
     segments: Box<[Segment]>,
 }
 
@@ -159,7 +142,7 @@ enum Segment {
 }
 
 impl Pattern {
-    pub(crate) fn parse(pattern: &str) -> Result<Self, &'static str> {
+    fn parse(pattern: &str) -> Result<Self, &'static str> {
         let Some(path) = pattern.strip_prefix('/') else {
             return Err("must start with '/'");
         };
@@ -200,7 +183,7 @@ impl Pattern {
     }
 
     /// A gRPC service (`package.Service`) and method, or any method of the service.
-    pub(crate) fn grpc(service: &str, method: Option<&str>) -> Result<Self, &'static str> {
+    fn grpc(service: &str, method: Option<&str>) -> Result<Self, &'static str> {
         let valid = |name: &str| !name.is_empty() && !name.contains(['/', '{', '}', '*']);
         if !valid(service) {
             return Err("is not a gRPC service name (`package.Service`)");
@@ -303,7 +286,7 @@ impl<S: Store> RulesBuilder<S> {
 
     /// What checks requests no rule matches (without one, they pass unchecked).
     pub fn default(mut self, limiter: impl Into<Arc<Limiter<S>>>, key: impl KeyExtractor) -> Self {
-        self.default = Some(Target::new(limiter, key));
+        self.default = Some(keyed(limiter, key));
         self
     }
 
@@ -331,7 +314,7 @@ impl<S: Store> RulesBuilder<S> {
             Ok(pattern) => self.rules.push(Rule {
                 method,
                 pattern,
-                target: Target::new(limiter, key),
+                keyed: keyed(limiter, key),
             }),
             Err(reason) => {
                 self.error.get_or_insert_with(|| RuleError {
@@ -345,7 +328,7 @@ impl<S: Store> RulesBuilder<S> {
                     pattern: Pattern {
                         segments: Box::new([]),
                     },
-                    target: Target::new(limiter, key),
+                    keyed: keyed(limiter, key),
                 });
             }
         }
@@ -353,26 +336,24 @@ impl<S: Store> RulesBuilder<S> {
     }
 }
 
-impl<S: Store> SealedPlan<S> for Rules<S> {
-    type Held = ();
-
-    fn select<'a>(&'a self, _: &'a (), parts: &Parts) -> Selected<'a, S> {
+impl<S: Store> Sealed<S> for Rules<S> {
+    fn pick(&self, parts: &Parts) -> Pick<'_, S> {
         let path = parts.uri.path();
         let rule = self.rules.iter().find(|rule| {
             rule.method.as_ref().is_none_or(|m| *m == parts.method) && rule.pattern.matches(path)
         });
-        match rule.map(|rule| &rule.target).or(self.default.as_ref()) {
-            Some(target) => target.select(parts),
-            None => Ok(None),
+        match rule.map(|rule| &rule.keyed).or(self.default.as_ref()) {
+            Some(keyed) => keyed.pick(parts),
+            None => Pick::Pass,
         }
     }
 
-    fn each_gate<'a>(&'a self, _: &'a (), visit: &mut dyn FnMut(&'a Gate<S>)) {
+    fn each_limit<'a>(&'a self, visit: &mut dyn FnMut(&'a Limit<S>)) {
         self.rules
             .iter()
-            .map(|rule| &rule.target)
+            .map(|rule| &rule.keyed)
             .chain(&self.default)
-            .for_each(|target| visit(&target.limit));
+            .for_each(|keyed| keyed.each_limit(visit));
     }
 }
 
@@ -397,7 +378,7 @@ impl<S: Store> fmt::Debug for Rules<S> {
                 "{} {:?} -> {:?}",
                 rule.method.as_ref().map_or("*", Method::as_str),
                 rule.pattern,
-                rule.target.limit
+                rule.keyed.limit
             ));
         }
         if let Some(default) = &self.default {

@@ -10,7 +10,7 @@ use tower_service::Service;
 
 use crate::layer::future::ResponseFuture;
 use crate::layer::response::{self, ResponseBody};
-use crate::layer::{Plan, Shared};
+use crate::layer::{Pick, Plan, Shared};
 use crate::store::Store;
 
 /// A service limited by key: it answers 429 itself when the limiter denies, and calls
@@ -19,13 +19,14 @@ use crate::store::Store;
 /// Made by [`RateLimitLayer`](crate::RateLimitLayer); see the [`layer`](crate::layer)
 /// module for an example. Its error type is `Inner`'s: denials, key rejections and store
 /// failures are responses, never errors.
-pub struct RateLimit<S, K: Plan<S>, Inner> {
+pub struct RateLimit<S, P: Plan<S>, Inner> {
     inner: Inner,
-    shared: Arc<Shared<S, K>>,
+    /// The plan, options and refund rule of the layer that made this service.
+    shared: Arc<Shared<S, P>>,
 }
 
-impl<S, K: Plan<S>, Inner> RateLimit<S, K, Inner> {
-    pub(crate) fn new(inner: Inner, shared: Arc<Shared<S, K>>) -> Self {
+impl<S, P: Plan<S>, Inner> RateLimit<S, P, Inner> {
+    pub(crate) fn new(inner: Inner, shared: Arc<Shared<S, P>>) -> Self {
         Self { inner, shared }
     }
 
@@ -45,7 +46,7 @@ impl<S, K: Plan<S>, Inner> RateLimit<S, K, Inner> {
     }
 }
 
-impl<S, K: Plan<S>, Inner: Clone> Clone for RateLimit<S, K, Inner> {
+impl<S, P: Plan<S>, Inner: Clone> Clone for RateLimit<S, P, Inner> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -54,25 +55,25 @@ impl<S, K: Plan<S>, Inner: Clone> Clone for RateLimit<S, K, Inner> {
     }
 }
 
-impl<S: Store, K: Plan<S>, Inner: fmt::Debug> fmt::Debug for RateLimit<S, K, Inner> {
+impl<S: Store, P: Plan<S>, Inner: fmt::Debug> fmt::Debug for RateLimit<S, P, Inner> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
-            .field("plan", &std::any::type_name::<K>())
+            .field("plan", &std::any::type_name::<P>())
             .field("config", &self.shared.config)
             .finish()
     }
 }
 
-impl<S, K, Inner, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, Inner>
+impl<S, P, Inner, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, P, Inner>
 where
     S: Store,
-    K: Plan<S>,
+    P: Plan<S>,
     Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = Inner::Error;
-    type Future = ResponseFuture<S, K, Inner, ReqBody>;
+    type Future = ResponseFuture<S, P, Inner, ReqBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -81,14 +82,13 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
         let (parts, body) = request.into_parts();
-        let (gate, subject) = match shared.plan.select(&parts) {
-            Ok(Some(selected)) => selected,
-            Ok(None) => {
-                // No limit applies: the request passes untouched, without headers.
+        let (limit, subject) = match shared.plan.pick(&parts) {
+            Pick::Check(limit, subject) => (limit, subject),
+            Pick::Pass => {
                 let request = Request::from_parts(parts, body);
                 return ResponseFuture::unlimited(self.inner.call(request));
             }
-            Err(rejection) => {
+            Pick::Reject(rejection) => {
                 return ResponseFuture::answered(response::rejected(
                     &parts,
                     &rejection,
@@ -100,8 +100,8 @@ where
         let refund = shared
             .refund
             .as_ref()
-            .map(|refund| Box::new(refund.keep(&gate.limiter, &subject, cost)));
-        let mut check = gate.limiter.check(subject, cost);
+            .map(|refund| Box::new(refund.keep(&limit.limiter, &subject, cost)));
+        let mut check = limit.limiter.check(subject, cost);
         let request = Request::from_parts(parts, body);
         if let Some(checked) = check.take_settled() {
             // Decided already (the memory store, the block cache): the service `poll_ready` readied is
@@ -111,7 +111,7 @@ where
                 request,
                 &mut self.inner,
                 shared,
-                gate,
+                limit,
                 refund,
             );
         }
@@ -120,7 +120,7 @@ where
         // its turn.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let gate = gate.clone();
-        ResponseFuture::checking(check, request, inner, Arc::clone(shared), gate, refund)
+        let limit = limit.clone();
+        ResponseFuture::checking(check, request, inner, Arc::clone(shared), limit, refund)
     }
 }

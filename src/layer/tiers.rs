@@ -51,7 +51,7 @@ use std::sync::Arc;
 use http::request::Parts;
 
 use crate::key::KeyExtractor;
-use crate::layer::{Gate, SealedPlan, Selected};
+use crate::layer::{Limit, Pick, Sealed};
 use crate::limiter::Limiter;
 use crate::store::Store;
 
@@ -64,8 +64,8 @@ pub struct Tiers<S, K> {
     key: K,
     tier_of: Box<TierOf>,
     /// Few tiers, so a scan beats hashing the name.
-    tiers: Vec<(Box<str>, Gate<S>)>,
-    default: Option<Gate<S>>,
+    tiers: Vec<(Box<str>, Limit<S>)>,
+    default: Option<Limit<S>>,
 }
 
 impl<S: Store, K: KeyExtractor> Tiers<S, K> {
@@ -86,7 +86,7 @@ impl<S: Store, K: KeyExtractor> Tiers<S, K> {
     /// Requests of tier `name` are checked by `limiter`. Naming a tier again replaces
     /// its limiter.
     pub fn tier(mut self, name: &str, limiter: impl Into<Arc<Limiter<S>>>) -> Self {
-        let limit = Gate::new(limiter.into());
+        let limit = Limit::new(limiter.into());
         match self.tiers.iter_mut().find(|(n, _)| &**n == name) {
             Some((_, existing)) => *existing = limit,
             None => self.tiers.push((name.into(), limit)),
@@ -96,7 +96,7 @@ impl<S: Store, K: KeyExtractor> Tiers<S, K> {
 
     /// What checks requests without a tier or with an unlisted one.
     pub fn default(mut self, limiter: impl Into<Arc<Limiter<S>>>) -> Self {
-        self.default = Some(Gate::new(limiter.into()));
+        self.default = Some(Limit::new(limiter.into()));
         self
     }
 
@@ -109,23 +109,18 @@ impl<S: Store, K: KeyExtractor> Tiers<S, K> {
     }
 }
 
-impl<S: Store, K: KeyExtractor> SealedPlan<S> for Tiers<S, K> {
-    type Held = ();
-
-    fn select<'a>(&'a self, _: &'a (), parts: &Parts) -> Selected<'a, S> {
+impl<S: Store, K: KeyExtractor> Sealed<S> for Tiers<S, K> {
+    fn pick(&self, parts: &Parts) -> Pick<'_, S> {
         let tier = (self.tier_of)(parts)
             .and_then(|name| self.tiers.iter().find(|(n, _)| &**n == name))
             .map(|(_, limit)| limit);
         match tier.or(self.default.as_ref()) {
-            Some(limit) => self
-                .key
-                .extract(parts)
-                .map(|subject| Some((limit, subject))),
-            None => Ok(None),
+            Some(limit) => Pick::keyed(limit, self.key.extract(parts)),
+            None => Pick::Pass,
         }
     }
 
-    fn each_gate<'a>(&'a self, _: &'a (), visit: &mut dyn FnMut(&'a Gate<S>)) {
+    fn each_limit<'a>(&'a self, visit: &mut dyn FnMut(&'a Limit<S>)) {
         self.tiers
             .iter()
             .map(|(_, limit)| limit)

@@ -75,6 +75,8 @@ pub async fn wait_for_function_library(conn: &mut redis::aio::MultiplexedConnect
 
 /// A real local Redis Cluster (six nodes), for the cluster tests.
 pub mod cluster;
+/// The layer's tests' key, services, requests and stores that fail or answer late.
+pub mod layer;
 /// Counting reconnection attempts while a server is down.
 pub mod outage;
 /// The memory and Redis stores side by side on one fake clock.

@@ -1,0 +1,181 @@
+//! The layer's tests' common parts: a key from the `x-user` header, a hello service,
+//! requests and header reads, layers on a fake clock, and stores that fail or answer a
+//! poll late, as an unreachable or a network store would.
+
+use std::convert::Infallible;
+use std::future::{ready, Future, Ready};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty, Full};
+use redlimit::clock::FakeClock;
+use redlimit::key::{KeyExtractor, KeyRejection};
+use redlimit::layer::Keyed;
+use redlimit::store::{PolicySet, StoreError, StoreErrorKind};
+use redlimit::{Decision, Limiter, MemoryStore, Plan, Policy, RateLimitLayer, Store, Subject};
+
+/// Keys on the `x-user` header; a request without one is rejected with 401.
+/// Keys on the `x-user` header; a request without one is rejected with 401.
+pub struct UserHeader;
+
+impl KeyExtractor for UserHeader {
+    fn extract(&self, parts: &Parts) -> Result<Subject, KeyRejection> {
+        parts
+            .headers
+            .get("x-user")
+            .map(|v| Subject::new(v.as_bytes()))
+            .ok_or_else(|| KeyRejection::new(StatusCode::UNAUTHORIZED, "missing x-user header"))
+    }
+}
+
+pub async fn hello(_req: Request<Empty<Bytes>>) -> Result<Response<Full<Bytes>>, Infallible> {
+    Ok(Response::new(Full::from("hello")))
+}
+
+pub fn request(user: &str) -> Request<Empty<Bytes>> {
+    Request::builder()
+        .header("x-user", user)
+        .body(Empty::new())
+        .unwrap()
+}
+
+pub fn fixed(name: &str, limit: u32, window_ms: u64) -> Policy {
+    Policy::fixed_window(name, limit, Duration::from_millis(window_ms)).unwrap()
+}
+
+/// A layer over a memory store on `clock`, with the given policies.
+pub fn layer_on(
+    clock: &FakeClock,
+    policies: Vec<Policy>,
+) -> RateLimitLayer<MemoryStore, Keyed<MemoryStore, UserHeader>> {
+    let limiter = policies
+        .into_iter()
+        .fold(
+            Limiter::builder(MemoryStore::with_clock(clock.clone())),
+            |builder, p| builder.policy(p),
+        )
+        .build()
+        .unwrap();
+    RateLimitLayer::new(limiter, UserHeader)
+}
+
+pub async fn body_text<B>(response: Response<B>) -> String
+where
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+pub fn header(headers: &HeaderMap, name: impl http::header::AsHeaderName) -> Option<&str> {
+    headers.get(name).map(|v| v.to_str().unwrap())
+}
+
+/// A store that always fails, as an unreachable Redis would.
+pub struct BrokenStore;
+
+impl Store for BrokenStore {
+    type Future = Ready<Result<Decision, StoreError>>;
+
+    fn check(&self, _subject: Subject, _set: &PolicySet, _cost: u64) -> Self::Future {
+        ready(Err(StoreError::new(
+            StoreErrorKind::Unavailable,
+            "connection refused",
+        )))
+    }
+}
+
+pub fn broken_layer() -> RateLimitLayer<BrokenStore, Keyed<BrokenStore, UserHeader>> {
+    RateLimitLayer::new(
+        Limiter::new(BrokenStore, fixed("default", 1, 1_000)),
+        UserHeader,
+    )
+}
+
+/// A store whose answers arrive one poll late, as a network store's would.
+pub struct SlowStore<S>(pub S);
+
+pub struct OnePollLate<F> {
+    inner: F,
+    waited: bool,
+}
+
+impl<F: Future + Unpin> Future for OnePollLate<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        if !self.waited {
+            self.waited = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        Pin::new(&mut self.inner).poll(cx)
+    }
+}
+
+impl<S> Store for SlowStore<S>
+where
+    S: Store<Future = Ready<Result<Decision, StoreError>>>,
+{
+    type Future = OnePollLate<Ready<Result<Decision, StoreError>>>;
+
+    fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        OnePollLate {
+            inner: self.0.check(subject, set, cost),
+            waited: false,
+        }
+    }
+}
+
+/// A layer whose cost is read from the client's `x-items` header (1 without one).
+pub fn cost_from_header<S: Store, P: Plan<S>>(layer: RateLimitLayer<S, P>) -> RateLimitLayer<S, P> {
+    layer.cost_fn(|parts| {
+        parts
+            .headers
+            .get("x-items")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(1)
+    })
+}
+
+pub fn with_items(user: &str, items: u32) -> Request<Empty<Bytes>> {
+    let mut request = request(user);
+    request.headers_mut().insert("x-items", items.into());
+    request
+}
+
+/// Answers with the status named in the request's `x-status` header (200 without one),
+/// and `grpc-status` from `x-grpc-status` when there is one.
+pub async fn status_from_header(
+    req: Request<Empty<Bytes>>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let wanted = |name| {
+        req.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    let mut response = Response::new(Full::from("answered"));
+    if let Some(status) = wanted("x-status") {
+        *response.status_mut() = StatusCode::from_bytes(status.as_bytes()).unwrap();
+    }
+    if let Some(grpc) = wanted("x-grpc-status") {
+        response
+            .headers_mut()
+            .insert("grpc-status", grpc.parse().unwrap());
+    }
+    Ok(response)
+}
+
+pub fn answered_with(user: &str, header: &str, value: &str) -> Request<Empty<Bytes>> {
+    let mut request = request(user);
+    request.headers_mut().insert(
+        http::HeaderName::from_bytes(header.as_bytes()).unwrap(),
+        value.parse().unwrap(),
+    );
+    request
+}
