@@ -76,8 +76,6 @@ mod telemetry;
 
 // The tower middleware, on top of the core.
 pub mod layer;
-// The middleware's public parts, at the paths they have always had.
-pub use layer::{grpc, headers, rules, tiers};
 
 // Hooks for the crate's own tests and benches, never for applications.
 #[cfg(feature = "internals")]
@@ -90,8 +88,7 @@ pub mod config;
 
 pub use decision::{Decision, Origin, PolicyOutcome};
 pub use error::Error;
-pub use headers::HeaderStyle;
-pub use layer::{BodyStyle, FailureMode, Plan, RateLimit, RateLimitLayer};
+pub use layer::middleware::RateLimitLayer;
 pub use limiter::{BuildError, CheckFuture, Limiter, LimiterBuilder};
 pub use policy::{Algorithm, Policy, PolicyError};
 pub use store::{CheckNow, LeaseStore, MemoryStore, RedisStore, Store, StoreError};

@@ -9,7 +9,7 @@ use super::rules::{Applies, KeyPart, TargetSpec};
 use super::{Config, ConfigError};
 use crate::decision::Decision;
 use crate::key::{ClientIp, Global, Header, KeyExtractor, KeyRejection, Pair, Route};
-use crate::layer::rules::{RuleError, Rules};
+use crate::layer::{RuleError, Rules};
 use crate::limiter::{Limiter, LimiterBuilder};
 use crate::store::{PolicySet, Store, StoreError, StoreErrorKind};
 use crate::subject::Subject;

@@ -91,7 +91,7 @@ use ipnet::IpNet;
 #[cfg(doc)]
 use crate::key::Header;
 use crate::key::{ClientIp, Secret};
-use crate::layer::rules::Rules;
+use crate::layer::Rules;
 #[cfg(doc)]
 use crate::limiter::Limiter;
 use crate::policy::Policy;

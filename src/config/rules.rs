@@ -11,7 +11,7 @@ use toml::Spanned;
 use super::file::{RawRule, RawTarget, Source};
 use super::ConfigError;
 use crate::policy::Policy;
-use crate::rules::RuleError;
+use crate::layer::RuleError;
 
 /// One `[[rules]]` table, checked.
 #[derive(Debug, Clone)]

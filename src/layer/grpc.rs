@@ -16,22 +16,7 @@
 //!
 //! `8` is `RESOURCE_EXHAUSTED`; `grpc-retry-pushback-ms` is the wait a gRPC client's retry
 //! policy honours. Key rejections and a closed-mode store failure get the gRPC status
-//! nearest their HTTP one ([`code_for`]). The header names are exported for clients and
-//! tests:
-//!
-//! ```
-//! use http::{Request, StatusCode};
-//! use redlimit::grpc::{code_for, is_grpc, RESOURCE_EXHAUSTED, UNAUTHENTICATED};
-//!
-//! let request = Request::post("/grpc.health.v1.Health/Check")
-//!     .header("content-type", "application/grpc")
-//!     .body(())
-//!     .unwrap();
-//! let (head, ()) = request.into_parts();
-//! assert!(is_grpc(&head));
-//! assert_eq!(code_for(StatusCode::TOO_MANY_REQUESTS), RESOURCE_EXHAUSTED);
-//! assert_eq!(code_for(StatusCode::UNAUTHORIZED), UNAUTHENTICATED);
-//! ```
+//! nearest their HTTP one ([`code_for`]).
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
@@ -39,37 +24,37 @@ use http::request::Parts;
 use http::{Response, StatusCode};
 
 /// `grpc-status`: the call's status code, a decimal number.
-pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+pub(crate) const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 /// `grpc-message`: the status's description, percent-encoded.
-pub const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+pub(crate) const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 /// `grpc-retry-pushback-ms`: how long a retrying client should wait, in milliseconds
 /// (gRFC A6, the retry design).
-pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+pub(crate) const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
 /// `INVALID_ARGUMENT` (3): the request itself is malformed (an HTTP 400).
-pub const INVALID_ARGUMENT: u8 = 3;
+pub(crate) const INVALID_ARGUMENT: u8 = 3;
 /// `NOT_FOUND` (5): an HTTP 404.
-pub const NOT_FOUND: u8 = 5;
+pub(crate) const NOT_FOUND: u8 = 5;
 /// `PERMISSION_DENIED` (7): the caller is known but not allowed (an HTTP 403).
-pub const PERMISSION_DENIED: u8 = 7;
+pub(crate) const PERMISSION_DENIED: u8 = 7;
 /// `RESOURCE_EXHAUSTED` (8): the rate limit is exceeded (an HTTP 429).
-pub const RESOURCE_EXHAUSTED: u8 = 8;
+pub(crate) const RESOURCE_EXHAUSTED: u8 = 8;
 /// `UNIMPLEMENTED` (12): an HTTP 501.
-pub const UNIMPLEMENTED: u8 = 12;
+pub(crate) const UNIMPLEMENTED: u8 = 12;
 /// `INTERNAL` (13): an HTTP 500.
-pub const INTERNAL: u8 = 13;
+pub(crate) const INTERNAL: u8 = 13;
 /// `UNAVAILABLE` (14): try again later; the limiter cannot decide (an HTTP 502, 503, 504).
-pub const UNAVAILABLE: u8 = 14;
+pub(crate) const UNAVAILABLE: u8 = 14;
 /// `UNAUTHENTICATED` (16): no valid credentials (an HTTP 401).
-pub const UNAUTHENTICATED: u8 = 16;
+pub(crate) const UNAUTHENTICATED: u8 = 16;
 /// `UNKNOWN` (2): any HTTP status without a closer gRPC one.
-pub const UNKNOWN: u8 = 2;
+pub(crate) const UNKNOWN: u8 = 2;
 
 const GRPC_PREFIX: &[u8] = b"application/grpc";
 
 /// Whether a request speaks gRPC: its `content-type` starts with `application/grpc`
 /// (compared without regard to ASCII case, as media types are).
-pub fn is_grpc(head: &Parts) -> bool {
+pub(crate) fn is_grpc(head: &Parts) -> bool {
     head.headers
         .get(CONTENT_TYPE)
         .and_then(|value| value.as_bytes().get(..GRPC_PREFIX.len()))
@@ -80,7 +65,7 @@ pub fn is_grpc(head: &Parts) -> bool {
 /// written with HTTP in mind reads right to a gRPC client too.
 ///
 /// [`KeyRejection`]: crate::key::KeyRejection
-pub fn code_for(status: StatusCode) -> u8 {
+pub(crate) fn code_for(status: StatusCode) -> u8 {
     match status.as_u16() {
         400 => INVALID_ARGUMENT,
         401 => UNAUTHENTICATED,

@@ -10,16 +10,7 @@
 //! ```
 //!
 //! All numbers are whole seconds, rounded up: a client that waits `t` seconds never
-//! comes back too early. The names are exported so tests and clients can read them:
-//!
-//! ```
-//! use http::HeaderMap;
-//! use redlimit::headers::RATELIMIT;
-//!
-//! let mut headers = HeaderMap::new();
-//! headers.insert(RATELIMIT, "\"default\";r=4;t=60".parse().unwrap());
-//! assert!(headers.contains_key("ratelimit"));
-//! ```
+//! comes back too early.
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use sfv::{KeyRef, ListSerializer, StringRef};
@@ -28,15 +19,15 @@ use crate::decision::Decision;
 use crate::policy::Policy;
 
 /// `RateLimit`: the binding policy's remaining quota and seconds until it frees up.
-pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// `RateLimit-Policy`: every policy the limiter checks, with its quota and window.
-pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `X-RateLimit-Limit` (legacy style): the binding policy's limit.
-pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+pub(crate) const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 /// `X-RateLimit-Remaining` (legacy style): units left in the binding policy.
-pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+pub(crate) const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 /// `X-RateLimit-Reset` (legacy style): seconds until the binding policy is back to unused.
-pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+pub(crate) const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// Which rate-limit headers responses carry.
 ///

@@ -1,0 +1,308 @@
+//! [`RateLimitLayer`], its options, and what it shares with the services it makes.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::request::Parts;
+use http::{HeaderMap, StatusCode};
+use tower_layer::Layer;
+
+use crate::error::Error;
+use crate::key::KeyExtractor;
+use crate::layer::{BodyStyle, HeaderStyle, Keyed, Plan, RateLimit, Refund, Rules, Tiers};
+use crate::limiter::Limiter;
+use crate::store::{AdminStore, Store};
+
+/// What the layer does when the store cannot decide (it failed or timed out). Never a
+/// 429: that would blame the client for the server's fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FailureMode {
+    /// Let the request through unlimited and log a warning (at most one a second):
+    /// availability over limits. The request still carries a [`Decision`](crate::Decision) in its
+    /// extensions, of [`Origin::FailOpen`](crate::Origin::FailOpen), so handlers that
+    /// extract it run as written; its response gets no rate-limit headers.
+    #[default]
+    Open,
+    /// Answer `503 Service Unavailable` with `Retry-After: 1`: for limits that protect
+    /// something that must not be overrun (a login form, a paid upstream).
+    Closed,
+}
+
+/// Middleware that limits requests by a key taken from each request.
+///
+/// Built from a [`Limiter`] and a [`KeyExtractor`] ([`RateLimitLayer::new`], whose plan
+/// is a [`Keyed`]), or from a [`Plan`] that picks the limiter per request:
+/// [`RateLimitLayer::rules`], [`RateLimitLayer::tiers`]. The options are builder
+/// methods. Cloning and [`Layer::layer`] share the limiters and their state. See the
+/// [module docs](self) for an example.
+pub struct RateLimitLayer<S, P: Plan<S>> {
+    shared: Arc<Shared<S, P>>,
+}
+
+/// What a layer and every service made of it share, behind one `Arc`: cloning either,
+/// and [`Layer::layer`], allocate nothing (axum layers a handler's route again for
+/// each request it serves without state).
+pub(crate) struct Shared<S, P: Plan<S>> {
+    /// In an `Arc` of its own so that configuring a cloned layer copies its options,
+    /// not its plan: neither the store nor the key extractor needs `Clone`.
+    pub(crate) plan: Arc<P>,
+    pub(crate) config: Config,
+    /// When to give back an allowed request's cost ([`RateLimitLayer::refund_on`]).
+    pub(crate) refund: Option<Refund<S>>,
+}
+
+/// The layer's options, with the headers that depend only on the policies precomputed.
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) header_style: HeaderStyle,
+    pub(crate) headers_on_allowed: bool,
+    pub(crate) body_style: BodyStyle,
+    pub(crate) failure_mode: FailureMode,
+    pub(crate) cost: Cost,
+}
+
+/// What one request costs.
+#[derive(Clone)]
+pub(crate) enum Cost {
+    Fixed(u32),
+    PerRequest(Arc<dyn Fn(&Parts) -> u32 + Send + Sync>),
+}
+
+impl Cost {
+    pub(crate) fn of(&self, parts: &Parts) -> u32 {
+        match self {
+            Cost::Fixed(cost) => *cost,
+            Cost::PerRequest(f) => f(parts),
+        }
+    }
+}
+
+impl fmt::Debug for Cost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Cost::Fixed(cost) => f.debug_tuple("Fixed").field(cost).finish(),
+            Cost::PerRequest(_) => f.write_str("PerRequest(..)"),
+        }
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("header_style", &self.header_style)
+            .field("headers_on_allowed", &self.headers_on_allowed)
+            .field("body_style", &self.body_style)
+            .field("failure_mode", &self.failure_mode)
+            .field("cost", &self.cost)
+            .finish_non_exhaustive()
+    }
+}
+
+// By hand: the plan is in an `Arc`, so neither the store nor the extractor needs `Clone`.
+impl<S, P: Plan<S>> Clone for Shared<S, P> {
+    fn clone(&self) -> Self {
+        Self {
+            plan: Arc::clone(&self.plan),
+            config: self.config.clone(),
+            refund: self.refund.clone(),
+        }
+    }
+}
+
+impl<S, P: Plan<S>> Clone for RateLimitLayer<S, P> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: Store, P: Plan<S>> fmt::Debug for RateLimitLayer<S, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("plan", &std::any::type_name::<P>())
+            .field("config", &self.shared.config)
+            .field("refund", &self.shared.refund)
+            .finish()
+    }
+}
+
+impl<S: Store, K: KeyExtractor> RateLimitLayer<S, Keyed<S, K>> {
+    /// Limits requests with `limiter`, keyed by `key`, with the defaults: IETF headers
+    /// on every response, plain-text denials, fail open, cost 1.
+    pub fn new(limiter: Limiter<S>, key: K) -> Self {
+        Self::from_shared(Arc::new(limiter), key)
+    }
+
+    /// Like [`RateLimitLayer::new`], for a limiter the application also uses elsewhere
+    /// (the same limits checked outside HTTP).
+    pub fn from_shared(limiter: Arc<Limiter<S>>, key: K) -> Self {
+        Self::with_plan(Keyed::new(limiter, key))
+    }
+
+    /// The limiter the layer checks.
+    pub fn limiter(&self) -> &Arc<Limiter<S>> {
+        &self.shared.plan.limit.limiter
+    }
+}
+
+impl<S: Store> RateLimitLayer<S, Rules<S>> {
+    /// Checks each request against the first of `rules` that matches it (method and
+    /// path, or gRPC service and method), with that rule's limiter and key; a request
+    /// no rule matches passes unchecked unless the rules have a default.
+    pub fn rules(rules: Rules<S>) -> Self {
+        Self::with_plan(rules)
+    }
+}
+
+impl<S: Store, K: KeyExtractor> RateLimitLayer<S, Tiers<S, K>> {
+    /// Checks each request against the limiter of its tier (a user's plan, say), all
+    /// in one layer; see [`Tiers`].
+    pub fn tiers(tiers: Tiers<S, K>) -> Self {
+        Self::with_plan(tiers)
+    }
+}
+
+impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
+    fn with_plan(plan: P) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                plan: Arc::new(plan),
+                config: Config {
+                    header_style: HeaderStyle::default(),
+                    headers_on_allowed: true,
+                    body_style: BodyStyle::default(),
+                    failure_mode: FailureMode::default(),
+                    cost: Cost::Fixed(1),
+                },
+                refund: None,
+            }),
+        }
+    }
+
+    /// Which rate-limit headers to send ([`HeaderStyle::Ietf`] by default).
+    pub fn header_style(mut self, style: HeaderStyle) -> Self {
+        self.config_mut().header_style = style;
+        self
+    }
+
+    /// Whether allowed responses carry the rate-limit headers too (yes by default), so
+    /// well-behaved clients can slow down before they are denied.
+    pub fn headers_on_allowed(mut self, on: bool) -> Self {
+        self.config_mut().headers_on_allowed = on;
+        self
+    }
+
+    /// How the bodies of 429, 503 and key rejections are written (plain text by default).
+    pub fn body_style(mut self, style: BodyStyle) -> Self {
+        self.config_mut().body_style = style;
+        self
+    }
+
+    /// What to answer when the store cannot decide ([`FailureMode::Open`] by default).
+    pub fn failure_mode(mut self, mode: FailureMode) -> Self {
+        self.config_mut().failure_mode = mode;
+        self
+    }
+
+    /// What every request costs (1 by default).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZeroCost`] for 0, [`Error::CostTooHigh`] when some limiter of the layer
+    /// could never admit `cost`: found now, not at the first request.
+    pub fn cost(mut self, cost: u32) -> Result<Self, Error> {
+        let mut refused = None;
+        self.shared.plan.each_limit(&mut |limit| {
+            if refused.is_none() {
+                refused = limit.limiter.valid_cost(cost).err();
+            }
+        });
+        match refused {
+            Some(error) => Err(error),
+            None => {
+                self.config_mut().cost = Cost::Fixed(cost);
+                Ok(self)
+            }
+        }
+    }
+
+    /// Computes each request's cost from its head (a bulk endpoint charging per item,
+    /// say).
+    ///
+    /// The cost is then the client's input. A request whose cost no policy of its
+    /// limiter could ever admit is refused and counts nothing, whatever the
+    /// [`FailureMode`] and the store: a cost of 0 is answered `400 Bad Request`, a cost
+    /// above what a policy admits at once `429` without `Retry-After` (no wait makes
+    /// it fit); gRPC gets `INVALID_ARGUMENT` and `RESOURCE_EXHAUSTED`.
+    /// [`Limiter::check`] still returns [`Error::ZeroCost`] and
+    /// [`Error::CostTooHigh`] to callers outside HTTP.
+    pub fn cost_fn(mut self, cost: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
+        self.config_mut().cost = Cost::PerRequest(Arc::new(cost));
+        self
+    }
+
+    fn config_mut(&mut self) -> &mut Config {
+        &mut Arc::make_mut(&mut self.shared).config
+    }
+}
+
+impl<S: AdminStore, P: Plan<S>> RateLimitLayer<S, P> {
+    /// Gives back an allowed request's cost when the inner service answers with a
+    /// status `when` picks: a client should not lose its budget to the server's own
+    /// failures.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use redlimit::{key::Global, Limiter, MemoryStore, Policy, RateLimitLayer};
+    /// # let limiter = Limiter::new(MemoryStore::new(), Policy::fixed_window("api", 5, Duration::from_secs(1)).unwrap());
+    /// let layer = RateLimitLayer::new(limiter, Global).refund_on(|status| status.is_server_error());
+    /// ```
+    ///
+    /// Pick statuses a client cannot cause at will: a refunded request is free, so if
+    /// malformed input makes the handler answer 500, refunding every 5xx lets a client
+    /// bypass the limit by sending it. `502..=504` (an upstream failed) is the safer
+    /// rule when handlers can answer 500 to bad input.
+    ///
+    /// The refund is [`Limiter::refund`] of the request's subject and cost, after the
+    /// response head is known; it never delays the response. The memory store refunds
+    /// at once; a Redis refund runs as a Tokio task, and its failure is logged. Not
+    /// refunded: a request whose response future is dropped before the inner service
+    /// answers, or whose inner service returns an error instead of a response.
+    pub fn refund_on(self, when: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
+        self.refund_when(move |status, _| when(status))
+    }
+
+    /// Like [`RateLimitLayer::refund_on`], deciding on the response's headers as well.
+    ///
+    /// For gRPC, whose errors come with HTTP 200: a tonic error answered at once (a
+    /// trailers-only response) carries its `grpc-status` in the headers.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use redlimit::{key::Global, Limiter, MemoryStore, Policy, RateLimitLayer};
+    /// # let limiter = Limiter::new(MemoryStore::new(), Policy::fixed_window("api", 5, Duration::from_secs(1)).unwrap());
+    /// // UNAVAILABLE (14) and INTERNAL (13) are the server's fault, not the caller's.
+    /// let layer = RateLimitLayer::new(limiter, Global).refund_when(|status, headers| {
+    ///     status.is_server_error()
+    ///         || matches!(headers.get("grpc-status").map(|v| v.as_bytes()), Some(b"13" | b"14"))
+    /// });
+    /// ```
+    pub fn refund_when(
+        mut self,
+        when: impl Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        Arc::make_mut(&mut self.shared).refund = Some(Refund::new(when));
+        self
+    }
+}
+
+impl<S, P: Plan<S>, Inner> Layer<Inner> for RateLimitLayer<S, P> {
+    type Service = RateLimit<S, P, Inner>;
+
+    fn layer(&self, inner: Inner) -> Self::Service {
+        RateLimit::new(inner, Arc::clone(&self.shared))
+    }
+}
+
