@@ -114,6 +114,8 @@ impl Locked<'_, '_> {
     #[inline]
     pub(super) fn find_or_insert(&mut self, policies: usize, now: u64) -> &mut Entry {
         let probe = &self.probe;
+        // A plain find first, an insert only on a miss: the table's own `entry` would
+        // reserve room and track a free slot on every call, hits (nearly all) included.
         let entry = match self
             .table
             .find_entry(probe.hash, |slot| probe.matches(&slot.0))
@@ -158,7 +160,8 @@ impl Locked<'_, '_> {
 }
 
 /// A subject under one policy set, as the map keeps it: 40 bytes, with the hash
-/// computed once per decision.
+/// computed once per decision. The table keeps no hashes of its own: this one moves the
+/// slot when the table grows or shrinks, and is the first thing a lookup compares.
 #[derive(Debug)]
 pub(super) struct Key {
     hash: u64,
