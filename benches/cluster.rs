@@ -98,12 +98,11 @@ async fn hot_subject(
     let mut limiters = Vec::new();
     for _ in 0..4 {
         let store = RedisStore::cluster(cluster.pool()).timeout(Duration::from_secs(1));
-        let mut limiter = Limiter::new(store, policy.clone());
+        let mut limiter = Limiter::builder(store).policy(policy.clone());
         if leases {
-            limiter = limiter
-                .leases(Leases::new())
-                .expect("a sliding window leases");
+            limiter = limiter.leases(Leases::new());
         }
+        let limiter = limiter.build().expect("a sliding window leases");
         let _ = limiter.check("warm", 1).await;
         limiters.push(Arc::new(limiter));
     }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Leases through examples/fleet under wrk (issue 13), every figure beside its same-run
+# Leases through the fleet program (benches/programs/fleet.rs) under wrk, every figure beside its same-run
 # reference. Needs redis-server, redis-cli, wrk and curl (Debian: redis-server, wrk,
 # curl). Starts its own redis-server on a free loopback port; about 4 minutes.
 #

@@ -242,7 +242,11 @@ fn block_cache_flood() {
     );
     println!("|---|---|---|");
     let run = |entries: usize| -> Vec<String> {
-        let limiter = Limiter::new(Denies(denied.clone()), policy.clone()).block_cache(entries);
+        let limiter = Limiter::builder(Denies(denied.clone()))
+            .policy(policy.clone())
+            .block_cache(entries)
+            .build()
+            .expect("one policy");
         subjects
             .chunks(100_000)
             .map(|slice| {

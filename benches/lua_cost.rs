@@ -31,7 +31,7 @@ use callgrind::Server;
 /// instructions, few enough that callgrind's slowdown keeps the run short.
 const CALLS: u64 = 5_000;
 
-/// The reference: the seed's fixed-window layout, the least a decision can do.
+/// The reference: the common fixed-window layout, the least a decision can do.
 const SMALLEST: &str = r#"local t = redis.call("TIME")
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local w = tonumber(ARGV[1])
@@ -69,10 +69,13 @@ fn instructions_per_call(server: &Server, args: &[String]) -> f64 {
 /// the subject's key part replaced by `__rand_int__` (a plain subject is its own key
 /// part, so the replacement is exact).
 fn store_args(store: &RedisStore, policies: &[Policy], script: bool) -> Vec<String> {
-    let mut limiter = Limiter::new(MemoryStore::new(), policies[0].clone());
-    for policy in &policies[1..] {
-        limiter = limiter.policy(policy.clone());
-    }
+    let limiter = policies
+        .iter()
+        .fold(Limiter::builder(MemoryStore::new()), |l, p| {
+            l.policy(p.clone())
+        })
+        .build()
+        .expect("policies named apart");
     const MARK: &str = "subjectmark";
     let cmd = store.command(
         Operation::Check,

@@ -252,9 +252,11 @@ impl Bench {
         let limiters: Vec<Limiter<RedisStore>> = cases()
             .into_iter()
             .map(|case| {
-                let mut policies = case.policies.into_iter();
-                let first = policies.next().expect("a policy");
-                policies.fold(Limiter::new(store.clone(), first), |l, p| l.policy(p))
+                case.policies
+                    .into_iter()
+                    .fold(Limiter::builder(store.clone()), |l, p| l.policy(p))
+                    .build()
+                    .expect("policies named apart")
             })
             .collect();
         let stride = (SUBJECTS / decisions).max(1);

@@ -1,4 +1,4 @@
-//! The seed's 30-second audit: what the rate limiter keeps in a Redis.
+//! A 30-second audit: what the rate limiter keeps in a Redis.
 //!
 //! ```text
 //! cargo run --example audit -- redis://127.0.0.1:6379 [prefix]
@@ -8,7 +8,7 @@
 //! and prints, as plain text: the keys by algorithm (from the key's code) and by Redis
 //! type, the keys without a TTL (state that never expires), the server's memory, and
 //! the ten largest keys. A zset or hash among them is a layout of another limiter
-//! (the seed's sorted-set log or hash bucket): check its memory first.
+//! (a sorted-set log or a hash bucket): check its memory first.
 
 use std::collections::BTreeMap;
 use std::error::Error;

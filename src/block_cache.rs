@@ -1,33 +1,10 @@
 //! The local block cache: a subject the store denied is answered locally until its
 //! retry time, without a store call.
 //!
-//! A flood from one over-limit subject then costs the store one call per retry period
-//! instead of one per request. The cache is exact, not a heuristic: the store said the
-//! request would not be admitted before `retry_after`, and nothing the cache blocks
-//! could have been admitted sooner. It answers only the same cost as the denied
-//! request (another cost has another retry time), and forgets a subject as soon as the
-//! store admits one of its requests (its state changed).
-//!
-//! ```
-//! use redlimit::{clock::FakeClock, Limiter, MemoryStore, Policy};
-//! use std::time::Duration;
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let clock = FakeClock::new(0);
-//! let limiter = Limiter::new(
-//!     MemoryStore::with_clock(clock.clone()),
-//!     Policy::fixed_window("p", 1, Duration::from_secs(1))?,
-//! )
-//! .block_cache(10_000)
-//! .local_clock(clock.clone());
-//! limiter.check("flooder", 1).await?;
-//! let denied = limiter.check("flooder", 1).await?;
-//! assert!(!denied.is_allowed());
-//! // Answered from the cache until the retry time.
-//! assert_eq!(limiter.check("flooder", 1).await?.origin(), redlimit::Origin::BlockCache);
-//! # Ok(()) }
-//! ```
+//! Exact, not a heuristic: the store said the request would not be admitted before
+//! `retry_after`, so nothing the cache blocks could have been admitted sooner. It
+//! answers only the cost that was denied (another cost has another retry time) and
+//! forgets a subject as soon as the store admits one of its requests.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -95,11 +72,6 @@ impl BlockCache {
             ring: Mutex::new(Ring::default()),
             max_entries: max_entries.max(1),
         }
-    }
-
-    /// A new, empty cache of the same size.
-    pub(crate) fn empty_like(&self) -> Self {
-        Self::new(self.max_entries)
     }
 
     fn ring(&self) -> MutexGuard<'_, Ring> {

@@ -96,7 +96,7 @@ use toml::Spanned;
 
 use crate::key::{ClientIp, Global, Header, KeyExtractor, KeyExtractorExt, Route, Secret};
 use crate::layer::rules::{Pattern, Rule, Rules, Target};
-use crate::limiter::Limiter;
+use crate::limiter::{Limiter, LimiterBuilder};
 use crate::policy::Policy;
 use crate::store::Store;
 
@@ -303,10 +303,21 @@ impl Config {
     /// [`Config::header_secret`] was given; the error names the key's line and field.
     pub fn rules<S: Store + Clone>(&self, store: S) -> Result<Rules<S>, ConfigError> {
         let target = |spec: &TargetSpec| -> Result<Target<S>, ConfigError> {
-            let limiter = spec.more.iter().cloned().fold(
-                Limiter::new(store.clone(), spec.first.clone()),
-                Limiter::policy,
-            );
+            let limiter = spec
+                .more
+                .iter()
+                .cloned()
+                .fold(
+                    Limiter::builder(store.clone()).policy(spec.first.clone()),
+                    LimiterBuilder::policy,
+                )
+                .build()
+                .map_err(|error| ConfigError {
+                    path: self.path.clone(),
+                    line: None,
+                    field: String::new(),
+                    message: error.to_string(),
+                })?;
             Ok(Target::shared(Arc::new(limiter), self.key(spec)?))
         };
         Ok(Rules {

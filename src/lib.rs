@@ -38,7 +38,7 @@
 //! - [`Policy`]: an algorithm (fixed window, sliding window, token bucket, sliding
 //!   log), its numbers and a name, valid by construction.
 //! - [`Limiter`]: a store and the policies checked together; `check(subject, cost)`
-//!   works without HTTP too. Optional [`block_cache`] and in-memory fallback.
+//!   works without HTTP too. Optional block cache, in-memory fallback and leases ([`LimiterBuilder`]).
 //! - [`store`]: [`MemoryStore`] for one process, [`RedisStore`] (one Lua script, one
 //!   round trip, single node or cluster) for many.
 //! - [`key`]: which subject a request is limited as (client IP with a trusted-proxy
@@ -62,14 +62,14 @@
 
 // The core: limits and where they are kept, without HTTP.
 pub(crate) mod algorithm;
-pub mod block_cache;
+mod block_cache;
 pub mod clock;
 mod decision;
 mod error;
 pub mod key;
 pub mod lease;
 mod limiter;
-pub mod policy;
+mod policy;
 pub mod store;
 mod subject;
 mod telemetry;
@@ -79,6 +79,11 @@ pub mod layer;
 // The middleware's public parts, at the paths they have always had.
 pub use layer::{grpc, headers, rules, tiers};
 
+// Hooks for the crate's own tests and benches, never for applications.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod internals;
+
 // Policies, rules and proxies from a file: builds core and middleware values.
 #[cfg(feature = "config")]
 pub mod config;
@@ -87,7 +92,7 @@ pub use decision::{Decision, Origin, PolicyOutcome};
 pub use error::Error;
 pub use headers::HeaderStyle;
 pub use layer::{BodyStyle, FailureMode, Plan, RateLimit, RateLimitLayer};
-pub use limiter::{CheckFuture, Limiter};
+pub use limiter::{BuildError, CheckFuture, Limiter, LimiterBuilder};
 pub use policy::{Algorithm, Policy, PolicyError};
 pub use store::{CheckNow, LeaseStore, MemoryStore, RedisStore, Store, StoreError};
 pub use subject::Subject;

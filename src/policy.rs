@@ -24,18 +24,18 @@ use std::time::Duration;
 const MAX_EXACT: u64 = 1 << 53;
 /// The sliding log keeps one stamp per admitted unit; past this a sorted set or a
 /// sliding window counter is the better tool.
-pub const MAX_SLIDING_LOG_LIMIT: u32 = 100_000;
+pub(crate) const MAX_SLIDING_LOG_LIMIT: u32 = 100_000;
 /// Longest policy name: it travels in every response header and Redis key.
-pub const MAX_NAME_LEN: usize = 64;
+pub(crate) const MAX_NAME_LEN: usize = 64;
 /// Longest window, and longest fill time (capacity x refill interval) of a token
 /// bucket: 3,653 days, ten years. The Lua side computes in doubles, exact below 2^53;
 /// a token bucket stores its arrival time in microseconds since the epoch, up to two
 /// fill times ahead of now, and 2^53 µs is only 285 years. Ten years keeps every stored
 /// time exact for centuries, where a bucket filled once per 250 years would be read
 /// back as empty in Redis.
-pub const MAX_WINDOW: Duration = Duration::from_secs(3_653 * 86_400);
+pub(crate) const MAX_WINDOW: Duration = Duration::from_secs(3_653 * 86_400);
 
-/// The four algorithms of the seed documents.
+/// The four algorithms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Algorithm {
@@ -64,7 +64,7 @@ impl Algorithm {
         }
     }
 
-    /// All four, in the seed's order of speed.
+    /// All four, from the fastest to the slowest.
     pub const ALL: [Algorithm; 4] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
@@ -96,7 +96,7 @@ pub enum PolicyError {
     #[error("policy {0:?}: the refill amount must be at least 1")]
     ZeroRefill(String),
     /// Numbers too large to compute exactly (limit x window over 2^53, a window or
-    /// fill time over [`MAX_WINDOW`], or a refill faster than one token per
+    /// fill time over [`Policy::MAX_WINDOW`], or a refill faster than one token per
     /// microsecond).
     #[error("policy {0:?}: {1}")]
     OutOfRange(String, &'static str),
@@ -146,6 +146,14 @@ impl fmt::Debug for Policy {
 }
 
 impl Policy {
+    /// The largest limit of a sliding log: it keeps one stamp per admitted unit, and
+    /// past this a sliding window counter is the better tool.
+    pub const MAX_SLIDING_LOG_LIMIT: u32 = MAX_SLIDING_LOG_LIMIT;
+    /// The longest policy name: it travels in every response header and Redis key.
+    pub const MAX_NAME_LEN: usize = MAX_NAME_LEN;
+    /// The longest window, and the longest fill time (capacity x refill interval) of a
+    /// token bucket: ten years, so every time the Lua side stores stays exact.
+    pub const MAX_WINDOW: Duration = MAX_WINDOW;
     /// At most `limit` per window aligned to the epoch (`floor(now / window)`).
     pub fn fixed_window(
         name: impl Into<String>,

@@ -2,16 +2,18 @@
 //!
 //! A subject is bytes, and may hold anything a client sent. It is made safe once, here:
 //! long values are replaced by a hash so memory stays bounded, secrets are stored only
-//! as a keyed hash, and [`Subject::write_key_part`] escapes it for a Redis key so that no
-//! input can leave its hash tag or reach another subject's key.
+//! as a keyed hash, and the Redis store escapes it inside its key so that no input can
+//! leave its hash tag or reach another subject's key.
 //!
 //! ```
-//! use redlimit::Subject;
+//! use redlimit::{key::Secret, Subject};
 //!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let user = Subject::new("user:42");
-//! let api_key = Subject::secret(b"server-side secret", b"sk_live_abc");
+//! let api_key = Secret::new("a long random server-side secret")?.subject(b"sk_live_abc");
 //! assert_ne!(format!("{api_key:?}").contains("sk_live"), true);
 //! assert_eq!(user, Subject::new("user:42"));
+//! # Ok(()) }
 //! ```
 
 use std::fmt::{self, Write as _};
@@ -70,9 +72,10 @@ impl Subject {
     /// `key` is the server-side secret that makes the hash unguessable; every instance
     /// that shares a Redis must use the same one. Any length works: it is first
     /// stretched into a 32-byte BLAKE3 key. A key others know (empty, or written in
-    /// source) protects nothing against someone who reads Redis: prefer
-    /// [`Secret::subject`], whose [`Secret`] refuses an empty key.
-    pub fn secret(key: &[u8], value: impl AsRef<[u8]>) -> Self {
+    /// source) protects nothing against someone who reads Redis, which is why the
+    /// public path is [`Secret::subject`], whose [`Secret`] refuses an empty key.
+    #[cfg(test)]
+    pub(crate) fn secret(key: &[u8], value: impl AsRef<[u8]>) -> Self {
         Self::secret_with(&derive_secret_key(key), value.as_ref())
     }
 
@@ -110,7 +113,7 @@ impl Subject {
     /// Raw values keep `[A-Za-z0-9._=:/@-]` and percent-escape every other byte (so no
     /// `{`, `}` or `%` ambiguity); hashes are `#` and hex (`#` is always escaped in raw
     /// values). The mapping is injective and never emits `{` or `}`.
-    pub fn write_key_part(&self, out: &mut String) {
+    pub(crate) fn write_key_part(&self, out: &mut String) {
         let (tag, value) = self.bytes.split_first().unwrap_or((&RAW, &[]));
         match *tag {
             RAW => {

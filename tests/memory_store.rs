@@ -40,11 +40,11 @@ static ALLOCATOR: Counting = Counting;
 async fn a_million_subjects_leave_no_memory_behind() {
     let clock = FakeClock::new(1_000_000);
     let store = MemoryStore::with_clock(clock.clone());
-    let limiter = Limiter::new(
-        store.clone(),
-        Policy::sliding_window("flood", 10, Duration::from_secs(1)).unwrap(),
-    )
-    .policy(Policy::token_bucket("burst", 5, 5, Duration::from_secs(1)).unwrap());
+    let limiter = Limiter::builder(store.clone())
+        .policy(Policy::sliding_window("flood", 10, Duration::from_secs(1)).unwrap())
+        .policy(Policy::token_bucket("burst", 5, 5, Duration::from_secs(1)).unwrap())
+        .build()
+        .unwrap();
 
     // Warm up whatever the runtime and the store allocate once.
     limiter.check("warm-up", 1).await.unwrap();

@@ -1,4 +1,4 @@
-//! Redis memory per subject, measured as the seed documents did: the `used_memory`
+//! Redis memory per subject, measured as published figures are: the `used_memory`
 //! delta over many subjects, one policy each. Asserts the budgets (token bucket and
 //! sliding window no larger than fixed window; a full sliding log at limit 1000 under
 //! 8.5 KB) and prints the figures.

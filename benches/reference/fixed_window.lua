@@ -1,4 +1,4 @@
--- The seed's fixed window layout (our own code, for comparison only): one INCR on a
+-- the common fixed window layout (our own code, for comparison only): one INCR on a
 -- key that embeds the window number, PEXPIRE of two windows on the first hit.
 --
 -- KEYS[1]  the subject's key base; the window number is appended to it

@@ -1,4 +1,4 @@
--- The seed's sliding log layout (our own code, for comparison only): every admitted
+-- the common sliding log layout (our own code, for comparison only): every admitted
 -- request's timestamp in a sorted set; ZREMRANGEBYSCORE drops those older than the
 -- window, ZCARD counts the rest, ZADD records the new one.
 --

@@ -1,4 +1,4 @@
--- The seed's sliding window counter layout (our own code, for comparison only): two
+-- the common sliding window counter layout (our own code, for comparison only): two
 -- counters, one key per window; estimate = previous x (1 - elapsed fraction) + current.
 --
 -- KEYS[1]  the subject's key base; the window numbers are appended to it

@@ -1,4 +1,4 @@
--- Two policies in one call with the seed's layouts (our own code, for comparison only):
+-- Two policies in one call with the common layouts (our own code, for comparison only):
 -- the sliding window's two counters (sliding_window.lua) and the token bucket's hash
 -- (token_bucket.lua) of one subject; admitted when both admit, and only then is
 -- anything written.

@@ -1,5 +1,5 @@
 -- The smallest script that makes a fixed-window decision at all (our own code, the
--- reference of issue 11): Redis TIME, INCR of a key per window, PEXPIRE when the key is
+-- reference): Redis TIME, INCR of a key per window, PEXPIRE when the key is
 -- new. It returns the count and leaves the comparison with the limit to the caller.
 --
 -- KEYS[1]  the subject's key base; the window number is appended to it

@@ -1,4 +1,4 @@
--- The seed's token bucket layout (our own code, for comparison only): a hash with the
+-- the common token bucket layout (our own code, for comparison only): a hash with the
 -- tokens left and the time of the last refill.
 --
 -- KEYS[1]  the bucket's key

@@ -64,11 +64,11 @@ async fn turn(
     flushall(conn).await;
     let policy = Policy::sliding_window("flood", LIMIT, Duration::from_secs(60)).expect("policy");
     let store = RedisStore::new(server.pool()).timeout(Duration::from_secs(5));
-    let mut limiter = Limiter::new(store, policy);
+    let mut limiter = Limiter::builder(store).policy(policy);
     if variant.block_cache {
         limiter = limiter.block_cache(10_000);
     }
-    let limiter = Arc::new(limiter);
+    let limiter = Arc::new(limiter.build().expect("one policy"));
     let flooder = Subject::new("flooder");
     // Over the limit before the turn starts.
     for _ in 0..=LIMIT {

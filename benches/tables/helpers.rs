@@ -100,7 +100,7 @@ pub(crate) mod machine {
     }
 }
 
-/// Our own scripts of the seed's layouts and the smallest fixed-window script (see
+/// Our own scripts of the common layouts and the smallest fixed-window script (see
 /// `benches/reference/`): the references the store is measured against.
 pub(crate) mod reference {
     use super::*;
@@ -139,7 +139,7 @@ pub(crate) mod reference {
         ]
     }
 
-    /// The seed's layout of `algorithm`: hash-tag-free names, as the seed wrote them.
+    /// The common layout of `algorithm`: hash-tag-free names, as they are usually written.
     pub(crate) fn script(algorithm: Algorithm) -> &'static redis::Script {
         match algorithm {
             Algorithm::FixedWindow => &FIXED_WINDOW,
@@ -158,7 +158,7 @@ pub(crate) mod reference {
         }
     }
 
-    /// `EVALSHA` of the seed's script for one call: the same key as ours (the window
+    /// `EVALSHA` of the common script for one call: the same key as ours (the window
     /// number is appended to it by the fixed and sliding window scripts), then clock,
     /// cost, limit (capacity) and window (refill period) in ms, and a request id for
     /// the sorted set's unique members.
@@ -212,7 +212,7 @@ pub(crate) mod reference {
         cmd
     }
 
-    /// `EVALSHA` of the seed's sliding window and token bucket in one script, on Redis
+    /// `EVALSHA` of the common sliding window and token bucket in one script, on Redis
     /// `TIME`, cost 1.
     pub(crate) fn sliding_window_token_bucket(
         window_key: &str,

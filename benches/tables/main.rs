@@ -23,7 +23,7 @@
 //!   decisions per Redis call, and the smallest fixed-window script batched as many
 //!   decisions a call as the store's.
 //! - [`memory`]: Redis `used_memory` delta per subject for each algorithm, beside the
-//!   seed's layouts on the same server, and the seed's "1 million users at 1,000 per
+//!   common layouts on the same server, and the published "1 million users at 1,000 per
 //!   minute" table recomputed from those figures.
 //! - [`flood`]: everyone else's rate under a flood from one subject.
 //! - [`latency`]: p50 and p99 of one task's calls, one at a time, through

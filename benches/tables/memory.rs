@@ -1,4 +1,4 @@
-//! Redis memory per subject for each algorithm beside the seed's layouts.
+//! Redis memory per subject for each algorithm beside the common layouts.
 
 use crate::helpers::*;
 use crate::support::RedisServer;
@@ -11,12 +11,12 @@ use tokio::task::JoinSet;
 const START_MS: u64 = 1_767_225_600_000;
 const SUBJECTS: usize = 100_000;
 const LOG_SUBJECTS: usize = 10_000;
-/// The seed's sorted sets: 2 000 subjects of 1 000 entries. The figure per subject
+/// The common sorted sets: 2 000 subjects of 1 000 entries. The figure per subject
 /// does not depend on the count (a key costs under 100 B of the 96 KB), and
 /// 10 000 took 90 s to fill on a 2-core machine: Redis inserts each entry.
-const SEED_LOG_SUBJECTS: usize = 2_000;
+const COMMON_LOG_SUBJECTS: usize = 2_000;
 const WORKERS: usize = 32;
-/// `MB` as the seed counts it (its 53.4 MB is 56 B x 1 million in MiB).
+/// `MB` as the published figure counts it (its 53.4 MB is 56 B x 1 million in MiB).
 const MB: f64 = 1_048_576.0;
 
 async fn used_memory(conn: &mut MultiplexedConnection) -> i64 {
@@ -43,7 +43,7 @@ struct Figure {
 #[derive(Clone, Copy, PartialEq)]
 enum Layout {
     Ours,
-    Seed,
+    Common,
 }
 
 /// `subjects` subjects each spend `cost` under `policy`, `passes` times one window
@@ -63,7 +63,7 @@ async fn measure(
         .timeout(Duration::from_secs(30))
         .client_clock(clock.clone());
     let limiter = Limiter::new(store.clone(), policy.clone());
-    let seed_conn = connect(server).await;
+    let common_conn = connect(server).await;
     // Open the store's connection before the baseline.
     limiter.check("warm-up", 1).await.expect("warm-up");
     flushall(&mut conn).await;
@@ -76,7 +76,7 @@ async fn measure(
         let mut tasks = JoinSet::new();
         for w in 0..WORKERS {
             let limiter = limiter.clone();
-            let mut seed_conn = seed_conn.clone();
+            let mut common_conn = common_conn.clone();
             let policy = policy.clone();
             let store = store.clone();
             let next_id = Arc::clone(&next_id);
@@ -88,7 +88,7 @@ async fn measure(
                             .await
                             .expect("store call")
                             .is_allowed(),
-                        Layout::Seed => {
+                        Layout::Common => {
                             let id = next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             let cmd = reference::command(
                                 policy.algorithm(),
@@ -98,8 +98,10 @@ async fn measure(
                                 &policy,
                                 id,
                             );
-                            let reply: Value =
-                                cmd.query_async(&mut seed_conn).await.expect("seed call");
+                            let reply: Value = cmd
+                                .query_async(&mut common_conn)
+                                .await
+                                .expect("common call");
                             admitted(&reply)
                         }
                     };
@@ -124,10 +126,10 @@ async fn measure(
 struct Row {
     label: &'static str,
     subjects: usize,
-    seed_subjects: usize,
+    common_subjects: usize,
     ours: Figure,
-    seed: Figure,
-    seed_layout: &'static str,
+    common: Figure,
+    common_layout: &'static str,
 }
 
 pub(crate) async fn run(server: &RedisServer) {
@@ -152,23 +154,23 @@ pub(crate) async fn run(server: &RedisServer) {
         ),
     ] {
         let ours = measure(server, Layout::Ours, policy, 1, SUBJECTS, 2).await;
-        let seed = measure(server, Layout::Seed, policy, 1, SUBJECTS, 2).await;
+        let common = measure(server, Layout::Common, policy, 1, SUBJECTS, 2).await;
         let layout = reference::name(policy.algorithm());
         rows.push(Row {
             label: label_one,
             subjects: SUBJECTS,
-            seed_subjects: SUBJECTS,
+            common_subjects: SUBJECTS,
             ours: ours[0],
-            seed: seed[0],
-            seed_layout: layout,
+            common: common[0],
+            common_layout: layout,
         });
         rows.push(Row {
             label: label_two,
             subjects: SUBJECTS,
-            seed_subjects: SUBJECTS,
+            common_subjects: SUBJECTS,
             ours: ours[1],
-            seed: seed[1],
-            seed_layout: layout,
+            common: common[1],
+            common_layout: layout,
         });
         eprintln!(
             "memory: {label_two} done at {:.0} s",
@@ -177,14 +179,14 @@ pub(crate) async fn run(server: &RedisServer) {
     }
     // An emptied bucket (cost 1000): its state lives the minute it takes to refill.
     let ours = measure(server, Layout::Ours, &bucket, 1_000, SUBJECTS, 1).await;
-    let seed = measure(server, Layout::Seed, &bucket, 1_000, SUBJECTS, 1).await;
+    let common = measure(server, Layout::Common, &bucket, 1_000, SUBJECTS, 1).await;
     rows.push(Row {
         label: "token bucket, emptied (cost 1000)",
         subjects: SUBJECTS,
-        seed_subjects: SUBJECTS,
+        common_subjects: SUBJECTS,
         ours: ours[0],
-        seed: seed[0],
-        seed_layout: reference::name(Algorithm::TokenBucket),
+        common: common[0],
+        common_layout: reference::name(Algorithm::TokenBucket),
     });
     eprintln!(
         "memory: token bucket done at {:.0} s",
@@ -196,14 +198,14 @@ pub(crate) async fn run(server: &RedisServer) {
         "memory: our sliding log done at {:.0} s",
         started.elapsed().as_secs_f64()
     );
-    let seed = measure(server, Layout::Seed, &log, 1_000, SEED_LOG_SUBJECTS, 1).await;
+    let common = measure(server, Layout::Common, &log, 1_000, COMMON_LOG_SUBJECTS, 1).await;
     rows.push(Row {
         label: "sliding log, full (1000 admitted in the window)",
         subjects: LOG_SUBJECTS,
-        seed_subjects: SEED_LOG_SUBJECTS,
+        common_subjects: COMMON_LOG_SUBJECTS,
         ours: ours[0],
-        seed: seed[0],
-        seed_layout: reference::name(Algorithm::SlidingLog),
+        common: common[0],
+        common_layout: reference::name(Algorithm::SlidingLog),
     });
     eprintln!(
         "memory: sliding log done at {:.0} s",
@@ -218,11 +220,11 @@ fn report(rows: &[Row]) {
     println!();
     println!(
         "`used_memory` delta / subjects, one policy per subject at 1000 per minute, `FLUSHALL` between \
-         measurements; keys named `rl:{{<12-digit subject>}}:<set tag>:api:<code>` for both layouts (the seed's \
+         measurements; keys named `rl:{{<12-digit subject>}}:<set tag>:api:<code>` for both layouts (the common's \
          window scripts append the window number)."
     );
     println!();
-    println!("| state | subjects | redlimit B/subject | keys/subject | seed's layout | subjects | B/subject | keys/subject | redlimit / seed's |");
+    println!("| state | subjects | redlimit B/subject | keys/subject | common layout | subjects | B/subject | keys/subject | redlimit / common's |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
@@ -231,11 +233,11 @@ fn report(rows: &[Row]) {
             thousands(r.subjects as f64),
             r.ours.bytes,
             r.ours.keys,
-            r.seed_layout,
-            thousands(r.seed_subjects as f64),
-            r.seed.bytes,
-            r.seed.keys,
-            r.ours.bytes / r.seed.bytes,
+            r.common_layout,
+            thousands(r.common_subjects as f64),
+            r.common.bytes,
+            r.common.keys,
+            r.ours.bytes / r.common.bytes,
         );
     }
     let find = |label: &str| {
@@ -261,19 +263,19 @@ fn report(rows: &[Row]) {
         met(sliding <= fixed + jitter)
     );
     println!(
-        "- sliding log at limit 1000 {} B < 8,500 B: {} ({:.1} B per admitted request; the seed's sorted set here: {:.1} B)",
+        "- sliding log at limit 1000 {} B < 8,500 B: {} ({:.1} B per admitted request; the common sorted set here: {:.1} B)",
         thousands(log),
         met(log < 8_500.0),
         log / 1_000.0,
-        find("sliding log").seed.bytes / 1_000.0
+        find("sliding log").common.bytes / 1_000.0
     );
 
     println!();
     println!("## 1 million users at 1,000 per minute");
     println!();
-    println!("The per-subject figures above x 1,000,000, in MB as the seed counts them (MiB).");
+    println!("The per-subject figures above x 1,000,000, in MB as the common counts them (MiB).");
     println!();
-    println!("| algorithm | the seed's document | seed's layout, measured here | redlimit, measured here | redlimit / seed's layout |");
+    println!("| algorithm | the common document | common layout, measured here | redlimit, measured here | redlimit / common layout |");
     println!("|---|---|---|---|---|");
     let mb = |b: f64| {
         let v = b * 1e6 / MB;
@@ -302,9 +304,9 @@ fn report(rows: &[Row]) {
         let r = find(row);
         println!(
             "| {label} | {doc} | {} | {} | {:.2}x |",
-            mb(r.seed.bytes),
+            mb(r.common.bytes),
             mb(r.ours.bytes),
-            r.ours.bytes / r.seed.bytes
+            r.ours.bytes / r.common.bytes
         );
     }
 }

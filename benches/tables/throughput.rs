@@ -3,7 +3,7 @@
 //! cannot drift from the store's wire format) and beside the smallest scripts that make
 //! the same decision (`benches/reference/`).
 //!
-//! - [`one_client`]: one call at a time, with `redis-benchmark -c 1` and the seed's
+//! - [`one_client`]: one call at a time, with `redis-benchmark -c 1` and the common's
 //!   layouts.
 //! - [`concurrent`]: 64 tasks on one multiplexed connection over 100,000 subjects, with
 //!   Redis CPU per decision, against the smallest fixed-window script of the same run
@@ -15,6 +15,7 @@ mod one_client;
 
 use crate::helpers::*;
 use crate::support::RedisServer;
+use redlimit::internals::SubjectInternals;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

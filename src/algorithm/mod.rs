@@ -33,11 +33,11 @@ mod token_bucket;
 
 pub(crate) use sliding_log::ring_stamps as sliding_log_ring_stamps;
 
-/// The conformance table the stores are held to (tests/it/conformance.rs, which takes this
-/// file by path), checked here against the model itself.
-#[cfg(test)]
-#[allow(unreachable_pub, dead_code)]
-pub(crate) mod traces;
+/// The conformance table the stores are held to (tests/it/conformance.rs, through
+/// `redlimit::internals::traces`), checked here against the model itself.
+#[cfg(any(test, feature = "internals"))]
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub, dead_code))]
+pub mod traces;
 
 /// The state one subject holds for one policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -385,10 +385,10 @@ pub(crate) mod tests {
         outcomes.iter().filter(|o| o.allowed).count()
     }
 
-    /// The seed's boundary test, on exact times: limit 100 per second, 200 requests
+    /// the boundary test, on exact times: limit 100 per second, 200 requests
     /// spread over the last 130 ms of a window, then 200 over the first 20 ms of the
     /// next (150 ms in all).
-    pub(crate) fn seed_boundary_times(boundary_ms: u64) -> (Vec<u64>, Vec<u64>) {
+    pub(crate) fn boundary_times(boundary_ms: u64) -> (Vec<u64>, Vec<u64>) {
         let end = (0..200)
             .map(|i| boundary_ms - 130 + i * 130 / 200)
             .collect();
@@ -396,7 +396,7 @@ pub(crate) mod tests {
         (end, start)
     }
 
-    pub(crate) fn seed_policies() -> Vec<Policy> {
+    pub(crate) fn boundary_policies() -> Vec<Policy> {
         let s = Duration::from_secs(1);
         vec![
             Policy::fixed_window("fw", 100, s).unwrap(),
@@ -407,10 +407,10 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn seed_boundary_scenario() {
-        let (end, start) = seed_boundary_times(10_000);
+    fn boundary_scenario() {
+        let (end, start) = boundary_times(10_000);
         let mut totals = Vec::new();
-        for policy in seed_policies() {
+        for policy in boundary_policies() {
             let steps: Vec<_> = end.iter().chain(&start).map(|t| (*t, 1)).collect();
             let out = run(&policy, &steps);
             totals.push((admitted(&out[..200]), admitted(&out[200..])));
@@ -487,7 +487,7 @@ pub(crate) mod tests {
             (9_999, 2),
             (12_000, 1),
         ];
-        for base in seed_policies() {
+        for base in boundary_policies() {
             for policy in [base.clone(), base.shadow()] {
                 let set = [policy];
                 let (mut one, mut each) = (vec![None], vec![None]);
@@ -505,7 +505,7 @@ pub(crate) mod tests {
     #[test]
     fn state_written_while_the_clock_is_behind_lives_until_it_decays() {
         let s = Duration::from_secs(1);
-        for p in seed_policies() {
+        for p in boundary_policies() {
             // State up to 5 000, then the clock jumps back 1.5 s and one more passes.
             let mut state = None;
             for t in [4_500, 4_999, 5_000] {
@@ -531,7 +531,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_clock_that_goes_back_never_floods() {
-        for p in seed_policies() {
+        for p in boundary_policies() {
             let mut state = None;
             let mut admitted = 0;
             for t in (0..400u64).map(|i| 5_000 + i) {
@@ -560,14 +560,14 @@ pub(crate) mod tests {
 
     #[test]
     fn waits_count_from_the_time_asked_when_the_clock_went_back() {
-        // When each seed policy admits again, and when its state is unused.
+        // When each policy of the boundary test admits again, and when its state is unused.
         let expected = [
             (6_000, 6_000),
             (6_010, 7_000),
             (5_010, 6_000),
             (6_000, 6_000),
         ];
-        for (p, (expected_at, unused_at)) in seed_policies().iter().zip(expected) {
+        for (p, (expected_at, unused_at)) in boundary_policies().iter().zip(expected) {
             let mut state = None;
             for _ in 0..100 {
                 if let Some(commit) = decide(p, state.as_ref(), 5_000, 1).commit {

@@ -2,15 +2,14 @@
 // each step is admitted, written by hand from each algorithm's definition.
 //
 // One table for the model's tests (a module of src/algorithm/) and the store tests
-// (tests/it/support/mod.rs takes this file by path): it names nothing of the crate but
-// `Policy`, which each parent module brings into scope.
+// (through `redlimit::internals::traces`).
 //
 // A trace runs on a fake clock that starts at `start_ms`; a negative advance is a
 // clock going backwards (a failover to a server whose clock is behind).
 
 use std::time::Duration;
 
-use super::Policy;
+use crate::policy::Policy;
 
 /// One policy of a trace, as plain numbers.
 #[derive(Debug, Clone, Copy)]

@@ -55,14 +55,14 @@ fn fixed(name: &str, limit: u32, window_ms: u64) -> Policy {
 
 /// A layer over a memory store on `clock`, with the given policies.
 fn layer_on(clock: &FakeClock, policies: Vec<Policy>) -> RateLimitLayer<MemoryStore, UserHeader> {
-    let mut policies = policies.into_iter();
-    let mut limiter = Limiter::new(
-        MemoryStore::with_clock(clock.clone()),
-        policies.next().unwrap(),
-    );
-    for p in policies {
-        limiter = limiter.policy(p);
-    }
+    let limiter = policies
+        .into_iter()
+        .fold(
+            Limiter::builder(MemoryStore::with_clock(clock.clone())),
+            |builder, p| builder.policy(p),
+        )
+        .build()
+        .unwrap();
     RateLimitLayer::new(limiter, UserHeader)
 }
 
@@ -522,10 +522,11 @@ async fn impossible_client_costs_are_refused_in_every_failure_mode() {
         ("fallback", FailureMode::Open),
     ];
     for (mode, failure_mode) in modes {
-        let mut limiter = Limiter::new(memory.clone(), fixed(mode, 5, 10_000));
+        let mut limiter = Limiter::builder(memory.clone()).policy(fixed(mode, 5, 10_000));
         if mode == "fallback" {
             limiter = limiter.fallback(MemoryStore::with_clock(clock.clone()));
         }
+        let limiter = limiter.build().unwrap();
         let layer = RateLimitLayer::new(limiter, UserHeader).failure_mode(failure_mode);
         let svc = ServiceBuilder::new()
             .layer(cost_from_header(layer))
@@ -899,9 +900,12 @@ async fn only_what_was_consumed_is_refunded_when_the_store_fails() {
 
     // Decided by the fallback: the refund goes to the fallback, which consumed, and
     // never to the store, which did not.
-    let limiter = Limiter::new(store(), fixed("p", 1, 1_000))
+    let limiter = Limiter::builder(store())
+        .policy(fixed("p", 1, 1_000))
         .fallback(MemoryStore::with_clock(clock.clone()))
-        .local_clock(clock.clone());
+        .local_clock(clock.clone())
+        .build()
+        .unwrap();
     let layer = RateLimitLayer::new(limiter, UserHeader).refund_on(|s| s.is_server_error());
     let svc = ServiceBuilder::new()
         .layer(layer)
@@ -1107,12 +1111,12 @@ async fn decisions_made_at_once_take_the_fast_path() {
         "a refused cost"
     );
     // A store that answers later, as Redis does: no fast path for its own answers...
-    let slow = Limiter::new(
-        SlowStore(MemoryStore::with_clock(clock.clone())),
-        fixed("d", 1, 1_000),
-    )
-    .block_cache(16)
-    .local_clock(clock);
+    let slow = Limiter::builder(SlowStore(MemoryStore::with_clock(clock.clone())))
+        .policy(fixed("d", 1, 1_000))
+        .block_cache(16)
+        .local_clock(clock)
+        .build()
+        .unwrap();
     let mut first = slow.check("a", 1);
     assert!(first.take_settled().is_none());
     assert!(first.await.unwrap().is_allowed());

@@ -12,8 +12,10 @@
 //! let pool = deadpool_redis::Config::from_url(url.as_deref().unwrap_or("redis://127.0.0.1/"))
 //!     .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
 //! let store = RedisStore::new(pool).prefix("rl")?.timeout(Duration::from_millis(50));
-//! let limiter = Limiter::new(store, Policy::sliding_window("api", 100, Duration::from_secs(60))?)
-//!     .policy(Policy::token_bucket("burst", 10, 10, Duration::from_secs(1))?);
+//! let limiter = Limiter::builder(store)
+//!     .policy(Policy::sliding_window("api", 100, Duration::from_secs(60))?)
+//!     .policy(Policy::token_bucket("burst", 10, 10, Duration::from_secs(1))?)
+//!     .build()?;
 //! # if url.is_ok() {
 //! // Both policies are checked by one FCALL; a denial by either consumes from neither.
 //! let decision = limiter.check("user:42", 1).await?;
@@ -108,8 +110,10 @@
 //! // REDIS_CLUSTER=redis://10.0.0.1:6379,redis://10.0.0.2:6379 (any of its nodes)
 //! let nodes = nodes.as_deref().unwrap_or("redis://127.0.0.1:7000");
 //! let store = RedisStore::cluster_from_urls(nodes.split(','))?;
-//! let limiter = Limiter::new(store, Policy::sliding_window("api", 100, Duration::from_secs(60))?)
-//!     .policy(Policy::token_bucket("burst", 10, 10, Duration::from_secs(1))?);
+//! let limiter = Limiter::builder(store)
+//!     .policy(Policy::sliding_window("api", 100, Duration::from_secs(60))?)
+//!     .policy(Policy::token_bucket("burst", 10, 10, Duration::from_secs(1))?)
+//!     .build()?;
 //! # if std::env::var("REDIS_CLUSTER").is_ok() {
 //! // Still one FCALL, sent to the master of the slot of "user:42"'s hash tag.
 //! assert!(limiter.check("user:42", 1).await?.is_allowed());
@@ -175,10 +179,11 @@
 //! "api") writes other keys, so no limiter ever reads state written under other
 //! numbers. Instances of the old and the new configuration count apart while both
 //! run; the new one starts from zero, which admits at most one window's limit again,
-//! and the old keys expire within two of their own windows. The subject is escaped by
-//! [`Subject::write_key_part`], which never emits `{` or `}`, so the hash tag is
-//! exactly the subject: all of a subject's policies share one cluster slot, and no
-//! input can choose another slot or reach another subject's key. Every write sets a
+//! and the old keys expire within two of their own windows. The subject is escaped
+//! (raw bytes outside `[A-Za-z0-9._=:/@-]` percent-escaped, hashes in hex), which
+//! never emits `{` or `}`, so the hash tag is exactly the subject: all of a
+//! subject's policies share one cluster slot, and no input can choose another slot or
+//! reach another subject's key. Every write sets a
 //! TTL equal to the time the state needs to decay back to unused (at most two
 //! windows, three for a sliding window read with a clock that went back); no key
 //! lives without one.

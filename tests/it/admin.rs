@@ -10,7 +10,7 @@ use std::time::Duration;
 use deadpool_redis::redis::AsyncCommands;
 use redlimit::clock::FakeClock;
 use redlimit::store::AdminStore;
-use redlimit::{Limiter, MemoryStore, Policy, RedisStore, Subject};
+use redlimit::{Limiter, LimiterBuilder, MemoryStore, Policy, RedisStore, Subject};
 use support::{key_of, RedisServer};
 
 const S: Duration = Duration::from_secs(1);
@@ -33,16 +33,16 @@ fn redis_store(server: &RedisServer, clock: &FakeClock) -> RedisStore {
 /// The same scenario on a memory store and on a Redis store, on one fake clock each.
 async fn on_both_stores<F, Fut>(server: &RedisServer, scenario: F)
 where
-    F: Fn(FakeClock, Box<dyn Fn(Policy) -> Both>) -> Fut,
+    F: Fn(FakeClock, Box<dyn Fn(Policy) -> BothBuilder>) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
     let clock = FakeClock::new(1_000_000);
     let (c, store) = (clock.clone(), redis_store(server, &clock));
     scenario(
         clock,
-        Box::new(move |p| Both {
-            memory: Limiter::new(MemoryStore::with_clock(c.clone()), p.clone()),
-            redis: Limiter::new(store.clone(), p),
+        Box::new(move |p| BothBuilder {
+            memory: Limiter::builder(MemoryStore::with_clock(c.clone())).policy(p.clone()),
+            redis: Limiter::builder(store.clone()).policy(p),
         }),
     )
     .await;
@@ -54,11 +54,24 @@ struct Both {
     redis: Limiter<RedisStore>,
 }
 
-impl Both {
+/// [`Both`] before it is built.
+struct BothBuilder {
+    memory: LimiterBuilder<MemoryStore>,
+    redis: LimiterBuilder<RedisStore>,
+}
+
+impl BothBuilder {
     fn policy(self, p: Policy) -> Self {
         Self {
             memory: self.memory.policy(p.clone()),
             redis: self.redis.policy(p),
+        }
+    }
+
+    fn build(self) -> Both {
+        Both {
+            memory: self.memory.build().unwrap(),
+            redis: self.redis.build().unwrap(),
         }
     }
 }
@@ -84,7 +97,7 @@ async fn peek_answers_as_a_check_would_and_consumes_nothing() {
     let server = RedisServer::start();
     on_both_stores(&server, |_clock, build| async move {
         for policy in every_algorithm(3) {
-            let both = build(policy.clone());
+            let both = build(policy.clone()).build();
             each!(both, |l, what| {
                 // A peek on a fresh subject creates nothing, and says 3 - 1 would be left.
                 assert_eq!(l.peek("p", 1).await.unwrap().remaining(), 2, "{what}");
@@ -120,7 +133,7 @@ async fn refund_then_check_admits_again_for_every_algorithm() {
     let server = RedisServer::start();
     on_both_stores(&server, |clock, build| async move {
         for policy in every_algorithm(3) {
-            let both = build(policy.clone());
+            let both = build(policy.clone()).build();
             let subject = format!("r-{}", policy.name());
             each!(both, |l, what| {
                 let s = subject.as_str();
@@ -183,7 +196,7 @@ async fn reset_forgets_every_policy_of_the_subject_only() {
     on_both_stores(&server, |_clock, build| async move {
         let mut policies = every_algorithm(2).into_iter();
         let first = policies.next().unwrap();
-        let both = policies.fold(build(first), Both::policy);
+        let both = policies.fold(build(first), BothBuilder::policy).build();
         each!(both, |l, what| {
             for s in ["gone", "kept"] {
                 l.check(s, 2).await.unwrap();
@@ -201,10 +214,12 @@ async fn reset_forgets_every_policy_of_the_subject_only() {
     .await;
     let store = RedisStore::new(server.pool());
     let all = every_algorithm(2);
-    let limiter = all[1..]
+    let limiter = all
         .iter()
         .cloned()
-        .fold(Limiter::new(store.clone(), all[0].clone()), Limiter::policy);
+        .fold(Limiter::builder(store.clone()), LimiterBuilder::policy)
+        .build()
+        .unwrap();
     let key = store.key(&Subject::new("gone"), limiter.policy_set(), &all[0]);
     let count: u64 = conn.exists(key).await.unwrap();
     assert_eq!(count, 1, "re-created by the check after the reset");
@@ -217,10 +232,13 @@ async fn a_redis_reset_deletes_the_keys() {
     let server = RedisServer::start();
     let store = RedisStore::new(server.pool());
     let policies = every_algorithm(5).into_iter();
-    let limiter = policies.fold(
-        Limiter::new(store.clone(), Policy::sliding_window("x", 5, S).unwrap()),
-        Limiter::policy,
-    );
+    let limiter = policies
+        .fold(
+            Limiter::builder(store.clone()).policy(Policy::sliding_window("x", 5, S).unwrap()),
+            LimiterBuilder::policy,
+        )
+        .build()
+        .unwrap();
     limiter.check("user:1", 1).await.unwrap();
     assert_eq!(server.keys().await.len(), 5);
     limiter.reset("user:1").await.unwrap();
@@ -230,12 +248,12 @@ async fn a_redis_reset_deletes_the_keys() {
 #[tokio::test]
 async fn a_refund_or_reset_clears_the_cached_denial() {
     let clock = FakeClock::new(0);
-    let limiter = Limiter::new(
-        MemoryStore::with_clock(clock.clone()),
-        Policy::fixed_window("p", 1, Duration::from_secs(60)).unwrap(),
-    )
-    .block_cache(16)
-    .local_clock(clock.clone());
+    let limiter = Limiter::builder(MemoryStore::with_clock(clock.clone()))
+        .policy(Policy::fixed_window("p", 1, Duration::from_secs(60)).unwrap())
+        .block_cache(16)
+        .local_clock(clock.clone())
+        .build()
+        .unwrap();
     limiter.check("a", 1).await.unwrap();
     assert!(!limiter.check("a", 1).await.unwrap().is_allowed());
     let cached = limiter.check("a", 1).await.unwrap();
@@ -253,7 +271,8 @@ async fn a_shadow_policy_never_denies_and_says_it_would_have() {
     let server = RedisServer::start();
     on_both_stores(&server, |_clock, build| async move {
         let both = build(Policy::fixed_window("real", 10, S).unwrap())
-            .policy(Policy::sliding_log("trial", 2, S).unwrap().shadow());
+            .policy(Policy::sliding_log("trial", 2, S).unwrap().shadow())
+            .build();
         each!(both, |l, what| {
             let first = l.check("s", 1).await.unwrap();
             assert_eq!(
@@ -368,13 +387,13 @@ async fn the_layer_refunds_server_errors_on_redis() {
     // An hour's window: Redis expires keys in real time whatever the fake clock says, so
     // a short one could empty the state while the test waits, refund or not.
     let hour = Duration::from_secs(3600);
-    let limiter = Limiter::new(
-        redis_store(&server, &clock),
-        Policy::fixed_window("fw", 2, hour).unwrap(),
-    )
-    .policy(Policy::sliding_window("sw", 2, hour).unwrap())
-    .policy(Policy::token_bucket("tb", 2, 2, hour).unwrap())
-    .policy(Policy::sliding_log("sl", 2, hour).unwrap());
+    let limiter = Limiter::builder(redis_store(&server, &clock))
+        .policy(Policy::fixed_window("fw", 2, hour).unwrap())
+        .policy(Policy::sliding_window("sw", 2, hour).unwrap())
+        .policy(Policy::token_bucket("tb", 2, 2, hour).unwrap())
+        .policy(Policy::sliding_log("sl", 2, hour).unwrap())
+        .build()
+        .unwrap();
     let limiter = Arc::new(limiter);
     let layer = RateLimitLayer::from_shared(Arc::clone(&limiter), Global)
         .refund_on(|status| status.is_server_error());

@@ -71,12 +71,12 @@ async fn a_batch_mixes_limiters_subjects_and_algorithms() {
     let shared = store(&server);
     let hour = Duration::from_secs(3_600);
     let a = Limiter::new(shared.clone(), fixed(2));
-    let b = Limiter::new(
-        shared.clone(),
-        Policy::sliding_window("sw", 3, hour).unwrap(),
-    )
-    .policy(Policy::token_bucket("tb", 2, 1, hour).unwrap())
-    .policy(Policy::sliding_log("sl", 5, hour).unwrap());
+    let b = Limiter::builder(shared.clone())
+        .policy(Policy::sliding_window("sw", 3, hour).unwrap())
+        .policy(Policy::token_bucket("tb", 2, 1, hour).unwrap())
+        .policy(Policy::sliding_log("sl", 5, hour).unwrap())
+        .build()
+        .unwrap();
     a.check("warm", 1).await.unwrap();
     support::wait_for_function_library(&mut server.conn().await).await;
     let sent = shared.calls_sent();
@@ -98,15 +98,15 @@ async fn a_batch_mixes_limiters_subjects_and_algorithms() {
     assert_eq!(b[2].denied_by(), Some("tb"));
     // Limiter b's third check was denied by one policy, so it consumed from none.
     assert_eq!(b[2].policies().len(), 3);
-    let peek = Limiter::new(
-        shared.clone(),
-        Policy::sliding_window("sw", 3, hour).unwrap(),
-    )
-    .policy(Policy::token_bucket("tb", 2, 1, hour).unwrap())
-    .policy(Policy::sliding_log("sl", 5, hour).unwrap())
-    .peek("s", 1)
-    .await
-    .unwrap();
+    let peek = Limiter::builder(shared.clone())
+        .policy(Policy::sliding_window("sw", 3, hour).unwrap())
+        .policy(Policy::token_bucket("tb", 2, 1, hour).unwrap())
+        .policy(Policy::sliding_log("sl", 5, hour).unwrap())
+        .build()
+        .unwrap()
+        .peek("s", 1)
+        .await
+        .unwrap();
     assert_eq!(peek.denied_by(), Some("tb"), "the bucket is empty");
     assert_eq!(remaining(x1), Some(0));
     server.assert_every_key_expires().await;
@@ -126,9 +126,17 @@ async fn many_tasks_batched_admit_exactly_what_the_memory_store_admits() {
         )
     };
     let (sw, tb) = policies();
-    let on_redis = Limiter::new(redis_store.clone(), sw).policy(tb);
+    let on_redis = Limiter::builder(redis_store.clone())
+        .policy(sw)
+        .policy(tb)
+        .build()
+        .unwrap();
     let (sw, tb) = policies();
-    let in_memory = Limiter::new(MemoryStore::with_clock(clock.clone()), sw).policy(tb);
+    let in_memory = Limiter::builder(MemoryStore::with_clock(clock.clone()))
+        .policy(sw)
+        .policy(tb)
+        .build()
+        .unwrap();
     on_redis.check("warm", 1).await.unwrap();
     let sent = redis_store.calls_sent();
 

@@ -10,9 +10,9 @@
 
 use crate::support;
 
+use redlimit::internals::traces::{Spec, TRACES};
 use redlimit::Policy;
 use support::props::{Admin, SideBySide};
-use support::traces::{Spec, TRACES};
 use support::RedisServer;
 
 #[tokio::test]
@@ -152,8 +152,8 @@ async fn memory_and_redis_match_on_generated_traces() {
 /// the token buckets that once admitted 5 of 5 in Redis and 1 of 5 in memory.
 #[tokio::test]
 async fn memory_and_redis_match_at_the_largest_numbers_the_constructors_accept() {
-    use redlimit::policy::MAX_WINDOW;
     use std::time::Duration;
+    const MAX_WINDOW: Duration = Policy::MAX_WINDOW;
     let day = Duration::from_secs(86_400);
     for refused in [
         Policy::token_bucket("tb", 100_000, 1, day),

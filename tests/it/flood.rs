@@ -13,11 +13,11 @@ use support::RedisServer;
 async fn a_flood_from_one_subject_barely_reaches_redis() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    let limiter = Limiter::new(
-        RedisStore::new(server.pool()).timeout(Duration::from_secs(1)),
-        Policy::sliding_window("api", 20, Duration::from_secs(60)).unwrap(),
-    )
-    .block_cache(10_000);
+    let limiter = Limiter::builder(RedisStore::new(server.pool()).timeout(Duration::from_secs(1)))
+        .policy(Policy::sliding_window("api", 20, Duration::from_secs(60)).unwrap())
+        .block_cache(10_000)
+        .build()
+        .unwrap();
 
     // Warm the connection and load the function library, then count from zero.
     limiter.check("warm-up", 1).await.unwrap();

@@ -15,7 +15,8 @@ use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use redlimit::key::ClientIp;
 use redlimit::{
-    Decision, FailureMode, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore, Store,
+    Decision, FailureMode, Limiter, LimiterBuilder, MemoryStore, Policy, RateLimitLayer,
+    RedisStore, Store,
 };
 use support::RedisServer;
 use tower::ServiceExt;
@@ -50,8 +51,8 @@ async fn body(response: http::Response<Body>) -> String {
     String::from_utf8(bytes.to_vec()).unwrap()
 }
 
-fn redis_limiter(server: &RedisServer, policy: Policy) -> Limiter<RedisStore> {
-    Limiter::new(RedisStore::new(server.pool()), policy)
+fn redis_limiter(server: &RedisServer, policy: Policy) -> LimiterBuilder<RedisStore> {
+    Limiter::builder(RedisStore::new(server.pool())).policy(policy)
 }
 
 #[tokio::test]
@@ -62,14 +63,14 @@ async fn a_stopped_redis_lets_extension_handlers_run_under_layer_and_route_layer
     let app = Router::new()
         .route("/", get(handler))
         .layer(RateLimitLayer::new(
-            redis_limiter(&server, policy("index")),
+            redis_limiter(&server, policy("index")).build().unwrap(),
             ClientIp::new(),
         ))
         .merge(
             Router::new()
                 .route("/route", get(handler))
                 .route_layer(RateLimitLayer::new(
-                    redis_limiter(&server, policy("route")),
+                    redis_limiter(&server, policy("route")).build().unwrap(),
                     ClientIp::new(),
                 )),
         );
@@ -126,11 +127,12 @@ enum Mode {
     Fallback,
 }
 
-fn app_with_client_cost<S: Store>(limiter: Limiter<S>, mode: Mode) -> Router {
+fn app_with_client_cost<S: Store>(limiter: LimiterBuilder<S>, mode: Mode) -> Router {
     let limiter = match mode {
         Mode::Fallback => limiter.fallback(MemoryStore::new()),
         _ => limiter,
     };
+    let limiter = limiter.build().unwrap();
     let failure_mode = match mode {
         Mode::Closed => FailureMode::Closed,
         _ => FailureMode::Open,
@@ -205,7 +207,10 @@ async fn client_costs_never_pass_an_exhausted_limit_on_redis() {
 #[tokio::test]
 async fn client_costs_never_pass_an_exhausted_limit_in_memory() {
     for mode in [Mode::Open, Mode::Closed, Mode::Fallback] {
-        let app = app_with_client_cost(Limiter::new(MemoryStore::new(), five_per_10s()), mode);
+        let app = app_with_client_cost(
+            Limiter::builder(MemoryStore::new()).policy(five_per_10s()),
+            mode,
+        );
         impossible_costs_never_pass(app, &format!("memory, {mode:?}")).await;
     }
 }

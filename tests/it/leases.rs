@@ -31,8 +31,9 @@ use tower::ServiceExt;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
 use redlimit::clock::{Clock, FakeClock};
+use redlimit::internals::LimiterInternals;
 use redlimit::lease::{LeaseError, Leases};
-use redlimit::{Limiter, MemoryStore, Origin, Policy, RedisStore};
+use redlimit::{BuildError, Limiter, MemoryStore, Origin, Policy, RedisStore};
 use support::RedisServer;
 
 /// One instance of a fleet: its own store (its own pool and connection) on the shared
@@ -46,9 +47,11 @@ fn instance(
     let store = RedisStore::new(server.pool())
         .client_clock(clock.clone())
         .timeout(Duration::from_secs(5));
-    Limiter::new(store, policy.clone())
+    Limiter::builder(store)
+        .policy(policy.clone())
         .local_clock(clock.clone())
         .leases(leases)
+        .build()
         .expect("a set that can lease")
 }
 
@@ -160,9 +163,11 @@ async fn the_background_sweep_returns_stranded_units_within_a_lifetime_and_a_qua
     let store = MemoryStore::with_clock(clock.clone());
     let policy = Policy::sliding_window("api", 1_000, Duration::from_secs(10)).unwrap();
     let lifetime = Duration::from_millis(400);
-    let limiter = Limiter::new(store, policy)
+    let limiter = Limiter::builder(store)
+        .policy(policy)
         .local_clock(clock.clone())
         .leases(Leases::new().lifetime(lifetime).max_units(100).min_rate(10))
+        .build()
         .unwrap();
     for _ in 0..30 {
         assert!(limiter.check("s", 1).await.unwrap().is_allowed());
@@ -229,43 +234,72 @@ async fn a_denied_hot_subject_is_answered_locally_until_it_may_ask_again() {
 #[test]
 fn sets_that_cannot_lease_are_refused_with_a_reason() {
     let log = Policy::sliding_log("exact", 10, Duration::from_secs(1)).unwrap();
-    let refused = Limiter::new(MemoryStore::new(), sliding(10, 1_000))
+    let refused = Limiter::builder(MemoryStore::new())
+        .policy(sliding(10, 1_000))
         .policy(log)
-        .leases(Leases::new());
+        .leases(Leases::new())
+        .build();
     match refused {
-        Err(LeaseError::SlidingLog(name)) => assert_eq!(name, "exact"),
+        Err(BuildError::Leases(LeaseError::SlidingLog(name))) => assert_eq!(name, "exact"),
         other => panic!("expected a sliding-log refusal, got {other:?}"),
     }
-    let zero = Limiter::new(MemoryStore::new(), sliding(10, 1_000))
-        .leases(Leases::new().lifetime(Duration::ZERO));
-    assert!(matches!(zero, Err(LeaseError::ZeroLifetime)));
-    let zero =
-        Limiter::new(MemoryStore::new(), sliding(10, 1_000)).leases(Leases::new().max_units(0));
-    assert!(matches!(zero, Err(LeaseError::ZeroUnits)));
-    // A policy that can lease, added after leases, re-plans them.
-    let replanned = Limiter::new(MemoryStore::new(), sliding(10, 1_000))
+    let zero = Limiter::builder(MemoryStore::new())
+        .policy(sliding(10, 1_000))
+        .leases(Leases::new().lifetime(Duration::ZERO))
+        .build();
+    assert!(matches!(
+        zero,
+        Err(BuildError::Leases(LeaseError::ZeroLifetime))
+    ));
+    let zero = Limiter::builder(MemoryStore::new())
+        .policy(sliding(10, 1_000))
+        .leases(Leases::new().max_units(0))
+        .build();
+    assert!(matches!(
+        zero,
+        Err(BuildError::Leases(LeaseError::ZeroUnits))
+    ));
+    // Policies given after the leases are planned for like those before them.
+    let planned = Limiter::builder(MemoryStore::new())
+        .policy(sliding(10, 1_000))
         .leases(Leases::new())
-        .unwrap()
-        .policy(Policy::fixed_window("daily", 1_000, Duration::from_secs(86_400)).unwrap());
-    assert_eq!(replanned.policies().len(), 2);
+        .policy(Policy::fixed_window("daily", 1_000, Duration::from_secs(86_400)).unwrap())
+        .build()
+        .unwrap();
+    assert_eq!(planned.policies().len(), 2);
     let message = LeaseError::SlidingLog("exact".into()).to_string();
     assert!(message.contains("never leases"), "{message}");
 }
 
-/// A sliding log added after leases turns them off (exactness is its promise), the
-/// same limiter as one built in the other order without leases: no panic, and the log
-/// admits exactly its limit.
+/// A sliding log never leases, whichever order the settings come in: the builder
+/// refuses it before or after the leases, never panics, and the same policies without
+/// leases admit exactly the log's limit.
 #[tokio::test]
-async fn a_sliding_log_added_after_leases_turns_them_off() {
+async fn a_sliding_log_is_refused_leases_in_either_order() {
     let clock = FakeClock::new(0);
-    let limiter = Limiter::new(
-        MemoryStore::with_clock(clock.clone()),
-        sliding(1_000, 1_000),
-    )
-    .local_clock(clock.clone())
-    .leases(Leases::new().min_rate(1))
-    .unwrap()
-    .policy(Policy::sliding_log("exact", 10, Duration::from_secs(1)).unwrap());
+    let log = || Policy::sliding_log("exact", 10, Duration::from_secs(1)).unwrap();
+    let after = Limiter::builder(MemoryStore::with_clock(clock.clone()))
+        .policy(sliding(1_000, 1_000))
+        .leases(Leases::new().min_rate(1))
+        .policy(log())
+        .build();
+    let before = Limiter::builder(MemoryStore::with_clock(clock.clone()))
+        .policy(log())
+        .leases(Leases::new().min_rate(1))
+        .policy(sliding(1_000, 1_000))
+        .build();
+    for refused in [after, before] {
+        assert!(
+            matches!(refused, Err(BuildError::Leases(LeaseError::SlidingLog(ref name))) if name == "exact"),
+            "{refused:?}"
+        );
+    }
+    let limiter = Limiter::builder(MemoryStore::with_clock(clock.clone()))
+        .policy(sliding(1_000, 1_000))
+        .local_clock(clock.clone())
+        .policy(log())
+        .build()
+        .unwrap();
     let mut admitted = 0;
     for _ in 0..100 {
         let decision = limiter.check("s", 1).await.unwrap();
@@ -273,7 +307,6 @@ async fn a_sliding_log_added_after_leases_turns_them_off() {
         admitted += usize::from(decision.is_allowed());
     }
     assert_eq!(admitted, 10);
-    assert_eq!(limiter.leased_subjects(), 0);
 }
 
 // ---------------------------------------------------------------------------------
@@ -351,9 +384,11 @@ async fn a_redis_that_stops_or_hangs_under_a_leasing_subject_is_never_a_429() {
     let leases = Leases::new()
         .lifetime(Duration::from_millis(20))
         .min_rate(1);
-    let limiter = Limiter::new(store, policy)
+    let limiter = Limiter::builder(store)
+        .policy(policy)
         .local_clock(clock.clone())
         .leases(leases)
+        .build()
         .unwrap();
     let app = Router::new()
         .route("/", get(handler))
@@ -697,9 +732,11 @@ async fn the_lua_lease_and_the_model_grant_the_same_units() {
             .max_units(8)
             .min_rate(1);
         let redis = instance(&server, &clock, &policy, leases.clone());
-        let memory = Limiter::new(MemoryStore::with_clock(clock.clone()), policy.clone())
+        let memory = Limiter::builder(MemoryStore::with_clock(clock.clone()))
+            .policy(policy.clone())
             .local_clock(clock.clone())
             .leases(leases)
+            .build()
             .unwrap();
         for i in 0..400u64 {
             clock.advance(Duration::from_millis(i % 7 * 3));
@@ -758,13 +795,15 @@ async fn lose_state(
     let limiters: Vec<Limiter<RedisStore>> = (0..4)
         .map(|_| match &leases {
             Some(leases) => instance(server, &clock, policy, leases.clone()),
-            None => Limiter::new(
+            None => Limiter::builder(
                 RedisStore::new(server.pool())
                     .client_clock(clock.clone())
                     .timeout(Duration::from_secs(5)),
-                policy.clone(),
             )
-            .local_clock(clock.clone()),
+            .policy(policy.clone())
+            .local_clock(clock.clone())
+            .build()
+            .unwrap(),
         })
         .collect();
     let window_end = 1_000_000_000 + 4_000;
@@ -911,12 +950,12 @@ async fn reset_and_refund_forget_the_subject_s_lease_and_kept_denial() {
     let policy = Policy::fixed_window("api", 20, Duration::from_secs(1_000)).unwrap();
     let leased = instance(&server, &clock, &policy, Leases::new().min_rate(1));
     // The control: the block cache keeps denials too, and forgets them.
-    let cached = Limiter::new(
-        RedisStore::new(server.pool()).client_clock(clock.clone()),
-        policy.clone(),
-    )
-    .local_clock(clock.clone())
-    .block_cache(10);
+    let cached = Limiter::builder(RedisStore::new(server.pool()).client_clock(clock.clone()))
+        .policy(policy.clone())
+        .local_clock(clock.clone())
+        .block_cache(10)
+        .build()
+        .unwrap();
     for (name, limiter) in [("leases", &leased), ("block cache", &cached)] {
         let subject = format!("admin-{name}");
         let subject = subject.as_str();
@@ -1004,13 +1043,12 @@ async fn a_table_full_of_cold_subjects_makes_room_for_a_hot_one() {
 #[tokio::test(start_paused = true)]
 async fn subjects_that_never_leased_are_swept_in_the_background() {
     let clock = FakeClock::new(0);
-    let limiter = Limiter::new(
-        MemoryStore::with_clock(clock.clone()),
-        sliding(1_000, 1_000),
-    )
-    .local_clock(clock.clone())
-    .leases(Leases::new().max_subjects(160))
-    .unwrap();
+    let limiter = Limiter::builder(MemoryStore::with_clock(clock.clone()))
+        .policy(sliding(1_000, 1_000))
+        .local_clock(clock.clone())
+        .leases(Leases::new().max_subjects(160))
+        .build()
+        .unwrap();
     for i in 0..2_000 {
         assert!(limiter
             .check(format!("cold-{i}"), 1)
@@ -1063,11 +1101,14 @@ async fn a_skewed_local_clock_never_carries_units_into_the_next_window() {
         let store = RedisStore::new(server.pool())
             .client_clock(store_clock.clone())
             .timeout(Duration::from_secs(5));
-        let limiter = Limiter::new(store, policy.clone()).local_clock(local.clone());
+        let limiter = Limiter::builder(store)
+            .policy(policy.clone())
+            .local_clock(local.clone());
         let limiter = match &leases {
-            Some(leases) => limiter.leases(leases.clone()).unwrap(),
+            Some(leases) => limiter.leases(leases.clone()),
             None => limiter,
         };
+        let limiter = limiter.build().unwrap();
         let subject = format!("skew-{skew:?}-{}", leases.is_some());
         let mut per_window = std::collections::BTreeMap::<u64, u64>::new();
         let mut stepped = false;
@@ -1210,8 +1251,12 @@ async fn extreme_lease_settings_are_errors_or_keep_the_limit() {
                 let what = format!("{name}, {:?}, Redis {on_redis}", policy.algorithm());
                 let admitted = if on_redis {
                     let store = RedisStore::new(server.pool()).client_clock(clock.clone());
-                    let limiter = Limiter::new(store, policy.clone()).local_clock(clock.clone());
-                    match limiter.leases(leases.clone()) {
+                    let limiter = Limiter::builder(store)
+                        .policy(policy.clone())
+                        .local_clock(clock.clone())
+                        .leases(leases.clone())
+                        .build();
+                    match limiter {
                         Ok(limiter) => Some(run_hot(&limiter, &clock, &what).await),
                         Err(error) => {
                             assert!(!error.to_string().is_empty());
@@ -1220,8 +1265,12 @@ async fn extreme_lease_settings_are_errors_or_keep_the_limit() {
                     }
                 } else {
                     let store = MemoryStore::with_clock(clock.clone());
-                    let limiter = Limiter::new(store, policy.clone()).local_clock(clock.clone());
-                    match limiter.leases(leases.clone()) {
+                    let limiter = Limiter::builder(store)
+                        .policy(policy.clone())
+                        .local_clock(clock.clone())
+                        .leases(leases.clone())
+                        .build();
+                    match limiter {
                         Ok(limiter) => Some(run_hot(&limiter, &clock, &what).await),
                         Err(_) => None,
                     }

@@ -150,7 +150,7 @@ async fn handler(Extension(decision): Extension<Decision>) -> String {
 
 fn app(store: RedisStore, mode: Mode) -> Router {
     let policy = Policy::sliding_log("outage", LIMIT, WINDOW).unwrap();
-    let mut limiter = Limiter::new(store, policy);
+    let mut limiter = Limiter::builder(store).policy(policy);
     let failure_mode = match mode {
         Mode::Open => FailureMode::Open,
         Mode::Closed => FailureMode::Closed,
@@ -159,6 +159,7 @@ fn app(store: RedisStore, mode: Mode) -> Router {
             FailureMode::Open
         }
     };
+    let limiter = limiter.build().unwrap();
     let layer = RateLimitLayer::new(limiter, Header::plain("x-subject")).failure_mode(failure_mode);
     Router::new().route("/", get(handler)).layer(layer)
 }
@@ -582,7 +583,13 @@ outage_tests! {
 /// says `x-fail`), `refund_on(5xx)`, a Redis store with a memory fallback.
 fn refund_app(store: RedisStore, fallback: MemoryStore) -> (Router, Arc<Limiter<RedisStore>>) {
     let policy = Policy::sliding_log("refund", 2, WINDOW).unwrap();
-    let limiter = Arc::new(Limiter::new(store, policy).fallback(fallback));
+    let limiter = Arc::new(
+        Limiter::builder(store)
+            .policy(policy)
+            .fallback(fallback)
+            .build()
+            .unwrap(),
+    );
     let layer = RateLimitLayer::from_shared(Arc::clone(&limiter), Header::plain("x-subject"))
         .failure_mode(FailureMode::Open)
         .refund_on(|status| status.is_server_error());

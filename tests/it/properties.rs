@@ -26,9 +26,11 @@ use std::time::Instant;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
 use redlimit::clock::FakeClock;
+use redlimit::internals::traces::Spec;
+use redlimit::internals::SubjectInternals;
+use redlimit::key::Secret;
 use redlimit::{Algorithm, Decision, Limiter, MemoryStore, Policy, RedisStore, Subject};
 use support::props::{limiter, SideBySide};
-use support::traces::Spec;
 use support::{hash_tag, RedisServer};
 
 // ---------------------------------------------------------------------------------
@@ -877,9 +879,11 @@ fn block_cache_changes_nothing(
     };
     let plain = Local::with_limiter(|clock| limiter(unswept(&clock), &policies));
     let cached = Local::with_limiter(|clock| {
-        limiter(unswept(&clock), &policies)
+        support::props::builder(unswept(&clock), &policies)
             .block_cache(entries)
             .local_clock(clock)
+            .build()
+            .unwrap()
     });
     let subjects: Vec<Subject> = (0..3).map(|i| Subject::new(format!("s{i}"))).collect();
     let mut walk = Walk::new(&policies, start);
@@ -974,7 +978,9 @@ impl Input {
     fn subject(&self) -> Subject {
         match self {
             Input::Raw(bytes) => Subject::new(bytes),
-            Input::Secret(bytes) => Subject::secret(b"server-side secret", bytes),
+            Input::Secret(bytes) => Secret::new("server-side secret")
+                .expect("a secret that is not empty")
+                .subject(bytes),
             Input::Pair(a, b) => Subject::pair(&Subject::new(a), &Subject::new(b)),
         }
     }
@@ -1049,8 +1055,11 @@ fn keys_are_injective(inputs: Vec<Input>, prefix: &str) -> Result<(), TestCaseEr
         Policy::fixed_window("a", 1, ms(1_000)).expect("valid"),
         Policy::token_bucket("a.b-c_9", 3, 1, ms(100)).expect("valid"),
     ];
-    let set =
-        redlimit::Limiter::new(store.clone(), policies[0].clone()).policy(policies[1].clone());
+    let set = redlimit::Limiter::builder(store.clone())
+        .policy(policies[0].clone())
+        .policy(policies[1].clone())
+        .build()
+        .unwrap();
     // Lookalikes: each raw value's escaped text as a raw value, and small edits.
     let mut all = inputs.clone();
     for input in &inputs {

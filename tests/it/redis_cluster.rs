@@ -85,11 +85,11 @@ async fn limits_hold_in_every_slot_and_keys_spread_over_every_master_with_ttls()
         ),
         // Two keys in one script: they share the subject's slot, so no CROSSSLOT.
         (
-            Limiter::new(
-                store.clone(),
-                Policy::fixed_window("both-fw", 10, minute).unwrap(),
-            )
-            .policy(Policy::sliding_log("both-sl", 4, minute).unwrap()),
+            Limiter::builder(store.clone())
+                .policy(Policy::fixed_window("both-fw", 10, minute).unwrap())
+                .policy(Policy::sliding_log("both-sl", 4, minute).unwrap())
+                .build()
+                .unwrap(),
             4,
             8,
         ),

@@ -243,10 +243,8 @@ async fn a_deep_pipeline_on_a_healthy_redis_is_decided_not_timed_out() {
     let server = RedisServer::start();
     let store = RedisStore::new(server.pool()).timeout(TIMEOUT);
     let window = Duration::from_secs(3_600);
-    let mut limiter = Limiter::new(
-        store.clone(),
-        Policy::sliding_log("a", 100, window).unwrap(),
-    );
+    let mut limiter =
+        Limiter::builder(store.clone()).policy(Policy::sliding_log("a", 100, window).unwrap());
     for i in 0..4 {
         limiter = limiter
             .policy(Policy::sliding_log(format!("log{i}"), 100, window).unwrap())
@@ -256,7 +254,7 @@ async fn a_deep_pipeline_on_a_healthy_redis_is_decided_not_timed_out() {
                 Policy::token_bucket(format!("tb{i}"), 100, 1, Duration::from_secs(1)).unwrap(),
             );
     }
-    let limiter = Arc::new(limiter);
+    let limiter = Arc::new(limiter.build().unwrap());
     let deadline = Instant::now() + Duration::from_secs(5);
     while let Err(e) = limiter.check("warm", 1).await {
         assert!(Instant::now() < deadline, "no connection within 5 s: {e}");

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::{self, AsyncCommands};
 use redlimit::clock::{Clock, FakeClock};
+use redlimit::internals::SubjectInternals;
 use redlimit::store::StoreErrorKind;
 use redlimit::{Error, Limiter, Policy, RedisStore, Subject};
 use support::{hash_tag, key_of, RedisServer};
@@ -112,12 +113,12 @@ async fn eight_clients_never_admit_more_than_the_limit() {
 async fn a_call_is_one_fcall_on_one_shared_connection_and_checks_that_queue_share_one() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    let limiter = Limiter::new(
-        store(&server),
-        Policy::sliding_window("a", 1_000, Duration::from_secs(60)).unwrap(),
-    )
-    .policy(Policy::sliding_log("b", 1_000, Duration::from_secs(60)).unwrap())
-    .policy(Policy::token_bucket("c", 1_000, 10, Duration::from_secs(1)).unwrap());
+    let limiter = Limiter::builder(store(&server))
+        .policy(Policy::sliding_window("a", 1_000, Duration::from_secs(60)).unwrap())
+        .policy(Policy::sliding_log("b", 1_000, Duration::from_secs(60)).unwrap())
+        .policy(Policy::token_bucket("c", 1_000, 10, Duration::from_secs(1)).unwrap())
+        .build()
+        .unwrap();
     // The first call connects and has the function library loaded, in the background
     // (the call answers with its EVAL reply at once): wait for it, within a bound.
     assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
@@ -337,7 +338,11 @@ async fn hostile_subjects_reach_only_their_own_state() {
         Policy::fixed_window("a", 1, Duration::from_secs(3_600)).unwrap(),
         Policy::sliding_log("b", 1, Duration::from_secs(3_600)).unwrap(),
     ];
-    let limiter = Limiter::new(store.clone(), policies[0].clone()).policy(policies[1].clone());
+    let limiter = Limiter::builder(store.clone())
+        .policy(policies[0].clone())
+        .policy(policies[1].clone())
+        .build()
+        .unwrap();
     let subjects: Vec<Subject> = [
         b"{".to_vec(),
         b"}".to_vec(),

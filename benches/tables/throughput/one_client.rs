@@ -1,5 +1,5 @@
 //! One client: `Limiter::check`, the bare loop of the store's command,
-//! `redis-benchmark -c 1` of it and the seed's layout, one call at a time.
+//! `redis-benchmark -c 1` of it and the common layout, one call at a time.
 
 use super::*;
 use redlimit::clock::FakeClock;
@@ -24,7 +24,7 @@ enum Clock {
 }
 
 impl Clock {
-    /// The clock argument of the seed's scripts.
+    /// The clock argument of the common scripts.
     fn arg(self) -> String {
         match self {
             Clock::Redis => "s".to_owned(),
@@ -41,7 +41,7 @@ struct Case {
     prefill: Option<Clock>,
     /// Whether every call is admitted (else every call is denied).
     admits: bool,
-    /// One of the four algorithms' rows: compared with the seed's layout, and
+    /// One of the four algorithms' rows: compared with the common layout, and
     /// counted in slowest / fastest.
     main: bool,
 }
@@ -148,9 +148,9 @@ async fn bare_sequential(
     (calls as u64, start.elapsed())
 }
 
-/// The seed's script, one call at a time (built per call: the sorted set needs a
+/// The common script, one call at a time (built per call: the sorted set needs a
 /// unique request id).
-async fn seed_sequential(
+async fn common_sequential(
     conn: &mut MultiplexedConnection,
     keys: &[String],
     case: &Case,
@@ -169,7 +169,7 @@ async fn seed_sequential(
             &case.policy,
             *next_id,
         );
-        let reply: Value = cmd.query_async(conn).await.expect("seed EVALSHA");
+        let reply: Value = cmd.query_async(conn).await.expect("common EVALSHA");
         assert_eq!(admitted(&reply), case.admits);
         calls += 1;
     }
@@ -202,7 +202,7 @@ struct Rates {
     store: Tally,
     bare: Tally,
     bench: Tally,
-    seed: Option<Tally>,
+    common: Option<Tally>,
 }
 
 /// Everything one case's turns need, built once.
@@ -253,11 +253,11 @@ pub(super) async fn run(server: &RedisServer) {
     let mut rates: Vec<Rates> = cases
         .iter()
         .map(|c| Rates {
-            seed: c.main.then(Tally::default),
+            common: c.main.then(Tally::default),
             ..Rates::default()
         })
         .collect();
-    let mut seed_id = 0;
+    let mut common_id = 0;
     let bench = |requests| BenchRun {
         clients: 1,
         requests,
@@ -293,10 +293,11 @@ pub(super) async fn run(server: &RedisServer) {
             if round == 0 {
                 assert_same_keys(server, &s.keys).await;
             }
-            if let Some(seed) = &mut r.seed {
+            if let Some(common) = &mut r.common {
                 prepare(server, &mut conn, case).await;
-                let (n, t) = seed_sequential(&mut s.bare_conn, &s.keys, case, &mut seed_id).await;
-                seed.add(n, t);
+                let (n, t) =
+                    common_sequential(&mut s.bare_conn, &s.keys, case, &mut common_id).await;
+                common.add(n, t);
             }
         }
         eprintln!(
@@ -317,20 +318,20 @@ fn report(cases: &[Case], rates: &[Rates]) {
          of the turns of one round (the store and the bare loop back to back, in alternating order). \
          Client CPU: this process's CPU time per call (every thread). {SUBJECTS} subjects in turn; every call on \
          the path shown. The first three columns send the same script, keys and arguments (the bare loop \
-         and redis-benchmark the store's own command, `RedisStore::command`); the seed's layout is our own \
+         and redis-benchmark the store's own command, `RedisStore::command`); the common layout is our own \
          script of it (`benches/reference/`), in the same bare loop.",
         TURN.as_millis()
     );
     println!();
-    println!("| algorithm | redlimit `Limiter::check` | bare redis-rs loop | `redis-benchmark -c 1` | redlimit / bare | client CPU per call: redlimit / bare | redlimit / redis-benchmark | seed's layout, bare loop | redlimit / seed's layout |");
+    println!("| algorithm | redlimit `Limiter::check` | bare redis-rs loop | `redis-benchmark -c 1` | redlimit / bare | client CPU per call: redlimit / bare | redlimit / redis-benchmark | common layout, bare loop | redlimit / common layout |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for (case, r) in cases.iter().zip(rates) {
-        let (seed, vs_seed) = match &r.seed {
+        let (common, vs_common) = match &r.common {
             Some(s) => (thousands(s.rate()), format!("{:.2}x", r.store.ratio(s))),
             None => ("—".to_owned(), "—".to_owned()),
         };
         println!(
-            "| {} | {} | {} | {} | {:.3}x | {:.1} / {:.1} µs | {:.2}x | {seed} | {vs_seed} |",
+            "| {} | {} | {} | {} | {:.3}x | {:.1} / {:.1} µs | {:.2}x | {common} | {vs_common} |",
             case.label,
             thousands(r.store.rate()),
             thousands(r.bare.rate()),
@@ -357,7 +358,7 @@ fn report(cases: &[Case], rates: &[Rates]) {
     let spread = rates.iter().cloned().fold(f64::MIN, f64::max)
         / rates.iter().cloned().fold(f64::MAX, f64::min);
     println!(
-        "- fastest / slowest algorithm, one client: {spread:.2}x (target <= 1.15x: {}; the seed: 1.42x)",
+        "- fastest / slowest algorithm, one client: {spread:.2}x (target <= 1.15x: {}; published: 1.42x)",
         met(spread <= 1.15)
     );
 }

@@ -13,11 +13,6 @@ use deadpool_redis::{Config, Pool, Runtime};
 use redlimit::Policy;
 use tempfile::TempDir;
 
-/// The shared table of conformance traces, kept beside the model that is checked
-/// against it too.
-#[path = "../../../src/algorithm/traces.rs"]
-pub mod traces;
-
 /// `CLIENT KILL TYPE normal SKIPME yes`: closes every client connection but the
 /// sender's own, as a network fault would; the reply is how many it closed.
 pub fn kill_other_clients() -> redis::Cmd {

@@ -16,17 +16,25 @@ use std::time::Duration;
 
 use deadpool_redis::redis;
 use redlimit::clock::FakeClock;
-use redlimit::{Decision, Limiter, MemoryStore, Policy, RedisStore, Store, Subject};
+use redlimit::{
+    Decision, Limiter, LimiterBuilder, MemoryStore, Policy, RedisStore, Store, Subject,
+};
 
 use super::RedisServer;
 
 /// A limiter on `store` with all of `policies`, in order.
 pub fn limiter<S: Store>(store: S, policies: &[Policy]) -> Limiter<S> {
-    let mut policies = policies.iter().cloned();
-    let first = policies
-        .next()
-        .expect("a limiter needs at least one policy");
-    policies.fold(Limiter::new(store, first), Limiter::policy)
+    builder(store, policies)
+        .build()
+        .expect("one or more policies, named apart")
+}
+
+/// The builder of [`limiter`], for settings beside the policies.
+pub fn builder<S: Store>(store: S, policies: &[Policy]) -> LimiterBuilder<S> {
+    policies
+        .iter()
+        .cloned()
+        .fold(Limiter::builder(store), LimiterBuilder::policy)
 }
 
 /// One step's decisions from both stores.

@@ -112,10 +112,11 @@ async fn run() -> Result<(), BoxError> {
                     .map_err(|e| format!("cannot reach {url}: {e}"))?,
             );
             let store = RedisStore::new(pool);
-            let mut limiter = Limiter::new(store.clone(), policy.clone());
+            let mut limiter = Limiter::builder(store.clone()).policy(policy.clone());
             if leases {
-                limiter = limiter.leases(Leases::new())?;
+                limiter = limiter.leases(Leases::new());
             }
+            let limiter = limiter.build()?;
             let router = hello().layer(RateLimitLayer::new(limiter, key));
             (counted(router, &counts, Some(store.clone())), Some(store))
         };

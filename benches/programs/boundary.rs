@@ -1,4 +1,4 @@
-//! The seed's boundary test, in real time, for the four algorithms.
+//! the boundary test, in real time, for the four algorithms.
 //!
 //! ```text
 //! cargo run --release --example boundary                                  # memory store
@@ -11,7 +11,7 @@
 //! 200 over the first 20 ms after it, each at its own instant: a request does not
 //! wait for the previous answer. Each algorithm gets a fresh subject and its own
 //! upcoming boundary; the whole run takes a few seconds. This is the scenario of the
-//! unit test `seed_boundary_scenario` in `src/algorithm/mod.rs` (same instants, on a fake
+//! unit test `boundary_scenario` in `src/algorithm/mod.rs` (same instants, on a fake
 //! clock there): fixed window 100 + 100 = 200, sliding window 100 + 2 = 102, token
 //! bucket 112 + 3 = 115, sliding log 100 + 0 = 100.
 //!
@@ -24,7 +24,7 @@
 //! to map Redis time onto the local clock, then sends each request half a round trip
 //! early, so the script reads the intended millisecond.
 //!
-//! Prints the seed's table and, for machines, one line per algorithm:
+//! Prints the published table and, for machines, one line per algorithm:
 //! `boundary fixed_window end=100 start=100 total=200`. Exits with status 1 when a
 //! total is off: the fixed window and the sliding log must be exact (200 and 100),
 //! the sliding window and the token bucket within 2 of 102 and 115 (real timing
@@ -53,8 +53,8 @@ const SLIP: Duration = Duration::from_millis(1);
 /// ...up to this many times; then the run that slipped least is kept.
 const ATTEMPTS: u32 = 5;
 
-/// The seed's figures: (end of window, start of next, total). Only the totals are
-/// compared: the seed's bucket split its 115 as 101 + 14, where these instants give
+/// The published figures: (end of window, start of next, total). Only the totals are
+/// compared: the published bucket split its 115 as 101 + 14, where these instants give
 /// 112 + 3 (the bucket refills during the 130 ms, whichever side of the boundary).
 fn expected(algorithm: Algorithm) -> (u64, u64, u64) {
     match algorithm {
@@ -81,7 +81,7 @@ fn policy(algorithm: Algorithm) -> Policy {
         Algorithm::TokenBucket => Policy::token_bucket("boundary", 100, 100, second),
         _ => Policy::sliding_log("boundary", 100, second),
     }
-    .expect("the seed's policies are valid")
+    .expect("the boundary test's policies are valid")
 }
 
 /// Maps the deciding clock's microseconds onto local instants.
@@ -221,7 +221,7 @@ fn run<S: Store>(
     let first_us = timeline.now_us() + SETUP_US + END_SPAN_US;
     let boundary_us = first_us.div_ceil(1_000_000) * 1_000_000;
     let boundary = timeline.instant(boundary_us);
-    // The instants of src/algorithm/mod.rs's seed_boundary_times, to the microsecond.
+    // The instants of src/algorithm/mod.rs's boundary_times, to the microsecond.
     let offsets = (0..PER_SIDE)
         .map(|i| -((END_SPAN_US - i * END_SPAN_US / PER_SIDE) as i64))
         .chain((0..PER_SIDE).map(|i| (i * START_SPAN_US / PER_SIDE) as i64));
@@ -344,27 +344,27 @@ fn main() -> Result<(), Box<dyn Error>> {
     println!("Boundary test: limit 100/s; 200 requests over the last 130 ms of a window, 200 over the first 20 ms of the next");
     println!("Store: {what}");
     println!();
-    println!("| algorithm | end of window | start of next | total | seed | send delay p50 / max | runs |");
+    println!("| algorithm | end of window | start of next | total | published | send delay p50 / max | runs |");
     println!("|---|---|---|---|---|---|---|");
     let mut off = Vec::new();
     for r in &runs {
         let (end, start, total) = (r.end(), r.start(), r.end() + r.start());
-        let seed = expected(r.algorithm);
+        let common = expected(r.algorithm);
         println!(
             "| {} | {end} | {start} | {total} | {} + {} = {} | {} / {} us | {} |",
             r.algorithm.as_str().replace('_', " "),
-            seed.0,
-            seed.1,
-            seed.2,
+            common.0,
+            common.1,
+            common.2,
             r.late[r.late.len() / 2].as_micros(),
             r.late.last().map_or(0, Duration::as_micros),
             r.attempts,
         );
-        if total.abs_diff(seed.2) > tolerance(r.algorithm) {
+        if total.abs_diff(common.2) > tolerance(r.algorithm) {
             off.push(format!(
                 "{} total {total}, expected {} (within {})",
                 r.algorithm,
-                seed.2,
+                common.2,
                 tolerance(r.algorithm)
             ));
         }

@@ -1,0 +1,112 @@
+//! Recording a leasing check's answer: the lease it granted (added to one of the same
+//! generation still held), or the denial to keep, for the subject's next requests.
+
+use std::sync::Arc;
+
+use super::flight::{Answer, Asker};
+use super::table::{give_back_of, Denial, Lease, LeaseTable};
+use crate::decision::{Decision, Origin};
+use crate::store::{Grant, StoreError};
+use crate::subject::Subject;
+
+impl LeaseTable {
+    /// Records what a leasing check sent at `sent` (on the store's clock) got, and
+    /// returns the decision for the request that asked: its remaining counts the new
+    /// lease. The subject's entry no longer names `asker`'s flight: its next requests
+    /// spend what it left, or ask again.
+    pub(crate) fn granted(
+        self: &Arc<Self>,
+        subject: &Subject,
+        cost: u64,
+        sent: u64,
+        result: Result<(Decision, Grant), StoreError>,
+        asker: &Asker<Answer>,
+    ) -> Result<Decision, StoreError> {
+        let now = self.store_clock.now_ms();
+        let mut shard = self.shard(subject);
+        let mut entry = shard.get_mut(subject);
+        if let Some(entry) = entry.as_deref_mut() {
+            // Only this asker's: after a reset, a fresh entry's flight is another
+            // asker's, whose waiters wait for that one.
+            if entry.flight.as_ref().is_some_and(|f| f.waits_for(asker)) {
+                entry.flight = None;
+            }
+        }
+        // A failure goes back to the asker, which gives it to the waiters.
+        let (mut decision, grant) = result?;
+        let Some(entry) = entry else {
+            // Swept out meanwhile: the units cannot be spent here; give them back.
+            drop(shard);
+            let back = give_back_of(
+                grant.units,
+                grant.window_end_ms,
+                grant.epoch,
+                self.plan.max_cost,
+            );
+            if let Some(back) = back {
+                self.give_back(subject.clone(), back);
+            }
+            return Ok(decision);
+        };
+        if !decision.is_allowed() {
+            let wait = decision
+                .outcome()
+                .retry_after_ms
+                .max(grant.ask_again_ms)
+                .max(1);
+            entry.denial = Some(Denial {
+                until: sent.saturating_add(wait),
+                cost,
+                decided_at: sent,
+                decision: decision.clone(),
+            });
+            return Ok(decision);
+        }
+        if grant.units == 0 {
+            return Ok(decision);
+        }
+        // The lease starts when the call was sent, so it ends no later than the window
+        // the store decided in, whatever the round trip took.
+        let life = grant.window_left_ms.map_or(self.plan.lifetime_ms, |left| {
+            left.min(self.plan.lifetime_ms)
+        });
+        let expires = sent.saturating_add(life);
+        let mut stale = None;
+        match &mut entry.lease {
+            // Two leases of one generation at once: one, ending with the earlier. (A
+            // lease of an older generation is dropped below: the store no longer
+            // counts its units, so they are neither spent nor given back.)
+            Some(lease) if now < lease.expires && lease.epoch == grant.epoch => {
+                lease.units += grant.units;
+                lease.expires = lease.expires.min(expires);
+                lease.window_end = lease.window_end.min(grant.window_end_ms);
+                lease.decided_at = sent;
+                lease.decision = decision.clone();
+            }
+            slot => {
+                stale = slot
+                    .take()
+                    .filter(|lease| lease.epoch == grant.epoch)
+                    .and_then(|lease| lease.back(self.plan.max_cost));
+                *slot = Some(Lease {
+                    units: grant.units,
+                    expires,
+                    decided_at: sent,
+                    decision: decision.clone(),
+                    window_end: grant.window_end_ms,
+                    epoch: grant.epoch,
+                });
+            }
+        }
+        let held = entry.lease.as_ref().map_or(0, |lease| lease.units);
+        drop(shard);
+        if let Some(back) = stale {
+            self.give_back(subject.clone(), back);
+        }
+        self.start_sweeping();
+        let remaining = decision.remaining().saturating_add(held);
+        let reset = decision.outcome().reset_after_ms;
+        decision.rebase_allowed(remaining, reset, Origin::Store);
+        Ok(decision)
+    }
+}

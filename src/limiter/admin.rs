@@ -1,0 +1,178 @@
+//! Admin operations on a limiter: what a check would decide, giving back, forgetting.
+
+use super::Limiter;
+use crate::decision::{Decision, Origin};
+use crate::error::Error;
+use crate::store::{AdminStore, Operation};
+use crate::subject::Subject;
+
+/// Admin operations: what a check would decide, giving back, forgetting.
+///
+/// They go through the same per-algorithm code as the check (one script in Redis,
+/// the model in memory), bypass the block cache (and clear the subject's entry in
+/// it when they give back), and are not counted as decisions.
+///
+/// ```
+/// use redlimit::{clock::FakeClock, Limiter, MemoryStore, Policy};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = Limiter::new(
+///     MemoryStore::with_clock(FakeClock::new(0)),
+///     Policy::fixed_window("api", 2, Duration::from_secs(60))?,
+/// );
+/// limiter.check("u1", 2).await?;
+/// // What a check would say now, consuming nothing.
+/// assert!(!limiter.peek("u1", 1).await?.is_allowed());
+/// // The handler failed: give the cost back, and the next check admits again.
+/// limiter.refund("u1", 1).await?;
+/// assert!(limiter.check("u1", 1).await?.is_allowed());
+/// // Forget the subject altogether.
+/// limiter.reset("u1").await?;
+/// assert_eq!(limiter.peek("u1", 1).await?.remaining(), 1);
+/// # Ok(()) }
+/// ```
+impl<S: AdminStore> Limiter<S> {
+    /// The decision [`Limiter::check`] would make now for `cost`, consuming nothing.
+    ///
+    /// Goes to the store (not the block cache); the fallback answers while the store
+    /// fails, as for a check.
+    pub async fn peek(&self, subject: impl Into<Subject>, cost: u32) -> Result<Decision, Error> {
+        let cost = self.valid_cost(cost)?;
+        self.admin(Operation::Peek, subject.into(), cost).await
+    }
+
+    /// Gives back `cost` units a check consumed, for instance when the handler
+    /// answered 5xx, and answers as [`Limiter::peek`] of `cost` would afterwards.
+    /// With leases, this instance forgets the subject's kept denial; its lease stays
+    /// (the store still counts its units).
+    ///
+    /// Per policy (shadow ones included): a fixed or sliding window lowers its current
+    /// window's count (not below 0; nothing if the window has changed since); a token
+    /// bucket moves its theoretical arrival time back by `cost` intervals (not before
+    /// now); a sliding log removes its `cost` most recent stamps still in the window.
+    /// The state only shrinks and keeps its expiry. The subject's cached denial, if
+    /// any, is dropped. While the store fails, the fallback (if any) is refunded.
+    ///
+    /// To give back what a check took, use [`Limiter::refund_decision`]: it refunds
+    /// where that check's cost went, which this admin operation does not know.
+    pub async fn refund(&self, subject: impl Into<Subject>, cost: u32) -> Result<Decision, Error> {
+        let cost = self.valid_cost(cost)?;
+        let subject = subject.into();
+        if let Some(guard) = &self.guard {
+            if let Some(blocks) = &guard.blocks {
+                blocks.forget(&subject);
+            }
+            if let Some(table) = &guard.leases {
+                table.forget_denial(&subject);
+            }
+        }
+        self.admin(Operation::Refund, subject, cost).await
+    }
+
+    /// Gives back `cost` units where `decision` (this limiter's allowed check of
+    /// `subject`) took them, and answers as [`Limiter::refund`] does; `None` when
+    /// there was nothing to give back.
+    ///
+    /// A decision of the store (or of a lease) is refunded in the store, and only
+    /// there: if the store fails now, the refund is an error, since the fallback never
+    /// counted the request. A decision of the fallback is refunded in the fallback,
+    /// which counted it, never in the store, which did not. A request let through
+    /// unchecked ([`Origin::FailOpen`]: a store that failed, or timed out after the
+    /// call may have run) and a denial consumed nothing here: nothing is given back.
+    /// The layer's [`refund_on`](crate::RateLimitLayer::refund_on) refunds this way.
+    pub async fn refund_decision(
+        &self,
+        decision: &Decision,
+        subject: impl Into<Subject>,
+        cost: u32,
+    ) -> Result<Option<Decision>, Error> {
+        if !decision.is_allowed() {
+            return Ok(None);
+        }
+        self.refund_from(decision.origin(), subject.into(), cost)
+            .await
+    }
+
+    /// [`Limiter::refund_decision`] of an allowed decision from `origin`.
+    pub(crate) async fn refund_from(
+        &self,
+        origin: Origin,
+        subject: Subject,
+        cost: u32,
+    ) -> Result<Option<Decision>, Error> {
+        let cost = self.valid_cost(cost)?;
+        let guard = self.guard.as_ref();
+        match origin {
+            Origin::FailOpen | Origin::BlockCache => Ok(None),
+            Origin::Fallback => Ok(guard.and_then(|g| g.fallback.as_ref()).map(|fallback| {
+                fallback
+                    .run_op(Operation::Refund, subject, &self.set, cost)
+                    .with_origin(Origin::Fallback)
+            })),
+            Origin::Store | Origin::Lease => {
+                if let Some(blocks) = guard.and_then(|g| g.blocks.as_ref()) {
+                    blocks.forget(&subject);
+                }
+                match self
+                    .store
+                    .run(Operation::Refund, subject, &self.set, cost)
+                    .await
+                {
+                    Ok(decision) => Ok(Some(decision)),
+                    Err(error) => {
+                        crate::telemetry::store_failed(&error, false);
+                        Err(Error::Store(error))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forgets `subject`'s state for every policy of this limiter (deletes its keys),
+    /// its cached denial, its lease and kept denial on this instance, and its state in
+    /// the fallback. Other instances' leases of the subject are not spent twice: see
+    /// [`crate::lease`] for what a reset costs while they hold some.
+    ///
+    /// A store failure is an error even with a fallback: the store's state is unchanged.
+    pub async fn reset(&self, subject: impl Into<Subject>) -> Result<(), Error> {
+        let subject = subject.into();
+        if let Some(guard) = &self.guard {
+            if let Some(blocks) = &guard.blocks {
+                blocks.forget(&subject);
+            }
+            if let Some(table) = &guard.leases {
+                table.forget(&subject);
+            }
+            if let Some(fallback) = &guard.fallback {
+                fallback.run_op(Operation::Reset, subject.clone(), &self.set, 1);
+            }
+        }
+        self.store
+            .run(Operation::Reset, subject, &self.set, 1)
+            .await
+            .map(drop)
+            .map_err(|error| {
+                crate::telemetry::store_failed(&error, false);
+                Error::Store(error)
+            })
+    }
+
+    async fn admin(&self, op: Operation, subject: Subject, cost: u64) -> Result<Decision, Error> {
+        let fallback = self.guard.as_ref().and_then(|g| g.fallback.as_ref());
+        let key = fallback.map(|_| subject.clone());
+        match self.store.run(op, subject, &self.set, cost).await {
+            Ok(decision) => Ok(decision),
+            Err(error) => {
+                crate::telemetry::store_failed(&error, fallback.is_some());
+                match (fallback, key) {
+                    (Some(fallback), Some(subject)) => Ok(fallback
+                        .run_op(op, subject, &self.set, cost)
+                        .with_origin(Origin::Fallback)),
+                    _ => Err(Error::Store(error)),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! Building a [`Limiter`]: every setting is given first and checked once, so no setting
+//! depends on the order it was given in, and a setting that cannot work is an error
+//! rather than a panic or a feature quietly turned off.
+
+use std::sync::Arc;
+
+use super::{Guard, Limiter};
+use crate::block_cache::BlockCache;
+use crate::clock::{Clock, MonotonicClock};
+use crate::lease::{LeaseError, LeaseTable, Leases};
+use crate::policy::Policy;
+use crate::store::{LeaseStore, MemoryStore, PolicySet, Store};
+
+/// The settings of a [`Limiter`] before it is built: from [`Limiter::builder`].
+///
+/// ```
+/// use redlimit::{Limiter, MemoryStore, Policy};
+/// use std::time::Duration;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = Limiter::builder(MemoryStore::new())
+///     .policy(Policy::token_bucket("burst", 10, 10, Duration::from_secs(1))?)
+///     .policy(Policy::sliding_window("hourly", 1000, Duration::from_secs(3600))?)
+///     .block_cache(10_000)
+///     .build()?;
+/// assert_eq!(limiter.policies().len(), 2);
+/// # Ok(()) }
+/// ```
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct LimiterBuilder<S> {
+    store: S,
+    policies: Vec<Policy>,
+    block_cache: Option<usize>,
+    fallback: Option<MemoryStore>,
+    clock: Option<Arc<dyn Clock>>,
+    leases: Option<(Leases, Arc<dyn LeaseStore>)>,
+}
+
+/// Why [`LimiterBuilder::build`] refused its settings.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// Every check must have something to decide.
+    #[error("a limiter needs at least one policy")]
+    NoPolicy,
+    /// Two policies under one name would share their state's name in the store.
+    #[error("two policies are named {0:?}: a name keys its policy's state, so names must be unique in a limiter")]
+    DuplicateName(String),
+    /// The lease settings cannot work for these policies.
+    #[error(transparent)]
+    Leases(#[from] LeaseError),
+}
+
+impl<S: Store> LimiterBuilder<S> {
+    pub(super) fn new(store: S) -> Self {
+        Self {
+            store,
+            policies: Vec::new(),
+            block_cache: None,
+            fallback: None,
+            clock: None,
+            leases: None,
+        }
+    }
+
+    /// Adds a policy that must also admit every request. All policies of a limiter are
+    /// decided together: a request one of them denies consumes from none.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policies.push(policy);
+        self
+    }
+
+    /// Answers subjects the store denied locally until their retry time, holding at
+    /// most `max_entries` of them (0 is read as 1): a flood from one over-limit subject
+    /// then costs the store one call per retry period instead of one per request.
+    ///
+    /// Exact, not a heuristic: the store said the request would not be admitted before
+    /// its retry time. The cache answers only the cost that was denied (another cost has
+    /// another retry time) and forgets a subject once the store admits it again.
+    ///
+    /// ```
+    /// use redlimit::{clock::FakeClock, Limiter, MemoryStore, Origin, Policy};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let clock = FakeClock::new(0);
+    /// let limiter = Limiter::builder(MemoryStore::with_clock(clock.clone()))
+    ///     .policy(Policy::fixed_window("p", 1, Duration::from_secs(1))?)
+    ///     .block_cache(10_000)
+    ///     .local_clock(clock.clone())
+    ///     .build()?;
+    /// limiter.check("flooder", 1).await?;
+    /// assert!(!limiter.check("flooder", 1).await?.is_allowed());
+    /// // Answered from the cache until the retry time.
+    /// assert_eq!(limiter.check("flooder", 1).await?.origin(), Origin::BlockCache);
+    /// # Ok(()) }
+    /// ```
+    pub fn block_cache(mut self, max_entries: usize) -> Self {
+        self.block_cache = Some(max_entries);
+        self
+    }
+
+    /// Decides in `fallback` (this process's memory) while the store fails, instead of
+    /// handing the failure to the caller. Limits then hold per process until the store
+    /// returns; each call tries the store first, so no restart is needed.
+    pub fn fallback(mut self, fallback: MemoryStore) -> Self {
+        self.fallback = Some(fallback);
+        self
+    }
+
+    /// The clock of the block cache and of the rates and idle times leases measure (the
+    /// monotonic clock by default; a fake one in tests). Leases and their kept denials
+    /// are timed on the store's clock instead ([`LeaseStore::lease_clock`]), so a local
+    /// clock that runs wrong cannot carry leased units past their window.
+    pub fn local_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// The limiter, or why these settings cannot work.
+    pub fn build(self) -> Result<Limiter<S>, BuildError> {
+        let Self {
+            store,
+            policies,
+            block_cache,
+            fallback,
+            clock,
+            leases,
+        } = self;
+        if policies.is_empty() {
+            return Err(BuildError::NoPolicy);
+        }
+        for (i, policy) in policies.iter().enumerate() {
+            if policies[..i].iter().any(|p| p.name() == policy.name()) {
+                return Err(BuildError::DuplicateName(policy.name().to_owned()));
+            }
+        }
+        let set = PolicySet::new(policies);
+        if block_cache.is_none() && fallback.is_none() && leases.is_none() {
+            // Nothing runs around the store: the plain path, with no guard to consult.
+            return Ok(Limiter {
+                store,
+                set,
+                guard: None,
+            });
+        }
+        let clock = clock.unwrap_or_else(|| Arc::new(MonotonicClock::new()));
+        let leases = match leases {
+            Some((settings, lease_store)) => {
+                let plan = settings.resolve(&set)?;
+                let table = LeaseTable::new(plan, set.clone(), lease_store, Arc::clone(&clock));
+                Some(Arc::new(table))
+            }
+            None => None,
+        };
+        Ok(Limiter {
+            store,
+            set,
+            guard: Some(Arc::new(Guard {
+                clock,
+                blocks: block_cache.map(BlockCache::new),
+                fallback,
+                leases,
+            })),
+        })
+    }
+}
+
+impl<S: Store + LeaseStore + Clone> LimiterBuilder<S> {
+    /// Serves hot subjects from leases: units taken from the store in the same call as
+    /// a check and spent by this instance without a round trip, under one budget
+    /// shared by every instance. See [`crate::lease`] for how, and for what leases
+    /// promise (no over-admission for window counters; a token bucket's burst grows by
+    /// at most its refill rate times the lease lifetime).
+    ///
+    /// A sliding log never leases: [`LimiterBuilder::build`] refuses a set with one
+    /// ([`LeaseError::SlidingLog`]), as it refuses settings that cannot work.
+    pub fn leases(mut self, leases: Leases) -> Self {
+        let store: Arc<dyn LeaseStore> = Arc::new(self.store.clone());
+        self.leases = Some((leases, store));
+        self
+    }
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for LimiterBuilder<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LimiterBuilder")
+            .field("store", &self.store)
+            .field("policies", &self.policies)
+            .field("block_cache", &self.block_cache)
+            .field("fallback", &self.fallback.is_some())
+            .field(
+                "leases",
+                &self.leases.as_ref().map(|(settings, _)| settings),
+            )
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,190 @@
+//! The limiter: a store and the policies checked together, usable without HTTP.
+//!
+//! ```
+//! use redlimit::{Limiter, MemoryStore, Policy};
+//! use std::time::Duration;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // 10 per second and 1000 per hour: both must admit, and a denial consumes nothing.
+//! let limiter = Limiter::builder(MemoryStore::new())
+//!     .policy(Policy::token_bucket("burst", 10, 10, Duration::from_secs(1))?)
+//!     .policy(Policy::sliding_window("hourly", 1000, Duration::from_secs(3600))?)
+//!     .build()?;
+//!
+//! let decision = limiter.check("tenant-7", 1).await?;
+//! assert!(decision.is_allowed());
+//! assert_eq!(decision.remaining(), 9);
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+
+use crate::block_cache::BlockCache;
+use crate::clock::Clock;
+use crate::error::Error;
+use crate::lease::{LeaseTable, Leased};
+use crate::policy::Policy;
+use crate::store::{CheckNow, MemoryStore, PolicySet, Store};
+use crate::subject::Subject;
+
+mod admin;
+mod builder;
+mod future;
+#[cfg(test)]
+mod tests;
+
+pub use builder::{BuildError, LimiterBuilder};
+pub use future::CheckFuture;
+use future::{After, CheckState, PendingLease};
+
+/// A store and the policies one kind of request is checked against.
+///
+/// Built with at least one policy, so every check has something to decide. Wrap it in an
+/// `Arc` (the layer does) to share it.
+#[derive(Debug, Clone)]
+pub struct Limiter<S> {
+    store: S,
+    set: PolicySet,
+    /// What runs around the store: block cache and fallback (none by default, so the
+    /// plain path costs nothing extra).
+    guard: Option<Arc<Guard>>,
+}
+
+/// The limiter's local helpers, shared by every pending check.
+#[derive(Debug)]
+struct Guard {
+    clock: Arc<dyn Clock>,
+    blocks: Option<BlockCache>,
+    fallback: Option<MemoryStore>,
+    /// This limiter's leases, when on.
+    leases: Option<Arc<LeaseTable>>,
+}
+
+impl<S: Store> Limiter<S> {
+    /// A limiter on `store` with one policy and nothing around it: the shorthand for
+    /// `Limiter::builder(store).policy(policy).build()`, which cannot fail.
+    pub fn new(store: S, policy: Policy) -> Self {
+        Self {
+            store,
+            set: PolicySet::new(vec![policy]),
+            guard: None,
+        }
+    }
+
+    /// A limiter with several policies, a block cache, a memory fallback, leases or a
+    /// clock of its own: every setting is given first and checked once, in
+    /// [`LimiterBuilder::build`], so the order of the calls never matters.
+    pub fn builder(store: S) -> LimiterBuilder<S> {
+        LimiterBuilder::new(store)
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Decides whether `subject` may spend `cost` now, and consumes it if so.
+    ///
+    /// A cost of 0, or above what some policy can ever admit, is an error rather than a
+    /// denial that would never end.
+    #[inline]
+    pub fn check(&self, subject: impl Into<Subject>, cost: u32) -> CheckFuture<S::Future> {
+        let cost = match self.valid_cost(cost) {
+            Ok(cost) => cost,
+            Err(error) => return CheckFuture::settled(Err(error)),
+        };
+        let subject = subject.into();
+        let Some(guard) = &self.guard else {
+            return match self.store.check_now(subject, &self.set, cost) {
+                CheckNow::Decided(result) => CheckFuture::settled(result.map_err(Error::from)),
+                CheckNow::Later(subject) => CheckFuture {
+                    state: CheckState::Store {
+                        future: self.store.check(subject, &self.set, cost),
+                    },
+                    after: None,
+                },
+            };
+        };
+        if let Some(blocks) = &guard.blocks {
+            if let Some(decision) = blocks.lookup(&subject, cost, guard.clock.now_ms()) {
+                return CheckFuture::settled(Ok(decision));
+            }
+        }
+        // What runs once the store answers: made only for a check that goes to it.
+        let after = || After {
+            guard: Arc::clone(guard),
+            subject: subject.clone(),
+            set: self.set.clone(),
+            cost,
+        };
+        if let Some(leases) = &guard.leases {
+            let now = guard.clock.now_ms();
+            match leases.check(&subject, cost, now) {
+                // Served from a lease or a kept denial: nothing to do afterwards.
+                Leased::Decided(decision) => return CheckFuture::settled(Ok(decision)),
+                Leased::Pending(future) => {
+                    return CheckFuture {
+                        state: CheckState::Lease {
+                            future: PendingLease(future),
+                        },
+                        after: Some(after()),
+                    }
+                }
+                Leased::Plain => {}
+            }
+        }
+        let after = after();
+        match self.store.check_now(subject, &self.set, cost) {
+            CheckNow::Decided(result) => CheckFuture::settled(after.finish(result)),
+            CheckNow::Later(subject) => CheckFuture {
+                state: CheckState::Store {
+                    future: self.store.check(subject, &self.set, cost),
+                },
+                after: Some(after),
+            },
+        }
+    }
+}
+
+impl<S> Limiter<S> {
+    /// This limiter's leases, when on.
+    #[cfg(feature = "internals")]
+    pub(crate) fn lease_table(&self) -> Option<&LeaseTable> {
+        self.guard.as_ref()?.leases.as_deref()
+    }
+
+    /// The policies checked, in order.
+    pub fn policies(&self) -> &[Policy] {
+        self.set.policies()
+    }
+
+    /// The policies with their fingerprint, as stores see them.
+    pub fn policy_set(&self) -> &PolicySet {
+        &self.set
+    }
+
+    /// `cost` as the stores take it, or why no policy set could ever admit it.
+    #[inline]
+    pub(crate) fn valid_cost(&self, cost: u32) -> Result<u64, Error> {
+        let cost = u64::from(cost);
+        if cost == 0 {
+            return Err(Error::ZeroCost);
+        }
+        if cost > self.set.max_cost() {
+            let policy = self
+                .set
+                .policies()
+                .iter()
+                .find(|p| p.max_cost() < cost)
+                .map(|p| p.name().to_owned())
+                .unwrap_or_default();
+            return Err(Error::CostTooHigh {
+                cost,
+                max: self.set.max_cost(),
+                policy,
+            });
+        }
+        Ok(cost)
+    }
+}
