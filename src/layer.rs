@@ -1,4 +1,4 @@
-//! The tower middleware: [`RateLimitLayer`] wraps a service in [`RateLimit`].
+//! The tower middleware: [`RateLimitLayer`](crate::RateLimitLayer) wraps a service in [`RateLimit`].
 //!
 //! ```
 //! use std::time::Duration;
@@ -51,8 +51,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! One layer can also choose the limiter per request: [`RateLimitLayer::rules`] by
-//! method and path (or gRPC method), [`RateLimitLayer::tiers`] by a tier such as the
+//! One layer can also choose the limiter per request: [`RateLimitLayer::rules`](crate::RateLimitLayer::rules) by
+//! method and path (or gRPC method), [`RateLimitLayer::tiers`](crate::RateLimitLayer::tiers) by a tier such as the
 //! user's plan. Both are [`Plan`]s, served by the same [`RateLimit`] service.
 //!
 //! Under axum the same layer goes on a `Router` with `.layer(..)` or `.route_layer(..)`;

@@ -50,7 +50,7 @@
 //! Dependencies run one way: the core (policy, the algorithms, decision, subject,
 //! clock, limiter, block cache, stores, key extractors, telemetry) knows nothing of
 //! HTTP responses or tower; [`layer`] (the middleware, its responses and headers,
-//! gRPC answers, [`rules`], [`tiers`]) is built on the core; `config` builds values of
+//! gRPC answers, [`layer::Rules`], [`layer::Tiers`]) is built on the core; `config` builds values of
 //! both. `ARCHITECTURE.md` draws the map.
 #![forbid(unsafe_code)]
 #![warn(

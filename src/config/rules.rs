@@ -1,6 +1,6 @@
 //! The `[[rules]]` and `[default]` tables: where each rule applies, which policies
 //! check it and which key names its subject. Path patterns and gRPC names are the rules
-//! API's to judge ([`RulesBuilder`](crate::rules::RulesBuilder)); what is checked here
+//! API's to judge ([`RulesBuilder`](crate::layer::RulesBuilder)); what is checked here
 //! is what only the file can get wrong.
 
 use std::ops::Range;
@@ -10,8 +10,8 @@ use toml::Spanned;
 
 use super::file::{RawRule, RawTarget, Source};
 use super::ConfigError;
-use crate::policy::Policy;
 use crate::layer::RuleError;
+use crate::policy::Policy;
 
 /// One `[[rules]]` table, checked.
 #[derive(Debug, Clone)]
@@ -24,7 +24,7 @@ pub(super) struct RuleSpec {
     pattern_line: usize,
 }
 
-/// Where a rule applies, as [`RulesBuilder`](crate::rules::RulesBuilder) takes it.
+/// Where a rule applies, as [`RulesBuilder`](crate::layer::RulesBuilder) takes it.
 #[derive(Debug, Clone)]
 pub(super) enum Applies {
     /// `path`, for `method` only when one is given.

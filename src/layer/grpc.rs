@@ -29,7 +29,8 @@ pub(crate) const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status"
 pub(crate) const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 /// `grpc-retry-pushback-ms`: how long a retrying client should wait, in milliseconds
 /// (gRFC A6, the retry design).
-pub(crate) const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+pub(crate) const GRPC_RETRY_PUSHBACK_MS: HeaderName =
+    HeaderName::from_static("grpc-retry-pushback-ms");
 
 /// `INVALID_ARGUMENT` (3): the request itself is malformed (an HTTP 400).
 pub(crate) const INVALID_ARGUMENT: u8 = 3;

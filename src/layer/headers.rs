@@ -25,7 +25,8 @@ pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelim
 /// `X-RateLimit-Limit` (legacy style): the binding policy's limit.
 pub(crate) const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 /// `X-RateLimit-Remaining` (legacy style): units left in the binding policy.
-pub(crate) const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+pub(crate) const X_RATELIMIT_REMAINING: HeaderName =
+    HeaderName::from_static("x-ratelimit-remaining");
 /// `X-RateLimit-Reset` (legacy style): seconds until the binding policy is back to unused.
 pub(crate) const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 

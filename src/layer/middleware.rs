@@ -35,9 +35,9 @@ pub enum FailureMode {
 /// is a [`Keyed`]), or from a [`Plan`] that picks the limiter per request:
 /// [`RateLimitLayer::rules`], [`RateLimitLayer::tiers`]. The options are builder
 /// methods. Cloning and [`Layer::layer`] share the limiters and their state. See the
-/// [module docs](self) for an example.
+/// [module docs](crate::layer) for an example.
 pub struct RateLimitLayer<S, P: Plan<S>> {
-    shared: Arc<Shared<S, P>>,
+    pub(super) shared: Arc<Shared<S, P>>,
 }
 
 /// What a layer and every service made of it share, behind one `Arc`: cloning either,
@@ -305,4 +305,3 @@ impl<S, P: Plan<S>, Inner> Layer<Inner> for RateLimitLayer<S, P> {
         RateLimit::new(inner, Arc::clone(&self.shared))
     }
 }
-

@@ -1,60 +1,4 @@
 //! Rules: one layer that limits each route (or gRPC method) by its own policies.
-//!
-//! ```
-//! use std::time::Duration;
-//!
-//! use http::{Method, Request, Response, StatusCode};
-//! use redlimit::key::{ClientIp, Global, Header, Secret};
-//! use redlimit::rules::Rules;
-//! use redlimit::{Limiter, MemoryStore, Policy, RateLimitLayer};
-//! use tower::{ServiceBuilder, ServiceExt};
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = MemoryStore::new();
-//! let login = Limiter::new(store.clone(), Policy::fixed_window("login", 3, Duration::from_secs(60))?);
-//! let api = Limiter::new(store.clone(), Policy::sliding_window("api", 10, Duration::from_secs(1))?);
-//! let rest = Limiter::new(store, Policy::sliding_window("default", 100, Duration::from_secs(60))?);
-//! let secret = Secret::new("from your secret store, the same on every instance")?;
-//!
-//! let rules = Rules::builder()
-//!     .route(Method::POST, "/login", login, ClientIp::new())   // 3 a minute per address
-//!     .path("/api/*", api, Header::new("x-api-key", &secret)) // 10 a second per API key
-//!     .grpc("shop.Orders", Some("Place"), Limiter::new(MemoryStore::new(),
-//!         Policy::token_bucket("orders", 5, 1, Duration::from_secs(1))?), Global)
-//!     .default(rest, Global)                           // everything else
-//!     .build()?;
-//!
-//! let service = ServiceBuilder::new()
-//!     .layer(RateLimitLayer::rules(rules))
-//!     .service_fn(|_req: Request<String>| async {
-//!         Ok::<_, std::convert::Infallible>(Response::new(String::new()))
-//!     });
-//!
-//! let call = Request::get("/api/users/7").header("x-api-key", "k1").body(String::new())?;
-//! let response = service.oneshot(call).await?;
-//! assert_eq!(response.status(), StatusCode::OK);
-//! assert_eq!(response.headers()["ratelimit-policy"], r#""api";q=10;w=1"#);
-//! # Ok(()) }
-//! ```
-//!
-//! The first rule that matches a request decides which limiter checks it and which key
-//! extractor names its subject; a request no rule matches goes to the default, or passes
-//! unchecked (and without rate-limit headers) when there is none. Limiters shared by
-//! several rules share their counters, as one limiter behind several `route_layer`s
-//! would.
-//!
-//! Path patterns are matched segment by segment against the request's URI path (the
-//! query is not part of it), exactly and case-sensitively:
-//!
-//! | pattern | matches | does not match |
-//! |---|---|---|
-//! | `/login` | `/login` | `/login/`, `/login/x` |
-//! | `/users/{id}`, `/users/*` | `/users/7` | `/users`, `/users/`, `/users/7/posts` |
-//! | `/files/{*rest}`, `/files/*` (last) | `/files/a`, `/files/a/b`, `/files/` | `/files` |
-//!
-//! gRPC calls are `POST /package.Service/Method`: [`RulesBuilder::grpc`] matches the
-//! service and, optionally, one method.
 
 use std::fmt;
 use std::sync::Arc;
@@ -67,9 +11,63 @@ use crate::layer::{Keyed, Limit, Pick, Sealed};
 use crate::limiter::Limiter;
 use crate::store::Store;
 
-/// Routes matched to limiters and key extractors, first match first; the plan of
-/// [`RateLimitLayer::rules`](crate::RateLimitLayer::rules). Built with
-/// [`Rules::builder`]; see the [module docs](self).
+/// Rules: one layer that limits each route (or gRPC method) by its own policies.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use http::{Method, Request, Response, StatusCode};
+/// use redlimit::key::{ClientIp, Global, Header, Secret};
+/// use redlimit::layer::Rules;
+/// use redlimit::{Limiter, MemoryStore, Policy, RateLimitLayer};
+/// use tower::{ServiceBuilder, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MemoryStore::new();
+/// let login = Limiter::new(store.clone(), Policy::fixed_window("login", 3, Duration::from_secs(60))?);
+/// let api = Limiter::new(store.clone(), Policy::sliding_window("api", 10, Duration::from_secs(1))?);
+/// let rest = Limiter::new(store, Policy::sliding_window("default", 100, Duration::from_secs(60))?);
+/// let secret = Secret::new("from your secret store, the same on every instance")?;
+///
+/// let rules = Rules::builder()
+///     .route(Method::POST, "/login", login, ClientIp::new())   // 3 a minute per address
+///     .path("/api/*", api, Header::new("x-api-key", &secret)) // 10 a second per API key
+///     .grpc("shop.Orders", Some("Place"), Limiter::new(MemoryStore::new(),
+///         Policy::token_bucket("orders", 5, 1, Duration::from_secs(1))?), Global)
+///     .default(rest, Global)                           // everything else
+///     .build()?;
+///
+/// let service = ServiceBuilder::new()
+///     .layer(RateLimitLayer::rules(rules))
+///     .service_fn(|_req: Request<String>| async {
+///         Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+///     });
+///
+/// let call = Request::get("/api/users/7").header("x-api-key", "k1").body(String::new())?;
+/// let response = service.oneshot(call).await?;
+/// assert_eq!(response.status(), StatusCode::OK);
+/// assert_eq!(response.headers()["ratelimit-policy"], r#""api";q=10;w=1"#);
+/// # Ok(()) }
+/// ```
+///
+/// The first rule that matches a request decides which limiter checks it and which key
+/// extractor names its subject; a request no rule matches goes to the default, or passes
+/// unchecked (and without rate-limit headers) when there is none. Limiters shared by
+/// several rules share their counters, as one limiter behind several `route_layer`s
+/// would.
+///
+/// Path patterns are matched segment by segment against the request's URI path (the
+/// query is not part of it), exactly and case-sensitively:
+///
+/// | pattern | matches | does not match |
+/// |---|---|---|
+/// | `/login` | `/login` | `/login/`, `/login/x` |
+/// | `/users/{id}`, `/users/*` | `/users/7` | `/users`, `/users/`, `/users/7/posts` |
+/// | `/files/{*rest}`, `/files/*` (last) | `/files/a`, `/files/a/b`, `/files/` | `/files` |
+///
+/// gRPC calls are `POST /package.Service/Method`: [`RulesBuilder::grpc`] matches the
+/// service and, optionally, one method.
 pub struct Rules<S> {
     rules: Box<[Rule<S>]>,
     default: Option<Keyed<S, Arc<dyn KeyExtractor>>>,

@@ -9,6 +9,9 @@ use std::time::Duration;
 use super::*;
 use crate::clock::FakeClock;
 use crate::key::Global;
+use crate::layer::middleware::*;
+use crate::limiter::Limiter;
+use crate::store::Store;
 use crate::store::{PolicySet, StoreError, StoreErrorKind};
 use crate::{Decision, MemoryStore, Policy, Subject};
 

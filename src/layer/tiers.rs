@@ -1,49 +1,4 @@
 //! Tiers: the limiter for a request chosen by its tier (a user's plan), in one layer.
-//!
-//! ```
-//! use std::time::Duration;
-//!
-//! use http::{Request, Response, StatusCode};
-//! use redlimit::key::Extension;
-//! use redlimit::tiers::Tiers;
-//! use redlimit::{Limiter, MemoryStore, Policy, RateLimitLayer, Subject};
-//! use tower::{ServiceBuilder, ServiceExt};
-//!
-//! /// What the authentication layer puts in the request's extensions.
-//! #[derive(Clone)]
-//! struct User { id: u64, plan: String }
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = MemoryStore::new();
-//! let minute = Duration::from_secs(60);
-//! let tiers = Tiers::new(
-//!     Extension::new(|user: &User| Subject::new(format!("user:{}", user.id))),
-//!     |parts| parts.extensions.get::<User>().map(|user| user.plan.as_str()),
-//! )
-//! .tier("free", Limiter::new(store.clone(), Policy::sliding_window("free", 60, minute)?))
-//! .tier("pro", Limiter::new(store.clone(), Policy::sliding_window("pro", 600, minute)?))
-//! .default(Limiter::new(store, Policy::sliding_window("anonymous", 10, minute)?));
-//!
-//! let service = ServiceBuilder::new()
-//!     .layer(RateLimitLayer::tiers(tiers))
-//!     .service_fn(|_req: Request<String>| async {
-//!         Ok::<_, std::convert::Infallible>(Response::new(String::new()))
-//!     });
-//!
-//! let mut request = Request::new(String::new());
-//! request.extensions_mut().insert(User { id: 7, plan: "pro".into() });
-//! let response = service.oneshot(request).await?;
-//! assert_eq!(response.status(), StatusCode::OK);
-//! assert_eq!(response.headers()["ratelimit-policy"], r#""pro";q=600;w=60"#);
-//! # Ok(()) }
-//! ```
-//!
-//! The tier function reads the request's head (typically an extension that the
-//! authentication layer, placed outside this one, inserted); the key extractor names the
-//! subject within the tier. A request without a tier, or with one not listed, is checked
-//! by the default; without a default it passes unchecked, so set one unless another
-//! layer limits such requests.
 
 use std::fmt;
 use std::sync::Arc;
@@ -57,9 +12,52 @@ use crate::store::Store;
 
 type TierOf = dyn for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync;
 
-/// Limiters by tier name and one key extractor: the plan of
-/// [`RateLimitLayer::tiers`](crate::RateLimitLayer::tiers). See the [module
-/// docs](self).
+/// Tiers: the limiter for a request chosen by its tier (a user's plan), in one layer.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use http::{Request, Response, StatusCode};
+/// use redlimit::key::Extension;
+/// use redlimit::layer::Tiers;
+/// use redlimit::{Limiter, MemoryStore, Policy, RateLimitLayer, Subject};
+/// use tower::{ServiceBuilder, ServiceExt};
+///
+/// /// What the authentication layer puts in the request's extensions.
+/// #[derive(Clone)]
+/// struct User { id: u64, plan: String }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MemoryStore::new();
+/// let minute = Duration::from_secs(60);
+/// let tiers = Tiers::new(
+///     Extension::new(|user: &User| Subject::new(format!("user:{}", user.id))),
+///     |parts| parts.extensions.get::<User>().map(|user| user.plan.as_str()),
+/// )
+/// .tier("free", Limiter::new(store.clone(), Policy::sliding_window("free", 60, minute)?))
+/// .tier("pro", Limiter::new(store.clone(), Policy::sliding_window("pro", 600, minute)?))
+/// .default(Limiter::new(store, Policy::sliding_window("anonymous", 10, minute)?));
+///
+/// let service = ServiceBuilder::new()
+///     .layer(RateLimitLayer::tiers(tiers))
+///     .service_fn(|_req: Request<String>| async {
+///         Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+///     });
+///
+/// let mut request = Request::new(String::new());
+/// request.extensions_mut().insert(User { id: 7, plan: "pro".into() });
+/// let response = service.oneshot(request).await?;
+/// assert_eq!(response.status(), StatusCode::OK);
+/// assert_eq!(response.headers()["ratelimit-policy"], r#""pro";q=600;w=60"#);
+/// # Ok(()) }
+/// ```
+///
+/// The tier function reads the request's head (typically an extension that the
+/// authentication layer, placed outside this one, inserted); the key extractor names the
+/// subject within the tier. A request without a tier, or with one not listed, is checked
+/// by the default; without a default it passes unchecked, so set one unless another
+/// layer limits such requests.
 pub struct Tiers<S, K> {
     key: K,
     tier_of: Box<TierOf>,

@@ -14,14 +14,8 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{Empty, Full};
 use redlimit::clock::FakeClock;
-use redlimit::headers::{
-    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
-};
-use redlimit::rules::Rules;
-use redlimit::tiers::Tiers;
-use redlimit::{
-    BodyStyle, Decision, FailureMode, HeaderStyle, Limiter, MemoryStore, RateLimitLayer,
-};
+use redlimit::layer::{BodyStyle, FailureMode, HeaderStyle, Rules, Tiers};
+use redlimit::{Decision, Limiter, MemoryStore, RateLimitLayer};
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_service::Service;
 

@@ -6,10 +6,8 @@ use http::Request;
 use http::StatusCode;
 use http_body_util::Empty;
 use redlimit::clock::FakeClock;
-use redlimit::headers::{RATELIMIT, RATELIMIT_POLICY};
-use redlimit::rules::Rules;
-use redlimit::tiers::Tiers;
-use redlimit::{Error, FailureMode, Limiter, MemoryStore, RateLimitLayer};
+use redlimit::layer::{FailureMode, Rules, Tiers};
+use redlimit::{Error, Limiter, MemoryStore, RateLimitLayer};
 use tower::{ServiceBuilder, ServiceExt};
 
 use crate::support::layer::*;

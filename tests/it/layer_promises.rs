@@ -14,9 +14,9 @@ use axum::{Extension, Router};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use redlimit::key::ClientIp;
+use redlimit::layer::FailureMode;
 use redlimit::{
-    Decision, FailureMode, Limiter, LimiterBuilder, MemoryStore, Policy, RateLimitLayer,
-    RedisStore, Store,
+    Decision, Limiter, LimiterBuilder, MemoryStore, Policy, RateLimitLayer, RedisStore, Store,
 };
 use support::RedisServer;
 use tower::ServiceExt;

@@ -24,10 +24,9 @@ use axum::{Extension, Router};
 use deadpool_redis::redis;
 use http::{Request, Response, StatusCode};
 use redlimit::key::Header;
+use redlimit::layer::FailureMode;
 use redlimit::store::StoreErrorKind;
-use redlimit::{
-    Decision, Error, FailureMode, Limiter, MemoryStore, Origin, Policy, RateLimitLayer, RedisStore,
-};
+use redlimit::{Decision, Error, Limiter, MemoryStore, Origin, Policy, RateLimitLayer, RedisStore};
 use support::{command_calls, RedisServer};
 use tokio::task::JoinSet;
 use tower::ServiceExt;

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use http::StatusCode;
 use redlimit::clock::FakeClock;
-use redlimit::headers::RATELIMIT;
 use redlimit::store::{AdminStore, Operation, PolicySet, StoreError};
 use redlimit::{Decision, Limiter, MemoryStore, Policy, RateLimitLayer, Store, Subject};
 use tower::{ServiceBuilder, ServiceExt};

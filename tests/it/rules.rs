@@ -11,8 +11,7 @@ use axum::Router;
 use http::{Method, Request, StatusCode};
 use redlimit::clock::FakeClock;
 use redlimit::key::{ClientIp, Extension, Global, Header, Secret};
-use redlimit::rules::Rules;
-use redlimit::tiers::Tiers;
+use redlimit::layer::{Rules, Tiers};
 use redlimit::{Limiter, MemoryStore, Policy, RateLimitLayer, Subject};
 use tower::ServiceExt;
 

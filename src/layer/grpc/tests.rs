@@ -14,7 +14,8 @@ use crate::clock::FakeClock;
 use crate::key::{from_fn, KeyExtractor, KeyRejection};
 use crate::layer::headers::{RATELIMIT, RATELIMIT_POLICY};
 use crate::layer::tests::BrokenStore;
-use crate::{FailureMode, Limiter, MemoryStore, Policy, RateLimitLayer, Subject};
+use crate::layer::FailureMode;
+use crate::{Limiter, MemoryStore, Policy, RateLimitLayer, Subject};
 
 fn head(content_type: Option<&str>) -> Parts {
     let mut builder = Request::post("/grpc.health.v1.Health/Check");

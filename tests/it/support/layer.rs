@@ -14,9 +14,16 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
 use redlimit::clock::FakeClock;
 use redlimit::key::{KeyExtractor, KeyRejection};
-use redlimit::layer::Keyed;
+use redlimit::layer::{Keyed, Plan};
 use redlimit::store::{PolicySet, StoreError, StoreErrorKind};
-use redlimit::{Decision, Limiter, MemoryStore, Plan, Policy, RateLimitLayer, Store, Subject};
+use redlimit::{Decision, Limiter, MemoryStore, Policy, RateLimitLayer, Store, Subject};
+
+/// The response headers, by the names clients read.
+pub const RATELIMIT: &str = "ratelimit";
+pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
+pub const X_RATELIMIT_LIMIT: &str = "x-ratelimit-limit";
+pub const X_RATELIMIT_REMAINING: &str = "x-ratelimit-remaining";
+pub const X_RATELIMIT_RESET: &str = "x-ratelimit-reset";
 
 /// Keys on the `x-user` header; a request without one is rejected with 401.
 /// Keys on the `x-user` header; a request without one is rejected with 401.
