@@ -136,7 +136,7 @@ fn app<S: Store + Clone>(store: S, secret: &Secret) -> Result<Router, BoxError> 
         store,
         Policy::token_bucket("api", 10, 1, Duration::from_secs(1))?,
     );
-    let api_key = Header::new("x-api-key", secret).or(ClientIp::new());
+    let api_key = Header::new("x-api-key", secret)?.or(ClientIp::new());
     Ok(Router::new()
         .route(
             "/",

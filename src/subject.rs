@@ -151,11 +151,11 @@ pub(crate) fn derive_secret_key(secret: &[u8]) -> [u8; 32] {
 ///
 /// # std::env::set_var("REDLIMIT_SECRET", "32 random bytes from your secret store");
 /// let secret = Secret::from_env("REDLIMIT_SECRET")?;
-/// let key = Header::new("x-api-key", &secret);
+/// let key = Header::new("x-api-key", &secret)?;
 /// assert!(!format!("{secret:?} {key:?}").contains("random"));
 ///
 /// assert!(matches!(Secret::new(""), Err(SecretError::Empty)));
-/// # Ok::<(), SecretError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
 /// What the hash protects: raw values are never stored in Redis, shown in keys, logs

@@ -98,7 +98,7 @@ async fn run() -> Result<(), BoxError> {
     let mut stats = Vec::new();
     for i in 0..instances {
         let counts = Arc::new(Counts::default());
-        let key = Header::new("x-api-key", &secret).or(ClientIp::new());
+        let key = Header::new("x-api-key", &secret)?.or(ClientIp::new());
         let (router, store) = if memory {
             let limiter = Limiter::new(MemoryStore::new(), policy.clone());
             let router = hello().layer(RateLimitLayer::new(limiter, key));

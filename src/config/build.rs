@@ -114,7 +114,7 @@ impl Config {
                 KeyPart::Global => FileKey::Global,
                 KeyPart::Route => FileKey::Route(Route::new()),
                 KeyPart::Header(name) => match &self.header_secret {
-                    Some(secret) => FileKey::Header(Header::new(name.clone(), secret)),
+                    Some(secret) => FileKey::Header(Header::secret(name.clone(), secret)),
                     None => return Err(self.no_secret(spec, name)),
                 },
             })

@@ -157,7 +157,7 @@ mod tests {
         parts
             .extensions
             .insert(SocketAddr::from(([192, 0, 2, 1], 1)));
-        let key = Header::plain("x-user").or(ClientIp::new());
+        let key = Header::plain("x-user").unwrap().or(ClientIp::new());
         assert_eq!(key.extract(&parts), Ok(Subject::new("ip=192.0.2.1")));
         parts.headers.insert("x-user", "u1".parse().unwrap());
         assert_eq!(key.extract(&parts), Ok(Subject::new("header:x-user=u1")));

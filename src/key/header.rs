@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use http::header::HeaderName;
+use http::header::{HeaderName, InvalidHeaderName};
 use http::request::Parts;
 use http::StatusCode;
 
@@ -18,7 +18,7 @@ use crate::subject::{Secret, Subject};
 /// // From your secret store or the environment (`Secret::from_env`); the same on every
 /// // instance that shares a Redis.
 /// let secret = Secret::new("a long random value shared by every instance")?;
-/// let key = Header::new("x-api-key", &secret);
+/// let key = Header::new("x-api-key", &secret)?;
 /// let (parts, ()) = Request::get("/")
 ///     .header("x-api-key", "sk_live_abc")
 ///     .body(())
@@ -31,7 +31,7 @@ use crate::subject::{Secret, Subject};
 /// let rejection = key.extract(&parts).unwrap_err();
 /// assert_eq!(rejection.status(), StatusCode::UNAUTHORIZED);
 /// assert_eq!(rejection.message(), "missing x-api-key header");
-/// # Ok::<(), redlimit::key::SecretError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
 /// - [`Header::new`] treats the value as a secret: the subject is a keyed BLAKE3 hash
@@ -65,18 +65,15 @@ enum Mode {
 
 impl Header {
     /// A secret header (an API key): only a hash of its value keyed by `secret` is
-    /// kept.
-    ///
-    /// # Panics
-    ///
-    /// If `name` is not a valid header name. Names read at run time can be checked
-    /// first with `HeaderName::try_from` and passed as a `HeaderName`, which never panics.
-    pub fn new<N>(name: N, secret: &Secret) -> Self
-    where
-        HeaderName: TryFrom<N>,
-        <HeaderName as TryFrom<N>>::Error: fmt::Debug,
-    {
-        let name = header_name(name);
+    /// kept. Any case is accepted (`X-Api-Key` reads `x-api-key`); a name that is not a
+    /// valid header name is an error.
+    pub fn new(name: impl AsRef<str>, secret: &Secret) -> Result<Self, InvalidHeaderName> {
+        let name = HeaderName::from_bytes(name.as_ref().as_bytes())?;
+        Ok(Self::secret(name, secret))
+    }
+
+    /// [`Header::new`] of a name already checked.
+    pub(crate) fn secret(name: HeaderName, secret: &Secret) -> Self {
         Self {
             mode: Mode::Secret(header_key(secret, &name)),
             missing: missing(&name),
@@ -84,22 +81,15 @@ impl Header {
         }
     }
 
-    /// A header whose value is not secret (a tenant id): kept readable, escaped.
-    ///
-    /// # Panics
-    ///
-    /// If `name` is not a valid header name, as [`Header::new`].
-    pub fn plain<N>(name: N) -> Self
-    where
-        HeaderName: TryFrom<N>,
-        <HeaderName as TryFrom<N>>::Error: fmt::Debug,
-    {
-        let name = header_name(name);
-        Self {
+    /// A header whose value is not secret (a tenant id): kept readable, escaped. A name
+    /// that is not a valid header name is an error, as for [`Header::new`].
+    pub fn plain(name: impl AsRef<str>) -> Result<Self, InvalidHeaderName> {
+        let name = HeaderName::from_bytes(name.as_ref().as_bytes())?;
+        Ok(Self {
             mode: Mode::Plain,
             missing: missing(&name),
             name,
-        }
+        })
     }
 
     /// The header read.
@@ -139,17 +129,6 @@ impl fmt::Debug for Header {
     }
 }
 
-fn header_name<N>(name: N) -> HeaderName
-where
-    HeaderName: TryFrom<N>,
-    <HeaderName as TryFrom<N>>::Error: fmt::Debug,
-{
-    match HeaderName::try_from(name) {
-        Ok(name) => name,
-        Err(err) => panic!("redlimit::key::Header: invalid header name: {err:?}"),
-    }
-}
-
 /// Separates headers: the same value in two headers gives two subjects. (The same
 /// derivation as before secrets became required, so counts kept under a configured
 /// secret carry over.)
@@ -183,7 +162,7 @@ mod tests {
 
     #[test]
     fn secret_values_are_hashed_and_never_shown() {
-        let key = Header::new("x-api-key", &secret("hunter2-server-secret"));
+        let key = Header::new("x-api-key", &secret("hunter2-server-secret")).unwrap();
         let parts = with(&[("x-api-key", "sk_live_0123456789")]);
         let subject = key.extract(&parts).unwrap();
         let shown = format!("{subject:?} {key:?} {:?}", key.clone());
@@ -191,26 +170,28 @@ mod tests {
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(!subject.as_bytes().windows(7).any(|w| w == b"sk_live"));
         // Stable across instances with the same secret.
-        let again = Header::new("X-Api-Key", &secret("hunter2-server-secret"));
+        let again = Header::new("X-Api-Key", &secret("hunter2-server-secret")).unwrap();
         assert_eq!(again.extract(&parts), Ok(subject.clone()));
         // Different values, secrets and headers give different subjects.
         let other = with(&[("x-api-key", "sk_live_other")]);
         assert_ne!(key.extract(&other), Ok(subject.clone()));
         assert_ne!(
-            Header::new("x-api-key", &secret("another secret")).extract(&parts),
+            Header::new("x-api-key", &secret("another secret"))
+                .unwrap()
+                .extract(&parts),
             Ok(subject.clone())
         );
         let both = with(&[("x-api-key", "same"), ("x-other-key", "same")]);
         let s = secret("s");
         assert_ne!(
-            Header::new("x-api-key", &s).extract(&both),
-            Header::new("x-other-key", &s).extract(&both)
+            Header::new("x-api-key", &s).unwrap().extract(&both),
+            Header::new("x-other-key", &s).unwrap().extract(&both)
         );
     }
 
     #[test]
     fn plain_values_are_readable_and_escaped() {
-        let key = Header::plain("x-tenant");
+        let key = Header::plain("x-tenant").unwrap();
         let parts = with(&[("x-tenant", "acme")]);
         assert_eq!(
             key.extract(&parts),
@@ -224,11 +205,12 @@ mod tests {
         // A plain header can't pose as a client address.
         let parts = with(&[("ip", "203.0.113.7")]);
         assert_ne!(
-            Header::plain("ip").extract(&parts),
+            Header::plain("ip").unwrap().extract(&parts),
             Ok(Subject::new("ip=203.0.113.7"))
         );
         // The same header read as a secret hides it.
         let hidden = Header::new("x-tenant", &secret("s"))
+            .unwrap()
             .extract(&with(&[("x-tenant", "acme")]))
             .unwrap();
         assert!(!format!("{hidden:?}").contains("acme"));
@@ -238,18 +220,22 @@ mod tests {
     fn missing_or_empty_headers_are_401() {
         for parts in [with(&[]), with(&[("x-api-key", "")])] {
             let err = Header::new("x-api-key", &secret("s"))
+                .unwrap()
                 .extract(&parts)
                 .unwrap_err();
             assert_eq!(err.status(), StatusCode::UNAUTHORIZED);
             assert_eq!(err.message(), "missing x-api-key header");
         }
-        let err = Header::plain("x-tenant").extract(&with(&[])).unwrap_err();
+        let err = Header::plain("x-tenant")
+            .unwrap()
+            .extract(&with(&[]))
+            .unwrap_err();
         assert_eq!(err.message(), "missing x-tenant header");
     }
 
     #[test]
     fn the_first_line_is_read() {
-        let key = Header::plain("x-tenant");
+        let key = Header::plain("x-tenant").unwrap();
         let parts = with(&[("x-tenant", "a"), ("x-tenant", "b")]);
         assert_eq!(key.extract(&parts), Ok(Subject::new("header:x-tenant=a")));
     }
@@ -257,17 +243,20 @@ mod tests {
     #[test]
     fn names_of_any_form() {
         let s = secret("s");
-        assert_eq!(Header::new("X-Api-Key", &s).name(), "x-api-key");
+        assert_eq!(Header::new("X-Api-Key", &s).unwrap().name(), "x-api-key");
         assert_eq!(
-            Header::new(HeaderName::from_static("x-api-key"), &s).name(),
+            Header::new(HeaderName::from_static("x-api-key"), &s)
+                .unwrap()
+                .name(),
             "x-api-key"
         );
-        assert_eq!(Header::plain(String::from("x-t")).name(), "x-t");
+        assert_eq!(Header::plain(String::from("x-t")).unwrap().name(), "x-t");
     }
 
     #[test]
-    #[should_panic(expected = "invalid header name")]
-    fn an_invalid_name_is_a_configuration_panic() {
-        let _ = Header::new("bad name", &secret("s"));
+    fn an_invalid_name_is_an_error_not_a_panic() {
+        assert!(Header::new("bad name", &secret("s")).is_err());
+        assert!(Header::plain("").is_err());
+        assert!(Header::plain("x\ny").is_err());
     }
 }

@@ -8,7 +8,7 @@
 //! // API keys are hashed with a secret of yours (`Secret::from_env`, a secret store).
 //! let secret = Secret::new("from your secret store")?;
 //! // Per API key when the client sends one, else per client address; and per route.
-//! let key = Header::new("x-api-key", &secret)
+//! let key = Header::new("x-api-key", &secret)?
 //!     .or(ClientIp::new())
 //!     .and(Route::new());
 //!
@@ -24,9 +24,9 @@
 //! assert!(!format!("{by_api_key:?}").contains("sk_live"));
 //!
 //! // A missing subject is a 4xx the layer answers with, never a 500.
-//! let rejection = Header::new("x-api-key", &secret).extract(&Request::get("/").body(()).unwrap().into_parts().0);
+//! let rejection = Header::new("x-api-key", &secret)?.extract(&Request::get("/").body(()).unwrap().into_parts().0);
 //! assert_eq!(rejection.unwrap_err().status(), StatusCode::UNAUTHORIZED);
-//! # Ok::<(), redlimit::key::SecretError>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! An extractor is sync and reads only the request's head (`http::request::Parts`).

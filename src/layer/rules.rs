@@ -32,7 +32,7 @@ use crate::store::Store;
 ///
 /// let rules = Rules::builder()
 ///     .route(Method::POST, "/login", login, ClientIp::new())   // 3 a minute per address
-///     .path("/api/*", api, Header::new("x-api-key", &secret)) // 10 a second per API key
+///     .path("/api/*", api, Header::new("x-api-key", &secret)?) // 10 a second per API key
 ///     .grpc("shop.Orders", Some("Place"), Limiter::new(MemoryStore::new(),
 ///         Policy::token_bucket("orders", 5, 1, Duration::from_secs(1))?), Global)
 ///     .default(rest, Global)                           // everything else

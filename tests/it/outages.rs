@@ -159,7 +159,8 @@ fn app(store: RedisStore, mode: Mode) -> Router {
         }
     };
     let limiter = limiter.build().unwrap();
-    let layer = RateLimitLayer::new(limiter, Header::plain("x-subject")).failure_mode(failure_mode);
+    let layer = RateLimitLayer::new(limiter, Header::plain("x-subject").unwrap())
+        .failure_mode(failure_mode);
     Router::new().route("/", get(handler)).layer(layer)
 }
 
@@ -589,9 +590,10 @@ fn refund_app(store: RedisStore, fallback: MemoryStore) -> (Router, Arc<Limiter<
             .build()
             .unwrap(),
     );
-    let layer = RateLimitLayer::from_shared(Arc::clone(&limiter), Header::plain("x-subject"))
-        .failure_mode(FailureMode::Open)
-        .refund_on(|status| status.is_server_error());
+    let layer =
+        RateLimitLayer::from_shared(Arc::clone(&limiter), Header::plain("x-subject").unwrap())
+            .failure_mode(FailureMode::Open)
+            .refund_on(|status| status.is_server_error());
     let handler = |Extension(decision): Extension<Decision>, headers: http::HeaderMap| async move {
         let status = if headers.contains_key("x-fail") {
             StatusCode::INTERNAL_SERVER_ERROR

@@ -39,7 +39,7 @@ impl Limiters {
 }
 
 fn api_key() -> Header {
-    Header::new("x-api-key", &Secret::new("rules test secret").unwrap())
+    Header::new("x-api-key", &Secret::new("rules test secret").unwrap()).unwrap()
 }
 
 fn routes() -> (
