@@ -13,7 +13,8 @@ use tokio::sync::{Mutex, Notify};
 
 use super::batch::Queue;
 use super::conn::{Conn, Source};
-use super::script::{Library, Request, Via};
+use super::contract::args::Request;
+use super::script::{Library, Via};
 use crate::store::{StoreError, StoreErrorKind};
 
 /// How long one attempt to get a connection from the pool may take.
