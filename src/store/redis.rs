@@ -169,21 +169,21 @@
 //!
 //! `<prefix>:{<subject>}:<set tag>:<policy name>:<algorithm code>` (`fw`, `sw`, `tb`,
 //! `sl`), one string per subject and policy. The set tag
-//! ([`PolicySet::key_tag`]) is a hash of every policy of the limiter, names,
+//! ([`PolicySet::key_tag`](crate::store::PolicySet::key_tag)) is a hash of every policy of the limiter, names,
 //! algorithms and numbers: a policy changed under the same name (a rolling deploy that
 //! lengthens a window, a second service on the same Redis that also calls its policy
 //! "api") writes other keys, so no limiter ever reads state written under other
 //! numbers. Instances of the old and the new configuration count apart while both
 //! run; the new one starts from zero, which admits at most one window's limit again,
 //! and the old keys expire within two of their own windows. The subject is escaped by
-//! [`Subject::write_key_part`], which never emits `{` or `}`, so the hash tag is
+//! [`Subject::write_key_part`](crate::Subject::write_key_part), which never emits `{` or `}`, so the hash tag is
 //! exactly the subject: all of a subject's policies share one cluster slot, and no
 //! input can choose another slot or reach another subject's key. Every write sets a
 //! TTL equal to the time the state needs to decay back to unused (at most two
 //! windows, three for a sliding window read with a clock that went back); no key
 //! lives without one.
 //!
-//! A shadow policy ([`Policy::shadow`]) has the key and state it would have when
+//! A shadow policy ([`Policy::shadow`](crate::Policy::shadow)) has the key and state it would have when
 //! enforced, so switching it on carries its state over; the script writes it when it
 //! admits and every enforced policy admits.
 //!
@@ -357,7 +357,7 @@ impl RedisStore {
     }
 
     /// Sets how long Redis may stay silent (default 50 ms) before a call fails with
-    /// [`StoreErrorKind::Timeout`]: a rate limiter must not become the slow part of a
+    /// [`StoreErrorKind::Timeout`](crate::store::StoreErrorKind::Timeout): a rate limiter must not become the slow part of a
     /// request.
     ///
     /// The timeout measures Redis, not the application: a call times out when the

@@ -12,7 +12,7 @@ use super::reply::{BatchReply, LeaseReply, Reply};
 use super::*;
 use crate::policy::{Algorithm, Policy};
 use crate::store::redis::keys::{lease_key_of, push_policy_suffix};
-use crate::store::redis::script::{batch_script, Library, Shape, Via};
+use crate::store::redis::script::{batch_script, Library, Shape, ShapeScript, Via};
 use crate::store::{GiveBack, LeaseAsk, Operation};
 
 // The encoders write a call's arguments one after the other: these are the
@@ -183,7 +183,7 @@ pub(crate) trait Request: Send + Sync {
 }
 
 /// The start of a command: the library's function, or the script by hash or source.
-fn start(via: Via, function: &str, script: impl FnOnce() -> &'static Shaped) -> Cmd {
+fn start(via: Via, function: &str, script: impl FnOnce() -> &'static ShapeScript) -> Cmd {
     match via {
         Via::Function => {
             let mut cmd = deadpool_redis::redis::cmd("FCALL");
@@ -202,8 +202,6 @@ fn start(via: Via, function: &str, script: impl FnOnce() -> &'static Shaped) -> 
         }
     }
 }
-
-use crate::store::redis::script::ShapeScript as Shaped;
 
 impl<S: CallShape> Request for Call<S> {
     type Reply = S::Reply;
