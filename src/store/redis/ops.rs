@@ -2,6 +2,7 @@
 //! impls build a [`Call`] of their shape, send it, and read its typed reply.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,11 +12,12 @@ use super::batch;
 use super::contract::args::{
     Admin, AdminOp, Call, CallShape, Check, Entry, GivingBack, Leasing, Request,
 };
-use super::contract::reply::decode;
+use super::contract::reply::{decode, Reply};
 use super::link::{self, Link};
 use super::script::{self, Via};
 use super::RedisStore;
 use crate::clock::Clock;
+use crate::decision::Decision;
 use crate::policy::Policy;
 use crate::store::{
     AdminStore, GiveBack, GiveBackFuture, LeaseAsk, LeaseFuture, LeaseStore, Operation, PolicySet,
@@ -102,9 +104,7 @@ impl RedisStore {
 
 impl Store for RedisStore {
     /// One box per call: nothing beside a network round trip.
-    type Future = std::pin::Pin<
-        Box<dyn Future<Output = Result<crate::decision::Decision, StoreError>> + Send>,
-    >;
+    type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
 
     /// A plain check goes at once while few calls are in flight, else in the next
     /// batch (see [`RedisStore::max_batch`]).
@@ -131,12 +131,12 @@ impl AdminStore for RedisStore {
 
 /// One call alone, its decision. The round trip's future is made inside the box: one
 /// made outside and moved in would be held twice.
-async fn one<S: CallShape<Reply = super::contract::reply::Reply>>(
+async fn one<S: CallShape<Reply = Reply>>(
     link: Arc<Link>,
     call: Call<S>,
     timeout: Duration,
-) -> Result<crate::decision::Decision, StoreError> {
-    let reply: S::Reply = decode(exchange(&link, &call, timeout, None, 1).await?)?;
+) -> Result<Decision, StoreError> {
+    let reply: Reply = decode(exchange(&link, &call, timeout, None, 1).await?)?;
     reply.decision(&call.policies)
 }
 
