@@ -91,7 +91,7 @@ if op == OP_GIVE_BACK then
   local before, epoch = tonumber(ARGV[ARG_BEFORE]), ARGV[ARG_EPOCH]
   if not (before and string.match(epoch, "^%d+$")) then
     return redis.error_reply(string.format(
-      "ERR redlimit: a give-back takes the end of its window and its lease generation in ms and digits, got %q and %q",
+      "ERR redlimit: a give-back takes the end of its window (ms) and its lease generation (digits), got %q and %q",
       string.sub(ARGV[ARG_BEFORE], 1, 24), string.sub(epoch, 1, 24)))
   end
   if now and now < before and redis.call("GET", lease_key) == epoch then
