@@ -3,7 +3,7 @@
 -- twice, the second time on what the first wrote). A check's denial never
 -- touches another check: the batch is not all or nothing across checks.
 --
--- The layout is src/store/redis/contract's (its constants are the preamble's):
+-- The layout is src/store/redis/contract's (its constants by name, see common.lua):
 -- ARGV[BATCH_MODE]   BATCH_REDIS_CLOCK: the checks are decided at one Redis
 --           TIME, read once; BATCH_CLIENT_CLOCK: each check carries the
 --           client's clock in ms; either followed by BATCH_REPEATS when a

@@ -1,9 +1,11 @@
 -- redlimit: helpers shared by the four algorithms. src/store/redis/script.rs
--- composes the function library and the scripts: first the preamble that
--- src/store/redis/contract generates (the operation letters, argument
+-- composes the function library and the scripts. The Lua reads the constants
+-- of src/store/redis/contract by name (the operation letters, argument
 -- positions, reply layout and algorithm codes the Rust side encodes and
--- decodes with, as locals: OP_*, ARG_*, FIRST_*, POLICY_*, REPLY_*, LEASE_*,
--- BATCH_*, ALG_*, MAX_BACK), then this file, then the files of the algorithms
+-- decodes with: OP_*, ARG_*, FIRST_*, POLICY_*, REPLY_*, LEASE_*, BATCH_*,
+-- ALG_*, MAX_BACK): the library from the preamble generated from them, as
+-- locals; a script, whose chunk runs on every call, with their values written
+-- in place of the names. Then comes this file, then the files of the algorithms
 -- a call shape needs (of fixed_window.lua, sliding_window.lua,
 -- token_bucket.lua and sliding_log.lua, in that order; each followed by its
 -- *_refund.lua only where units are given back), then decide.lua and the

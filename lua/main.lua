@@ -4,8 +4,8 @@
 -- call's operation and `first` where its per-policy arguments start (check:
 -- OP_CHECK, FIRST_CHECK; admin: ARGV[ARG_OP], FIRST_ADMIN; leasing check:
 -- OP_LEASE, FIRST_LEASE; give-back: OP_GIVE_BACK, FIRST_GIVE_BACK). The layout
--- below is src/store/redis/contract's: its constants are the preamble's
--- locals, and its encoders and reply types are the Rust side of it.
+-- below is src/store/redis/contract's: the Lua reads its constants by name
+-- (see common.lua), its encoders and reply types are the Rust side of it.
 --
 -- KEYS[i]              the state key of policy i (all in the subject's hash tag)
 -- KEYS[n + 1]          a leasing check, a give-back and a reset only: the subject's

@@ -1,14 +1,15 @@
 //! The Lua of every call, composed from `lua/` by explicit code: the function
 //! library (Redis 7 and later) and, for servers without functions, one script per
-//! call shape with the algorithms its policies use. Each starts with the preamble of
-//! [`contract`](super::contract), the constants both sides read.
+//! call shape with the algorithms its policies use. The Lua reads the constants of
+//! [`contract`](super::contract) by name: the library from the preamble generated from
+//! them, a script with their values written in place of the names.
 
 use std::sync::OnceLock;
 
 use deadpool_redis::redis::{Cmd, Script};
 
 use super::contract::args::Entry;
-use super::contract::preamble;
+use super::contract::{inline, preamble};
 use crate::policy::{Algorithm, Policy};
 
 /// The helpers every script starts with.
@@ -50,11 +51,10 @@ struct AlgorithmLua {
 /// What the refund functions register in: declared only where they are composed.
 const REFUND_TABLE: &str = "local REFUND = {}\n";
 
-/// The preamble, `common.lua`, and with `refunds` the refund table: what every
-/// composition starts with.
+/// `common.lua`, and with `refunds` the refund table: what every composition starts
+/// with (the library after its preamble).
 fn head(refunds: bool) -> String {
-    let mut source = preamble();
-    source.push_str(COMMON);
+    let mut source = String::from(COMMON);
     if refunds {
         source.push_str(REFUND_TABLE);
     }
@@ -142,7 +142,7 @@ impl ShapeScript {
         source.push_str(DECIDE);
         source.push_str(&format!("local op, first = {}\n", entry.op_first("ARGV")));
         source.push_str(MAIN);
-        Self::new(source)
+        Self::new(inline(&source))
     }
 
     /// The Lua source, as `EVAL` and `SCRIPT LOAD` take it.
@@ -167,7 +167,7 @@ pub(super) fn batch_script() -> &'static ShapeScript {
         }
         source.push_str(DECIDE);
         source.push_str(BATCH);
-        ShapeScript::new(source)
+        ShapeScript::new(inline(&source))
     })
 }
 
@@ -208,7 +208,8 @@ impl Library {
     }
 
     fn compose() -> Self {
-        let mut body = head(true);
+        let mut body = preamble();
+        body.push_str(&head(true));
         for algorithm in &ALGORITHMS {
             body.push_str(algorithm.check);
             body.push_str(algorithm.refund);

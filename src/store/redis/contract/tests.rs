@@ -367,6 +367,29 @@ fn the_preamble_defines_what_the_lua_reads_once_each() {
         assert_eq!(library.matches(&definition).count(), 1, "{name}");
         assert!(!lua.contains(&definition), "{name} is defined in lua/ too");
     }
+    // A script has the values in place of the names, and no preamble.
+    let fw = [Policy::fixed_window("p", 1, Duration::from_secs(1)).unwrap()];
+    let scripts = [
+        crate::RedisStore::script_source(&fw),
+        crate::store::redis::script::batch_script().source(),
+    ];
+    for script in scripts {
+        for (name, _) in PREAMBLE {
+            let as_word = |at: usize| {
+                let before = script[..at].chars().next_back();
+                let after = script[at + name.len()..].chars().next();
+                let part =
+                    |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+                !part(before) && !part(after)
+            };
+            let left = script.match_indices(name).any(|(at, _)| as_word(at));
+            assert!(!left, "{name} is left in a script");
+        }
+    }
+    assert_eq!(
+        inline("a = OP_REFUND .. OP_REFUNDS + POLICY_N"),
+        r#"a = "r" .. OP_REFUNDS + 2"#
+    );
     // Values are plain: nothing to escape in a Lua string.
     for (name, value) in PREAMBLE {
         if let Lua::Str(text) = value {
