@@ -3,9 +3,9 @@
 -- of src/store/redis/contract by name (the operation letters, argument
 -- positions, reply layout and algorithm codes the Rust side encodes and
 -- decodes with: OP_*, ARG_*, FIRST_*, POLICY_*, REPLY_*, LEASE_*, BATCH_*,
--- ALG_*, MAX_BACK): the library from the preamble generated from them, as
--- locals; a script, whose chunk runs on every call, with their values written
--- in place of the names. Then comes this file, then the files of the algorithms
+-- ALG_*, MAX_BACK); composed, the code has their values in place of the names
+-- (read as locals they cost every call instructions), and the library starts
+-- with the preamble generated from them. Then comes this file, then the files of the algorithms
 -- a call shape needs (of fixed_window.lua, sliding_window.lua,
 -- token_bucket.lua and sliding_log.lua, in that order; each followed by its
 -- *_refund.lua only where units are given back), then decide.lua and the

@@ -1,8 +1,9 @@
 //! The Lua of every call, composed from `lua/` by explicit code: the function
 //! library (Redis 7 and later) and, for servers without functions, one script per
-//! call shape with the algorithms its policies use. The Lua reads the constants of
-//! [`contract`](super::contract) by name: the library from the preamble generated from
-//! them, a script with their values written in place of the names.
+//! call shape with the algorithms its policies use. The Lua files read the constants
+//! of [`contract`](super::contract) by name; composed, the code has their values in
+//! place of the names (see [`inline`]), and the library starts with the preamble
+//! generated from them.
 
 use std::sync::OnceLock;
 
@@ -208,18 +209,21 @@ impl Library {
     }
 
     fn compose() -> Self {
-        let mut body = preamble();
-        body.push_str(&head(true));
+        let mut code = head(true);
         for algorithm in &ALGORITHMS {
-            body.push_str(algorithm.check);
-            body.push_str(algorithm.refund);
+            code.push_str(algorithm.check);
+            code.push_str(algorithm.refund);
         }
-        body.push_str(DECIDE);
-        body.push_str("local function run(KEYS, ARGV, op, first)\n");
-        body.push_str(MAIN);
-        body.push_str("end\nlocal function batch(KEYS, ARGV)\n");
-        body.push_str(BATCH);
-        body.push_str("end\n");
+        code.push_str(DECIDE);
+        code.push_str("local function run(KEYS, ARGV, op, first)\n");
+        code.push_str(MAIN);
+        code.push_str("end\nlocal function batch(KEYS, ARGV)\n");
+        code.push_str(BATCH);
+        code.push_str("end\n");
+        // The preamble, then the code with the values in place of the names; the
+        // registrations below, run once at load, read the preamble's names.
+        let mut body = preamble();
+        body.push_str(&inline(&code));
         let hash = Script::new(&body);
         let name = format!("redlimit_{}", &hash.get_hash()[..16]);
         let mut source = format!("#!lua name={name}\n{body}");

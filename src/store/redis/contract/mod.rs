@@ -1,9 +1,10 @@
 //! The contract between the store and its Lua: the operation letters, where each
 //! argument goes, the reply's layout, the algorithm codes. Rust encodes with these
-//! constants ([`args`]), decodes with them ([`reply`]), and generates from them the
-//! Lua [`preamble`] that every script and the function library start with, so the
-//! Lua reads `OP_REFUND` or `ARGV[ARG_COST]` where it used to read a literal: one
-//! side cannot change a letter or a position without the other.
+//! constants ([`args`]), decodes with them ([`reply`]), and resolves them in the Lua:
+//! the Lua files read `OP_REFUND` or `ARGV[ARG_COST]` where they used to read a
+//! literal, and composition writes the values in ([`inline`]; the library also
+//! starts with the generated [`preamble`]): one side cannot change a letter or a
+//! position without the other.
 //!
 //! Positions are 1-based, as Lua's `ARGV` and reply tables count them.
 
@@ -158,11 +159,12 @@ const PREAMBLE: &[(&str, Lua)] = &[
     ("MAX_BACK", Lua::Int(crate::algorithm::MAX_CLOCK_BACK)),
 ];
 
-/// The Lua the function library starts with: [`PREAMBLE`] as locals.
+/// The Lua the function library starts with: [`PREAMBLE`] as locals, read by its
+/// registrations (at load) and by whoever reads the loaded library or adds Lua to
+/// its chunk (the benches' diagnostic functions); its code has the values in place
+/// (see [`inline`]).
 ///
-/// Locals, not globals: Redis forbids a script's globals. The library's functions
-/// capture them once, when it is loaded, and read them as upvalues: as cheap as the
-/// literals they replace (callgrind, within the noise of repeated runs).
+/// Locals, not globals: Redis forbids a script's globals.
 pub(super) fn preamble() -> String {
     let mut lua = String::from(
         "-- Generated from src/store/redis/contract: the Rust side encodes and decodes with the same values.\n",
@@ -177,14 +179,16 @@ pub(super) fn preamble() -> String {
     lua
 }
 
-/// `lua` with every [`PREAMBLE`] name replaced by its value: how the scripts (servers
-/// without functions) read the constants.
+/// `lua` with every [`PREAMBLE`] name replaced by its value: how the composed code
+/// (the library's and every script's) reads the constants.
 ///
-/// A script's chunk runs again on every call, and Lua 5.1 makes a new upvalue for
-/// each local that a function of the chunk captures, every time the function is
-/// created: the preamble as locals cost a fixed-window check's script about 7% more
-/// instructions (callgrind). Values in place of the names cost nothing; the Lua
-/// files read the same names either way.
+/// Read as locals they cost instructions on every call (callgrind, against the
+/// literals they replace): a script's chunk runs again on every call, and Lua 5.1
+/// makes a new upvalue for each local that a function of the chunk captures, each
+/// time the function is created (a fixed-window check's `EVALSHA` about 7% more); the
+/// library's functions read them as upvalues, an instruction more per use (a batch
+/// of 16 checks about 1% more). Values in place of the names cost nothing, and the
+/// Lua files still read the names, so neither side can drift.
 pub(super) fn inline(lua: &str) -> String {
     let mut out = String::with_capacity(lua.len());
     let mut rest = lua;

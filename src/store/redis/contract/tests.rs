@@ -367,11 +367,15 @@ fn the_preamble_defines_what_the_lua_reads_once_each() {
         assert_eq!(library.matches(&definition).count(), 1, "{name}");
         assert!(!lua.contains(&definition), "{name} is defined in lua/ too");
     }
-    // A script has the values in place of the names, and no preamble.
+    // The composed code has the values in place of the names: a script's whole
+    // source, the library's after its preamble and before its registrations.
     let fw = [Policy::fixed_window("p", 1, Duration::from_secs(1)).unwrap()];
+    let code_from = library.find(&preamble).unwrap() + preamble.len();
+    let code_to = library.find("redis.register_function").unwrap();
     let scripts = [
         crate::RedisStore::script_source(&fw),
         crate::store::redis::script::batch_script().source(),
+        &library[code_from..code_to],
     ];
     for script in scripts {
         for (name, _) in PREAMBLE {
