@@ -1,12 +1,18 @@
--- redlimit: helpers shared by the four algorithms. The store concatenates
--- common.lua, the files of the algorithms a limiter's policies use (of
--- fixed_window.lua, sliding_window.lua, token_bucket.lua and sliding_log.lua,
--- in that order) and main.lua into one script per call shape: every call
--- defines the functions of its script, so a limiter pays only for its own
--- algorithms. Each algorithm file registers its decide function in DECIDE;
--- the part of it after its "-- admin:" line (the refund function, registered in
--- REFUND) goes only into the scripts of the admin operations, so a check does
--- not define what it never runs.
+-- redlimit: helpers shared by the four algorithms. src/store/redis/script.rs
+-- composes the function library and the scripts. The Lua reads the constants
+-- of src/store/redis/contract by name (the operation letters, argument
+-- positions, reply layout and algorithm codes the Rust side encodes and
+-- decodes with: OP_*, ARG_*, FIRST_*, POLICY_*, REPLY_*, LEASE_*, BATCH_*,
+-- ALG_*, MAX_BACK); composed, the code has their values in place of the names
+-- (read as locals they cost every call instructions), and the library starts
+-- with the preamble generated from them. Then comes this file, then the files of the algorithms
+-- a call shape needs (of fixed_window.lua, sliding_window.lua,
+-- token_bucket.lua and sliding_log.lua, in that order; each followed by its
+-- *_refund.lua only where units are given back), then decide.lua and the
+-- entry point. Every script call defines the functions of its script, so a
+-- limiter pays only for its own algorithms, and a check not for refunds. Each
+-- algorithm file registers its decide function in DECIDE, each refund file its
+-- refund function in REFUND.
 --
 -- Lua numbers are doubles: every integer below stays under 2^53 (the policies
 -- are checked for that), where doubles are exact.
@@ -15,10 +21,9 @@
 -- refund functions, exists in the admin operations' scripts only).
 local DECIDE = {}
 
--- How many windows (a token bucket: fill times) a clock may go back and still
--- decide on the stored state: MAX_CLOCK_BACK in src/algorithm/mod.rs. State
--- further ahead of the clock is foreign and read as fresh.
-local MAX_BACK = 4
+-- MAX_BACK (the preamble's, MAX_CLOCK_BACK in src/algorithm/mod.rs): how many
+-- windows (a token bucket: fill times) a clock may go back and still decide on
+-- the stored state. State further ahead of the clock is foreign, read as fresh.
 
 -- Floor division of non-negative integers, exact: fmod is exact in IEEE
 -- arithmetic, so a - fmod(a, b) is an exact multiple of b.

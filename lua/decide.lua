@@ -15,8 +15,8 @@ local function bad_policy(i, code, limit, n)
     string.sub(n or "", 1, 24))
 end
 
--- The n policies whose arguments start at args[a0] (3 each: code, limit,
--- window or interval), read once into one flat table: policy i's decide
+-- The n policies whose arguments start at args[a0] (POLICY_ARGS each: code,
+-- limit, window or interval, at POLICY_CODE, POLICY_LIMIT, POLICY_N), read once into one flat table: policy i's decide
 -- function, limit, window, shadow flag and code at 5(i-1) + 1..5. Or nil and
 -- the error.
 local function read_policies(args, a0, n)
@@ -24,12 +24,12 @@ local function read_policies(args, a0, n)
   -- call.
   local set = { false, false, false, false, false }
   for i = 1, n do
-    local at = a0 + 3 * (i - 1)
-    local code = args[at]
+    local at = a0 + POLICY_ARGS * (i - 1)
+    local code = args[at + POLICY_CODE]
     local decide = DECIDE[code]
-    local limit, window = tonumber(args[at + 1]), tonumber(args[at + 2])
+    local limit, window = tonumber(args[at + POLICY_LIMIT]), tonumber(args[at + POLICY_N])
     if not (decide and limit and window) then
-      return nil, bad_policy(i, code, args[at + 1], args[at + 2])
+      return nil, bad_policy(i, code, args[at + POLICY_LIMIT], args[at + POLICY_N])
     end
     -- A shadow policy's limit comes negative: it decides, never denies.
     local shadow = limit < 0
@@ -43,11 +43,11 @@ local function read_policies(args, a0, n)
 end
 
 -- Decides the policies of one subject (a table of read_policies) before writing
--- anything: policy i's key is keys[k0 + i], its four reply integers
--- reply[r0 + 4(i-1) + 1..4]. Sets writes[i] (the state to write, false for
+-- anything: policy i's key is keys[k0 + i], its reply integers
+-- reply[r0 + REPLY_FIELDS(i-1) + REPLY_ALLOWED..REPLY_RETRY]. Sets writes[i] (the state to write, false for
 -- none) and writes[n + i] (its TTL); raws[i] keeps the state read, when raws is
--- a table. A refund (op "r") gives the cost back first; a reset (op "x") reads
--- nothing. Without a batch, each state is a GET; a batch's checks read the
+-- a table. A refund (OP_REFUND) gives the cost back first; a reset (OP_RESET)
+-- reads nothing. Without a batch, each state is a GET; a batch's checks read the
 -- states the batch has written so far, else what its one MGET read (a
 -- redis.call costs more than the read), else a GET.
 local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, raws, batch)
@@ -71,13 +71,13 @@ local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, 
           raw = batch.stored[k0 + i]
         end
       end
-    elseif op ~= "x" then
+    elseif op ~= OP_RESET then
       raw = redis.call("GET", key)
     end
     if raws then
       raws[i] = raw
     end
-    if op == "r" and raw then
+    if op == OP_REFUND and raw then
       local given_back = REFUND[set[b + 5]](limit, window, now, cost, raw)
       if given_back then
         redis.call("SET", key, given_back, "KEEPTTL")
@@ -85,21 +85,21 @@ local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, 
       end
     end
     local allowed, remaining, reset, retry, ttl, nxt = set[b + 1](limit, window, now, cost, raw)
-    local base = r0 + 4 * (i - 1)
+    local base = r0 + REPLY_FIELDS * (i - 1)
     if allowed then
-      reply[base + 1] = 1
+      reply[base + REPLY_ALLOWED] = 1
       writes[i] = nxt
       writes[n + i] = ttl
     else
-      reply[base + 1] = 0
+      reply[base + REPLY_ALLOWED] = 0
       writes[i] = false
       if not set[b + 4] then
         all = false
       end
     end
-    reply[base + 2] = remaining
-    reply[base + 3] = reset
-    reply[base + 4] = retry
+    reply[base + REPLY_REMAINING] = remaining
+    reply[base + REPLY_RESET] = reset
+    reply[base + REPLY_RETRY] = retry
   end
   return all
 end

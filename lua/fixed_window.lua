@@ -36,21 +36,4 @@ local function fixed_window(limit, w, now, cost, raw)
   return allowed, remaining, reset, retry, reset, nxt
 end
 
-DECIDE.fw = fixed_window
-
--- admin: what follows is only in the scripts of the admin operations.
-
--- Refund: the current window's count goes down by cost, not below 0; a window
--- that has changed since keeps nothing to refund. Translation of refund in
--- src/algorithm/fixed_window.rs. Returns the new state, or nil when nothing changes.
-local function fixed_window_refund(_limit, w, now, cost, raw)
-  local a, b = string.match(raw, "^(%d+):(%d+)$")
-  local window, c = field(a), field(b)
-  local idx = idiv(now, w)
-  if window and c and window >= idx and window <= idx + MAX_BACK and c > 0 then
-    return ints(window, math.max(c - cost, 0))
-  end
-  return nil
-end
-
-REFUND.fw = fixed_window_refund
+DECIDE[ALG_FIXED_WINDOW] = fixed_window

@@ -1,40 +1,46 @@
 -- redlimit: decide every policy of one subject in one call, all or nothing.
 --
--- The store puts a line before this file: `local op, first = "c", 2` in the
--- check's script, `local op, first = ARGV[2], 3` in the admin operations' one,
--- `local op, first = "l", 4` in the leasing check's one.
+-- src/store/redis/script.rs wraps this file in each entry point: `op` is the
+-- call's operation and `first` where its per-policy arguments start (check:
+-- OP_CHECK, FIRST_CHECK; admin: ARGV[ARG_OP], FIRST_ADMIN; leasing check:
+-- OP_LEASE, FIRST_LEASE; give-back: OP_GIVE_BACK, FIRST_GIVE_BACK). The layout
+-- below is src/store/redis/contract's: the Lua reads its constants by name
+-- (see common.lua), its encoders and reply types are the Rust side of it.
 --
 -- KEYS[i]              the state key of policy i (all in the subject's hash tag)
 -- KEYS[n + 1]          a leasing check, a give-back and a reset only: the subject's
 --                      lease generation key ("<TIME s><TIME us, 6 digits>", made by
 --                      the first grant, kept as long as the states, deleted by a reset)
--- ARGV[1]              the cost of the request
--- ARGV[2]              admin script only: p (peek), r (refund), x (reset), or
---                      g:<ms>:<epoch> (a lease's give-back: a refund if the store's
---                      clock is still before <ms>, the end of the lease's window, and
---                      the lease generation is still <epoch>, else a peek: units of a
---                      past window, or counted before the state was lost, are never
---                      taken from counts made since);
---                      leasing check only: the units wanted as a lease
--- ARGV[3]              leasing check only: the batch: the check admits only if
+-- ARGV[ARG_COST]       the cost of the request
+-- ARGV[ARG_OP]         admin only: OP_PEEK, OP_REFUND or OP_RESET
+-- ARGV[ARG_WANT]       leasing check only: the units wanted as a lease
+-- ARGV[ARG_BATCH]      leasing check only: the batch: the check admits only if
 --                      the cost and this many more units fit (0: the cost alone),
 --                      and when denied the reply adds the wait until they do
--- ARGV[first + 3(i-1)] algorithm of policy i: fw, sw, tb or sl
---     [first + 3(i-1) + 1] limit (capacity of a token bucket) of policy i,
+-- ARGV[ARG_BEFORE]     give-back only: the end of the lease's window (ms) and
+-- ARGV[ARG_EPOCH]      the lease generation its units were taken in: a refund if
+--                      the store's clock is still before the end and the
+--                      generation is still this one, else a peek (units of a past
+--                      window, or counted before the state was lost, are never
+--                      taken from counts made since)
+-- ARGV[first + POLICY_ARGS(i-1) + POLICY_CODE]  algorithm of policy i (ALG_*)
+--     [.. + POLICY_LIMIT] limit (capacity of a token bucket) of policy i,
 --                      negative for a shadow policy (decides, never denies)
---     [first + 3(i-1) + 2] window in ms of policy i; for a token bucket its
+--     [.. + POLICY_N]  window in ms of policy i; for a token bucket its
 --                      emission interval in us
--- ARGV[first + 3n]     optional: the client's clock in ms; without it, Redis TIME
+-- ARGV[first + POLICY_ARGS n]  optional: the client's clock in ms; else Redis TIME
 --
--- Reply: per policy, allowed (0/1), remaining, reset after (ms), retry after (ms).
--- A leasing check adds four integers: the units granted as a lease (taken from
--- every policy beyond the cost, at most `want` and what each admits now, at least
--- `batch`; none while a shadow policy would deny), the ms to the end of the
--- shortest current window among the window policies (0: none; a lease never
--- outlives it), when denied the ms until the cost and the batch would fit (the
--- instance asks again then), the end of that window on the store's clock
--- (what a give-back sends back), and the lease generation the units were taken
--- in (0 when none were).
+-- Reply: per policy REPLY_FIELDS integers: allowed (0/1), remaining, reset after
+-- (ms), retry after (ms), at REPLY_ALLOWED, REPLY_REMAINING, REPLY_RESET,
+-- REPLY_RETRY. A leasing check adds LEASE_FIELDS integers: the units granted as
+-- a lease (LEASE_GRANT: taken from every policy beyond the cost, at most `want`
+-- and what each admits now, at least `batch`; none while a shadow policy would
+-- deny), the ms to the end of the shortest current window among the window
+-- policies (LEASE_WINDOW_LEFT; 0: none; a lease never outlives it), when denied
+-- the ms until the cost and the batch would fit (LEASE_AGAIN: the instance asks
+-- again then), the end of that window on the store's clock (LEASE_WINDOW_END:
+-- what a give-back sends back), and the lease generation the units were taken
+-- in (LEASE_EPOCH; 0 when none were).
 -- A check decides every policy before any state is written, and writes policy
 -- i only if it admits and every enforced (non-shadow) policy admits: enforced
 -- policies are all or nothing, a shadow one consumes when enforcing it would
@@ -50,21 +56,29 @@
 -- exceeds), so a call checks only what is cheap: the number of arguments, known
 -- algorithms and operation, numbers where numbers go. Everything else a call
 -- does is its decision. A script with another argument layout has another
--- SHA-1, so instances of an older release keep calling their own script on the
--- same state.
+-- SHA-1 (and the library another name), so instances of an older release keep
+-- calling their own on the same state.
 
 local nkeys = #KEYS
 local lease_key
-if op == "l" or op == "x" or string.sub(op, 1, 2) == "g:" then
+if op == OP_LEASE or op == OP_RESET or op == OP_GIVE_BACK then
   lease_key = KEYS[nkeys]
   nkeys = nkeys - 1
 end
-local clock_at = first + 3 * nkeys
+local clock_at = first + POLICY_ARGS * nkeys
 local nargs = #ARGV
 if nkeys == 0 or nargs < clock_at - 1 or nargs > clock_at then
+  local head = "cost"
+  if op == OP_LEASE then
+    head = "cost, units wanted, batch"
+  elseif op == OP_GIVE_BACK then
+    head = "cost, window end, lease generation"
+  elseif first == FIRST_ADMIN then
+    head = "cost, operation"
+  end
   return redis.error_reply(string.format(
-    "ERR redlimit: expected one key per policy, then %d arguments (cost%s, 3 per policy, optional clock), got %d keys and %d arguments",
-    clock_at - 1, first == 3 and ", operation" or "", nkeys, nargs))
+    "ERR redlimit: expected one key per policy, then %d arguments (%s, %d per policy, optional clock), got %d keys and %d arguments",
+    clock_at - 1, head, POLICY_ARGS, nkeys, nargs))
 end
 local now
 if nargs == clock_at then
@@ -72,31 +86,37 @@ if nargs == clock_at then
 else
   now = time_ms()
 end
-local cost = tonumber(ARGV[1])
-if lease_key and op ~= "l" and op ~= "x" then
-  local before, epoch = string.match(op, "^g:(%d+):(%d+)$")
-  before = tonumber(before)
-  if before and now < before and redis.call("GET", lease_key) == epoch then
-    op = "r"
-  elseif before then
-    op = "p"
+local cost = tonumber(ARGV[ARG_COST])
+if op == OP_GIVE_BACK then
+  local before, epoch = tonumber(ARGV[ARG_BEFORE]), ARGV[ARG_EPOCH]
+  if not (before and string.match(epoch, "^%d+$")) then
+    return redis.error_reply(string.format(
+      "ERR redlimit: a give-back takes the end of its window (ms) and its lease generation (digits), got %q and %q",
+      string.sub(ARGV[ARG_BEFORE], 1, 24), string.sub(epoch, 1, 24)))
+  end
+  if now and now < before and redis.call("GET", lease_key) == epoch then
+    op = OP_REFUND
+  else
+    op = OP_PEEK
   end
 end
-if not (now and cost) or not (op == "c" or op == "p" or op == "r" or op == "x" or op == "l") then
+if not (now and cost) or not (op == OP_CHECK or op == OP_PEEK or op == OP_REFUND or op == OP_RESET or op == OP_LEASE) then
   return redis.error_reply(string.format(
-    "ERR redlimit: expected the cost, an operation (p, r, x or g:<ms>:<epoch>) and the clock in ms, got %q, %q and %q",
-    string.sub(ARGV[1], 1, 24), string.sub(op, 1, 8), string.sub(ARGV[clock_at] or "(Redis TIME)", 1, 24)))
+    "ERR redlimit: expected the cost, an operation (%s, %s or %s) and the clock in ms, got %q, %q and %q",
+    OP_PEEK, OP_REFUND, OP_RESET, string.sub(ARGV[ARG_COST], 1, 24), string.sub(tostring(op), 1, 8),
+    string.sub(ARGV[clock_at] or "(Redis TIME)", 1, 24)))
 end
 
-if op == "x" then
+if op == OP_RESET then
   redis.call("DEL", unpack(KEYS))
 end
 
 -- Decide every policy before writing anything. The tables start at the size of
--- one policy's: growing them from empty costs a visible share of a call.
+-- one policy's (REPLY_FIELDS integers): growing them from empty costs a visible
+-- share of a call.
 local reply, writes = { 0, 0, 0, 0 }, { false, false }
 -- A leasing check decides again on the same states: it keeps them.
-local raws = op == "l" and {} or nil
+local raws = op == OP_LEASE and {} or nil
 local set, bad = read_policies(ARGV, first, nkeys)
 if not set then
   return redis.error_reply(bad)
@@ -105,7 +125,7 @@ local all = decide_policies(KEYS, 0, set, op, now, cost, reply, 0, writes, raws)
 
 if raws then
   -- Translation of the lease rule in src/algorithm/mod.rs (`lease`).
-  local want, batch = tonumber(ARGV[2]), tonumber(ARGV[3])
+  local want, batch = tonumber(ARGV[ARG_WANT]), tonumber(ARGV[ARG_BATCH])
   if not (want and batch) then
     return redis.error_reply("ERR redlimit: a leasing check takes the units wanted and the batch")
   end
@@ -115,10 +135,10 @@ if raws then
   local function wait_for_batch()
     local longest = 0
     for i = 1, nkeys do
-      local at = first + 3 * (i - 1)
-      local limit = tonumber(ARGV[at + 1])
+      local at = first + POLICY_ARGS * (i - 1)
+      local limit = tonumber(ARGV[at + POLICY_LIMIT])
       if limit > 0 then
-        local _, _, _, retry = DECIDE[ARGV[at]](limit, tonumber(ARGV[at + 2]), now, cost + batch, raws[i])
+        local _, _, _, retry = DECIDE[ARGV[at + POLICY_CODE]](limit, tonumber(ARGV[at + POLICY_N]), now, cost + batch, raws[i])
         if retry > longest then
           longest = retry
         end
@@ -131,11 +151,11 @@ if raws then
     -- policy would deny: the cost alone, so shadow reports stay those of checks.
     local room, shadow_denies = want, false
     for i = 1, nkeys do
-      local base = 4 * (i - 1)
-      if reply[base + 1] == 0 then
+      local base = REPLY_FIELDS * (i - 1)
+      if reply[base + REPLY_ALLOWED] == 0 then
         shadow_denies = true
-      elseif reply[base + 2] < room then
-        room = reply[base + 2]
+      elseif reply[base + REPLY_REMAINING] < room then
+        room = reply[base + REPLY_REMAINING]
       end
     end
     if shadow_denies then
@@ -148,27 +168,27 @@ if raws then
       again = wait_for_batch()
       all = false
       for i = 1, nkeys do
-        local base = 4 * (i - 1)
-        if tonumber(ARGV[first + 3 * (i - 1) + 1]) > 0 then
-          reply[base + 1] = 0
-          reply[base + 2] = 0
-          reply[base + 4] = again
+        local base = REPLY_FIELDS * (i - 1)
+        if tonumber(ARGV[first + POLICY_ARGS * (i - 1) + POLICY_LIMIT]) > 0 then
+          reply[base + REPLY_ALLOWED] = 0
+          reply[base + REPLY_REMAINING] = 0
+          reply[base + REPLY_RETRY] = again
         end
       end
     end
     for i = 1, nkeys do
-      local at = first + 3 * (i - 1)
-      local code, n = ARGV[at], tonumber(ARGV[at + 2])
+      local at = first + POLICY_ARGS * (i - 1)
+      local code, n = ARGV[at + POLICY_CODE], tonumber(ARGV[at + POLICY_N])
       if grant > 0 then
         -- The same decision for cost + grant: admitted, since grant fits every policy.
-        local _, remaining, reset, _, ttl, nxt = DECIDE[code](math.abs(tonumber(ARGV[at + 1])), n, now, cost + grant, raws[i])
-        local base = 4 * (i - 1)
-        reply[base + 2] = remaining
-        reply[base + 3] = reset
+        local _, remaining, reset, _, ttl, nxt = DECIDE[code](math.abs(tonumber(ARGV[at + POLICY_LIMIT])), n, now, cost + grant, raws[i])
+        local base = REPLY_FIELDS * (i - 1)
+        reply[base + REPLY_REMAINING] = remaining
+        reply[base + REPLY_RESET] = reset
         writes[i] = nxt
         writes[nkeys + i] = ttl
       end
-      if code == "fw" or code == "sw" then
+      if code == ALG_FIXED_WINDOW or code == ALG_SLIDING_WINDOW then
         local left = n - now % n
         if window_left == 0 or left < window_left then
           window_left = left
@@ -196,14 +216,15 @@ if raws then
     redis.call("SET", lease_key, current, "PX", int(keep))
     epoch = tonumber(current)
   end
-  reply[4 * nkeys + 1] = grant
-  reply[4 * nkeys + 2] = window_left
-  reply[4 * nkeys + 3] = again
-  reply[4 * nkeys + 4] = window_left > 0 and now + window_left or 0
-  reply[4 * nkeys + 5] = epoch
+  local tail = REPLY_FIELDS * nkeys
+  reply[tail + LEASE_GRANT] = grant
+  reply[tail + LEASE_WINDOW_LEFT] = window_left
+  reply[tail + LEASE_AGAIN] = again
+  reply[tail + LEASE_WINDOW_END] = window_left > 0 and now + window_left or 0
+  reply[tail + LEASE_EPOCH] = epoch
 end
 
-if (op == "c" or op == "l") and all then
+if (op == OP_CHECK or op == OP_LEASE) and all then
   write_states(KEYS, 0, nkeys, writes)
 end
 return reply

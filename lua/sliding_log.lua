@@ -128,28 +128,4 @@ local function sliding_log(limit, w, now, cost, raw)
   return allowed, math.max(limit - count, 0), reset, retry, reset, nxt
 end
 
-DECIDE.sl = sliding_log
-
--- admin: what follows is only in the scripts of the admin operations.
-
--- Refund: remove the cost most recent stamps, only those still in the window
--- (now clamped to the newest stamp). Translation of refund in
--- src/algorithm/sliding_log.rs. Returns the new state (rewritten in order, head 0), or nil
--- when nothing changes.
-local function sliding_log_refund(limit, w, now, cost, raw)
-  local n, head, base, len, stamp = sl_ring(raw, limit)
-  if len == 0 or stamp(len - 1) > now + MAX_BACK * w then
-    return nil
-  end
-  now = math.max(now, stamp(len - 1))
-  local drop = 0
-  while drop < cost and drop < len and stamp(len - 1 - drop) + w > now do
-    drop = drop + 1
-  end
-  if drop == 0 then
-    return nil
-  end
-  return struct.pack(">I4", 0) .. sl_copy(raw, n, head, base, 0, len - drop)
-end
-
-REFUND.sl = sliding_log_refund
+DECIDE[ALG_SLIDING_LOG] = sliding_log

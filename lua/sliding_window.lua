@@ -72,21 +72,4 @@ local function sliding_window(limit, w, now, cost, raw)
   return allowed, remaining, reset, retry, reset, nxt
 end
 
-DECIDE.sw = sliding_window
-
--- admin: what follows is only in the scripts of the admin operations.
-
--- Refund: the current window's count goes down by cost, not below 0; once the
--- window has changed, nothing is refunded. Translation of refund in
--- src/algorithm/sliding_window.rs. Returns the new state, or nil when nothing changes.
-local function sliding_window_refund(_limit, w, now, cost, raw)
-  local a, b, d = string.match(raw, "^(%d+):(%d+):(%d+)$")
-  local window, p, c = field(a), field(b), field(d)
-  local idx = idiv(now, w)
-  if window and p and c and window >= idx and window <= idx + MAX_BACK and c > 0 then
-    return ints(window, p, math.max(c - cost, 0))
-  end
-  return nil
-end
-
-REFUND.sw = sliding_window_refund
+DECIDE[ALG_SLIDING_WINDOW] = sliding_window

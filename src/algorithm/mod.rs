@@ -112,8 +112,8 @@ impl Commit {
 /// time, never floods. State further ahead of the clock than this is not a clock that
 /// went back but state this clock cannot have written (another clock, another
 /// release): it is read as fresh, which admits at most one limit more, and never
-/// makes a subject wait longer than `MAX_CLOCK_BACK + 1` windows. `MAX_BACK` in
-/// `lua/common.lua`.
+/// makes a subject wait longer than `MAX_CLOCK_BACK + 1` windows. The Lua reads it as
+/// `MAX_BACK`, from the preamble `store/redis/contract` generates.
 pub(crate) const MAX_CLOCK_BACK: u64 = 4;
 
 /// Whether a stored window (of a fixed or sliding window of `w` ms) starts more than

@@ -173,7 +173,7 @@
 //!
 //! `<prefix>:{<subject>}:<set tag>:<policy name>:<algorithm code>` (`fw`, `sw`, `tb`,
 //! `sl`), one string per subject and policy. The set tag
-//! ([`PolicySet::key_tag`]) is a hash of every policy of the limiter, names,
+//! ([`PolicySet::key_tag`](crate::store::PolicySet::key_tag)) is a hash of every policy of the limiter, names,
 //! algorithms and numbers: a policy changed under the same name (a rolling deploy that
 //! lengthens a window, a second service on the same Redis that also calls its policy
 //! "api") writes other keys, so no limiter ever reads state written under other
@@ -188,7 +188,7 @@
 //! windows, three for a sliding window read with a clock that went back); no key
 //! lives without one.
 //!
-//! A shadow policy ([`Policy::shadow`]) has the key and state it would have when
+//! A shadow policy ([`Policy::shadow`](crate::Policy::shadow)) has the key and state it would have when
 //! enforced, so switching it on carries its state over; the script writes it when it
 //! admits and every enforced policy admits.
 //!
@@ -208,8 +208,6 @@
 //! Plain checks never touch it.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -218,28 +216,21 @@ use deadpool_redis::cluster::{
     ConfigError as ClusterConfigError, CreatePoolError as ClusterCreatePoolError,
     Pool as ClusterPool,
 };
-use deadpool_redis::redis::Value;
 use deadpool_redis::Pool;
-use smallvec::SmallVec;
 
-use super::{
-    AdminStore, GiveBack, GiveBackFuture, Grant, LeaseAsk, LeaseFuture, LeaseStore, Operation,
-    PolicySet, Store, StoreError, StoreErrorKind,
-};
 use crate::clock::Clock;
-use crate::decision::{Decision, PolicyOutcome};
-use crate::policy::Policy;
-use crate::subject::Subject;
 
 mod batch;
 mod conn;
+mod contract;
+mod keys;
 mod link;
+mod ops;
 mod script;
 
 use batch::Batching;
 use conn::Source;
 use link::Link;
-use script::{Call, Request, Via};
 
 /// Longest key prefix: it is repeated in every key.
 const MAX_PREFIX_LEN: usize = 32;
@@ -371,7 +362,7 @@ impl RedisStore {
     }
 
     /// Sets how long Redis may stay silent (default 50 ms) before a call fails with
-    /// [`StoreErrorKind::Timeout`]: a rate limiter must not become the slow part of a
+    /// [`StoreErrorKind::Timeout`](crate::store::StoreErrorKind::Timeout): a rate limiter must not become the slow part of a
     /// request.
     ///
     /// The timeout measures Redis, not the application: a call times out when the
@@ -420,65 +411,6 @@ impl RedisStore {
         self
     }
 
-    /// The Lua source of the script a limiter with `policies` runs for its checks on a
-    /// server without functions (before Redis 7; others get
-    /// [`RedisStore::function_library`]), for benchmarks that run it bare. It holds the
-    /// code of the algorithms `policies` use, so limiters of different algorithms run
-    /// different scripts (and the rare admin operations a script of their own).
-    pub fn script_source(policies: &[Policy]) -> &'static str {
-        script::Shape::of(policies, Operation::Check, false)
-            .script()
-            .source()
-    }
-
-    /// The SHA-1 of [`RedisStore::script_source`], as `EVALSHA` takes it.
-    pub fn script_sha1(policies: &[Policy]) -> &'static str {
-        script::Shape::of(policies, Operation::Check, false)
-            .script()
-            .sha1()
-    }
-
-    /// The command this store sends for one call: `FCALL` of its function library's
-    /// function (`script: true`: `EVALSHA` of the call's script, what a server without
-    /// functions gets), with the subject's keys and the call's arguments. The clock is
-    /// this store's: Redis `TIME`, or its client clock read now. Load the library first
-    /// with [`RedisStore::function_library`] (`FUNCTION LOAD REPLACE`), or the script
-    /// with [`RedisStore::script_source`].
-    ///
-    /// For benchmarks that must send exactly what the store sends, without copying its
-    /// wire format: not a stable API.
-    #[doc(hidden)]
-    pub fn command(
-        &self,
-        op: Operation,
-        subject: &Subject,
-        set: &PolicySet,
-        cost: u64,
-        script: bool,
-    ) -> deadpool_redis::redis::Cmd {
-        let via = if script { Via::Script } else { Via::Function };
-        self.call(op, subject, set, cost).command(via)
-    }
-
-    /// The Redis 7 function library every call goes through (`FCALL`), as
-    /// `FUNCTION LOAD` takes it: for operators who load it ahead of time (the store
-    /// loads it itself when a server lacks it) and benchmarks that call it bare.
-    pub fn function_library() -> &'static str {
-        script::Library::get().source()
-    }
-
-    fn call(&self, op: Operation, subject: &Subject, set: &PolicySet, cost: u64) -> Call {
-        Call {
-            key_base: self.key_base(subject, set),
-            now_ms: self.settings.clock.as_ref().map(|c| c.now_ms()),
-            cost,
-            op,
-            policies: Arc::clone(set.policies()),
-            lease: None,
-            give_back: None,
-        }
-    }
-
     /// How many calls this store and its clones have sent to Redis (each one round
     /// trip, whatever came back): for metrics, and for measuring what leases save.
     pub fn calls_sent(&self) -> u64 {
@@ -500,16 +432,6 @@ impl RedisStore {
         self.link.timeouts.load(Ordering::Relaxed)
     }
 
-    /// Sends `call` on the store's connection within the timeout (see
-    /// [`RedisStore::timeout`] for what it measures).
-    fn send(&self, call: Call) -> impl Future<Output = Result<(Call, Value), StoreError>> {
-        let (link, timeout) = (Arc::clone(&self.link), self.settings.timeout);
-        async move {
-            let reply = exchange(&link, &call, timeout, None, 1).await?;
-            Ok((call, reply))
-        }
-    }
-
     /// The stamps a sliding log's state in Redis holds (the value of
     /// [`RedisStore::key`] for a sliding-log policy), oldest first: the newest
     /// `limit` of them, as the Rust model keeps them. `None` for bytes that are not
@@ -517,36 +439,6 @@ impl RedisStore {
     #[doc(hidden)]
     pub fn sliding_log_stamps(raw: &[u8], limit: u64) -> Option<Vec<u64>> {
         crate::algorithm::sliding_log_ring_stamps(raw, limit).map(Vec::from)
-    }
-
-    /// The Redis key that holds `subject`'s state for `policy` of `set` (a limiter's
-    /// [`policy_set`](crate::Limiter::policy_set)).
-    pub fn key(&self, subject: &Subject, set: &PolicySet, policy: &Policy) -> String {
-        let mut key = self.key_base(subject, set);
-        script::push_policy_suffix(&mut key, policy);
-        key
-    }
-
-    /// `prefix:{subject}:<set tag>:`, the start of every key of one subject under one
-    /// policy set.
-    fn key_base(&self, subject: &Subject, set: &PolicySet) -> String {
-        let prefix = &self.settings.prefix;
-        let tag = set.key_tag();
-        let mut key = String::with_capacity(prefix.len() + tag.len() + 48);
-        key.push_str(prefix);
-        key.push_str(":{");
-        let start = key.len();
-        subject.write_key_part(&mut key);
-        if key.len() == start {
-            // An empty hash tag would make Redis hash the whole key, spreading a
-            // subject's policies over several slots. No escaped subject is a lone "%"
-            // (escapes are "%XX"), so this stays unambiguous.
-            key.push('%');
-        }
-        key.push_str("}:");
-        key.push_str(tag);
-        key.push(':');
-        key
     }
 }
 
@@ -570,193 +462,24 @@ impl fmt::Debug for RedisStore {
     }
 }
 
-impl Store for RedisStore {
-    /// One box per call: nothing beside a network round trip.
-    type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
-
-    /// A plain check goes at once while few calls are in flight, else in the next
-    /// batch (see [`RedisStore::max_batch`]).
-    fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
-        let call = self.call(Operation::Check, &subject, set, cost);
-        let (link, settings) = (Arc::clone(&self.link), &self.settings);
-        let (timeout, batching) = (settings.timeout, settings.batching);
-        Box::pin(batch::check(link, call, timeout, batching))
-    }
-}
-
-/// Every operation is one `FCALL` of the same library, the operation in its
-/// arguments: the admin operations share the check's per-algorithm Lua.
-impl AdminStore for RedisStore {
-    fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
-        let call = self.call(op, &subject, set, cost);
-        let (link, timeout) = (Arc::clone(&self.link), self.settings.timeout);
-        // The round trip's future is made inside the box: one made outside and moved in
-        // would be held twice (a check's future is boxed and moved on every call).
-        Box::pin(async move {
-            let reply = exchange(&link, &call, timeout, None, 1).await?;
-            Ok(decision(&call.policies, reply, false)?.0)
-        })
-    }
-}
-
-/// One round trip on `link`'s connection within `timeout` from `since` (see
-/// [`RedisStore::timeout`]; `None`: from now), carrying `checks` checks: every check
-/// that ends without a reply is counted.
-async fn exchange<R: script::Request + ?Sized>(
-    link: &Arc<Link>,
-    request: &R,
-    timeout: Duration,
-    since: Option<link::Since>,
-    checks: u64,
-) -> Result<Value, StoreError> {
-    // While connected, the connection is lent at once: no timer for that.
-    let mut lent = match link.current() {
-        Some(lent) => lent,
-        None => {
-            let lent = match tokio::time::Instant::now().checked_add(timeout) {
-                Some(deadline) => tokio::time::timeout_at(deadline, link.lend())
-                    .await
-                    .unwrap_or_else(|_| Err(StoreError::timeout())),
-                None => link.lend().await,
-            };
-            match lent {
-                Ok(lent) => lent,
-                Err(error) => {
-                    link.count_failures(&error, checks);
-                    return Err(error);
-                }
-            }
-        }
-    };
-    let since = since.unwrap_or_else(|| link.since());
-    let reply = link.eval_within(&mut lent, request, timeout, since).await;
-    if let Err(error) = &reply {
-        link.count_failures(error, checks);
-    }
-    reply
-}
-
-/// A leasing check is one `FCALL` of the library's lease function: the check's
-/// decision, then the lease taken from the same states in the same call.
-impl LeaseStore for RedisStore {
-    fn check_leasing(
-        &self,
-        subject: Subject,
-        set: &PolicySet,
-        cost: u64,
-        ask: LeaseAsk,
-    ) -> LeaseFuture {
-        let mut call = self.call(Operation::Check, &subject, set, cost);
-        call.lease = Some(ask);
-        let sent = self.send(call);
-        Box::pin(async move {
-            let (call, reply) = sent.await?;
-            decision(&call.policies, reply, true)
-        })
-    }
-
-    fn give_back(&self, subject: Subject, set: &PolicySet, back: GiveBack) -> GiveBackFuture {
-        let mut call = self.call(Operation::Refund, &subject, set, back.units);
-        call.give_back = Some(back);
-        let sent = self.send(call);
-        Box::pin(async move {
-            let (call, reply) = sent.await?;
-            Ok(decision(&call.policies, reply, false)?.0)
-        })
-    }
-
-    /// The client clock, if the store decides on one; else Redis `TIME`'s own.
-    fn lease_clock(&self) -> Option<Arc<dyn Clock>> {
-        self.settings.clock.clone()
-    }
-}
-
-/// Reads the script's reply: four integers per policy, and for a leasing check
-/// (`lease`) five more: the units granted, the window's ms left, the ms to ask again,
-/// the window's end, the lease generation.
-fn decision(
-    policies: &Arc<[Policy]>,
-    reply: Value,
-    lease: bool,
-) -> Result<(Decision, Grant), StoreError> {
-    match reply {
-        Value::Array(items) => decision_of(policies, &items, lease),
-        other => Err(StoreError::new(
-            StoreErrorKind::Protocol,
-            format!("expected an array, got {other:?}"),
-        )),
-    }
-}
-
-/// [`decision`] from the reply's integers: one call's, or one check's share of a
-/// batch's.
-fn decision_of(
-    policies: &Arc<[Policy]>,
-    items: &[Value],
-    lease: bool,
-) -> Result<(Decision, Grant), StoreError> {
-    let protocol = |what: String| StoreError::new(StoreErrorKind::Protocol, what);
-    let expected = 4 * policies.len() + if lease { 5 } else { 0 };
-    if items.len() != expected {
-        return Err(protocol(format!(
-            "expected {expected} integers, got {}",
-            items.len()
-        )));
-    }
-    let number = |v: &Value| match v {
-        Value::Int(n) => u64::try_from(*n).ok(),
-        _ => None,
-    };
-    let (per_policy, extra) = items.split_at(4 * policies.len());
-    let grant = match extra {
-        [units, window_left, again, window_end, epoch] => {
-            let (Some(units), Some(window_left), Some(again), Some(window_end), Some(epoch)) = (
-                number(units),
-                number(window_left),
-                number(again),
-                number(window_end),
-                number(epoch),
-            ) else {
-                return Err(protocol(format!("expected 5 integers, got {extra:?}")));
-            };
-            Grant {
-                units,
-                window_left_ms: (window_left > 0).then_some(window_left),
-                ask_again_ms: again,
-                window_end_ms: (window_end > 0).then_some(window_end),
-                epoch,
-            }
-        }
-        _ => Grant::default(),
-    };
-    let mut outcomes = SmallVec::<[PolicyOutcome; 4]>::new();
-    for (policy, item) in policies.iter().zip(per_policy.chunks_exact(4)) {
-        let (Some(allowed), Some(remaining), Some(reset), Some(retry)) = (
-            number(&item[0]),
-            number(&item[1]),
-            number(&item[2]),
-            number(&item[3]),
-        ) else {
-            return Err(protocol(format!("expected 4 integers, got {item:?}")));
-        };
-        if allowed > 1 {
-            return Err(protocol(format!("allowed must be 0 or 1, got {allowed}")));
-        }
-        outcomes.push(PolicyOutcome {
-            allowed: allowed == 1,
-            limit: policy.limit(),
-            remaining,
-            reset_after_ms: reset,
-            retry_after_ms: retry,
-        });
-    }
-    Ok((Decision::from_outcomes(policies, outcomes), grant))
-}
-
 #[cfg(test)]
 mod tests {
+    use super::contract::args::Entry;
+    use super::contract::reply::{decode, Reply};
     use super::*;
+    use crate::policy::Policy;
+    use crate::store::{PolicySet, Store, StoreError, StoreErrorKind};
+    use crate::subject::Subject;
+    use deadpool_redis::redis::Value;
     use std::time::Duration;
+
+    /// The decision of a check's `reply` over `policies`, as the store reads it.
+    fn decision(
+        policies: &Arc<[Policy]>,
+        reply: Value,
+    ) -> Result<crate::decision::Decision, StoreError> {
+        decode::<Reply>(reply)?.decision(policies)
+    }
 
     fn store() -> RedisStore {
         let pool = deadpool_redis::Config::from_url("redis://127.0.0.1:1/")
@@ -879,7 +602,7 @@ mod tests {
     fn replies_map_to_outcomes_with_the_policy_limits() {
         let policies = policies();
         let reply = Value::Array([1, 2, 500, 0, 0, 0, 400, 30].map(Value::Int).to_vec());
-        let (d, _) = decision(&policies, reply, false).unwrap();
+        let d = decision(&policies, reply).unwrap();
         assert!(!d.is_allowed());
         assert_eq!(d.denied_by(), Some("b"));
         assert_eq!(d.limit(), 5);
@@ -897,7 +620,7 @@ mod tests {
             Value::Array(vec![Value::Okay; 8]),
         ];
         for reply in bad {
-            let err = decision(&policies, reply, false).unwrap_err();
+            let err = decision(&policies, reply).unwrap_err();
             assert_eq!(err.kind(), StoreErrorKind::Protocol);
         }
     }
@@ -927,9 +650,7 @@ mod tests {
                 .map(|(i, a)| policy(a, &format!("p{i}")))
                 .collect();
             let source = RedisStore::script_source(&policies);
-            let admin = script::Shape::of(&policies, Operation::Refund, false)
-                .script()
-                .source();
+            let admin = script::Shape::of(&policies, Entry::Admin).script().source();
             for a in Algorithm::ALL {
                 let used = policies.iter().any(|p| p.algorithm() == a);
                 assert_eq!(defines(source, a), used, "{a} in shape {shape:04b}");

@@ -20,12 +20,12 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use deadpool_redis::redis::Value;
 use tokio::sync::oneshot;
 
+use super::contract::args::{Batch, Call, Check};
+use super::contract::reply::{decode, BatchReply, Reply};
 use super::link::{Link, Since};
-use super::script::{Batch, Call};
-use super::{decision, decision_of, exchange};
+use super::ops::exchange;
 use crate::decision::Decision;
 use crate::store::{StoreError, StoreErrorKind};
 
@@ -70,7 +70,7 @@ struct State {
 /// A queued check, with where its decision goes.
 #[derive(Debug)]
 struct Waiting {
-    call: Call,
+    call: Call<Check>,
     answer: oneshot::Sender<Result<Decision, StoreError>>,
     since: Since,
     timeout: Duration,
@@ -87,7 +87,7 @@ impl Queue {
 /// flight (or the store does not batch), else in the next batch.
 pub(super) async fn check(
     link: Arc<Link>,
-    call: Call,
+    call: Call<Check>,
     timeout: Duration,
     batching: Batching,
 ) -> Result<Decision, StoreError> {
@@ -112,21 +112,21 @@ pub(super) async fn check(
     let _slot = batches.then(|| Slot::taken(Arc::clone(&link)));
     // `one`'s body, inline: awaiting it here would add its frame to every check's
     // boxed future (`a_check_s_future_stays_small`).
-    let reply = exchange(&link, &call, timeout, None, 1).await?;
-    Ok(decision(&call.policies, reply, false)?.0)
+    let reply: Reply = decode(exchange(&link, &call, timeout, None, 1).await?)?;
+    reply.decision(&call.policies)
 }
 
 /// When a check goes: now, alone, or in the next batch.
 enum Turn {
     /// A place among the calls in flight is taken for it.
-    Now(Call),
+    Now(Call<Check>),
     /// It waits in the queue; its decision arrives here.
     Queued(oneshot::Receiver<Result<Decision, StoreError>>),
 }
 
 /// Takes a place among the calls in flight for `call` (fewer than `max_in_flight`
 /// are), or queues it for the next batch.
-fn enqueue(link: &Link, call: Call, timeout: Duration, batching: Batching) -> Turn {
+fn enqueue(link: &Link, call: Call<Check>, timeout: Duration, batching: Batching) -> Turn {
     let mut state = link.queue.lock();
     if state.in_flight < batching.max_in_flight.max(1) {
         state.in_flight += 1;
@@ -146,12 +146,12 @@ fn enqueue(link: &Link, call: Call, timeout: Duration, batching: Batching) -> Tu
 /// One check as its own call.
 async fn one(
     link: &Arc<Link>,
-    call: &Call,
+    call: &Call<Check>,
     timeout: Duration,
     since: Option<Since>,
 ) -> Result<Decision, StoreError> {
-    let reply = exchange(link, call, timeout, since, 1).await?;
-    Ok(decision(&call.policies, reply, false)?.0)
+    let reply: Reply = decode(exchange(link, call, timeout, since, 1).await?)?;
+    reply.decision(&call.policies)
 }
 
 /// A place among the calls in flight, held by a check or a batch: when it is given
@@ -239,42 +239,27 @@ async fn send(link: &Arc<Link>, mut batch: Vec<Waiting>) {
         return;
     }
     let (since, timeout) = (batch[0].since, batch[0].timeout);
-    let (calls, answers): (Vec<Call>, Vec<_>) =
+    let (calls, answers): (Vec<Call<Check>>, Vec<_>) =
         batch.into_iter().map(|w| (w.call, w.answer)).unzip();
     let request = Batch { calls };
     let checks = request.calls.len() as u64;
     let reply = exchange(link, &request, timeout, Some(since), checks).await;
-    let expected: usize = request.calls.iter().map(|c| 4 * c.policies.len()).sum();
-    let items = match reply {
-        Ok(Value::Array(items)) if items.len() == expected => items,
-        Ok(other) => {
-            let error = StoreError::new(
-                StoreErrorKind::Protocol,
-                format!(
-                    "expected {expected} integers for a batch of {checks} checks, got {other:?}"
-                ),
-            );
-            link.count_failures(&error, checks);
-            for answer in answers {
-                let _ = answer.send(Err(error.duplicate()));
+    // A reply that is no batch's, or another batch's, fails every check of it.
+    let decided = reply.and_then(|reply| {
+        decode::<BatchReply>(reply)
+            .and_then(|reply| reply.decisions(&request.calls))
+            .inspect_err(|error| link.count_failures(error, checks))
+    });
+    match decided {
+        Ok(decisions) => {
+            for (decision, answer) in decisions.into_iter().zip(answers) {
+                let _ = answer.send(Ok(decision));
             }
-            return;
         }
         Err(error) => {
             for answer in answers {
                 let _ = answer.send(Err(error.duplicate()));
             }
-            return;
         }
-    };
-    let mut at = 0;
-    for (call, answer) in request.calls.iter().zip(answers) {
-        let share = &items[at..at + 4 * call.policies.len()];
-        at += share.len();
-        let decided = decision_of(&call.policies, share, false).map(|(d, _)| d);
-        if let Err(error) = &decided {
-            link.count_failures(error, 1);
-        }
-        let _ = answer.send(decided);
     }
 }

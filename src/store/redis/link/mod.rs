@@ -8,13 +8,15 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use deadpool_redis::redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use deadpool_redis::redis::{ErrorKind, RedisError, Value};
 use tokio::sync::{Mutex, Notify};
 
 use super::batch::Queue;
 use super::conn::{Conn, Source};
-use super::script::{Library, Request, Via};
+use super::contract::args::Request;
 use crate::store::{StoreError, StoreErrorKind};
+
+mod library;
 
 /// How long one attempt to get a connection from the pool may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -273,68 +275,6 @@ impl Link {
         }
     }
 
-    async fn send<R: Request + ?Sized>(
-        self: &Arc<Self>,
-        lent: &mut Lent,
-        call: &R,
-    ) -> RedisResult<Value> {
-        if self.functions.load(Ordering::Relaxed) {
-            match lent.conn.query(&call.command(Via::Function)).await {
-                Err(e) if server_says(&e, "Function not found") => {
-                    // This call goes as the script in full, which runs it whatever the
-                    // server forgets meanwhile, and its reply is its answer at once:
-                    // waiting for the library's load too would let the timeout report
-                    // a call that ran as one that failed. The library is loaded in the
-                    // background for the calls to come (a failed load only means the
-                    // next call tries again).
-                    let reply = lent.conn.query(&call.command(Via::ScriptSource)).await;
-                    self.load_library_later(&lent.conn);
-                    return reply;
-                }
-                Err(e) if server_says(&e, "unknown command") => {
-                    tracing::info!("Redis has no functions (before 7.0): calling scripts");
-                    self.functions.store(false, Ordering::Relaxed);
-                }
-                other => return other,
-            }
-        }
-        match lent.conn.query(&call.command(Via::Script)).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                lent.conn.query(&call.command(Via::ScriptSource)).await
-            }
-            other => other,
-        }
-    }
-
-    /// Loads the function library on `conn` in a task of its own, unless another
-    /// load finishes first.
-    fn load_library_later(self: &Arc<Self>, conn: &Conn) {
-        let before = self.loads.load(Ordering::Acquire);
-        let (link, mut conn) = (Arc::clone(self), conn.clone());
-        tokio::spawn(async move {
-            // Bounded, so a load that hangs cannot hold the lock for the loads to come.
-            let load = tokio::time::timeout(CONNECT_TIMEOUT, link.load_library(&mut conn, before));
-            match load.await {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => {
-                    tracing::debug!(%error, "could not load the redlimit function library");
-                }
-                Err(_) => tracing::debug!("loading the redlimit function library timed out"),
-            }
-        });
-    }
-
-    /// Loads the function library, unless a load finished since `loads` was `before`.
-    async fn load_library(&self, conn: &mut Conn, before: u64) -> RedisResult<()> {
-        let _loading = self.loading.lock().await;
-        if self.loads.load(Ordering::Acquire) == before {
-            conn.query(&Library::get().load_command()).await?;
-            self.loads.fetch_add(1, Ordering::Release);
-            tracing::debug!("loaded the redlimit function library");
-        }
-        Ok(())
-    }
-
     /// Called when a call on connection `generation` timed out: a connection silent for a while is
     /// presumed dead and replaced.
     fn timed_out(self: &Arc<Self>, generation: u64, stall_ms: u64) {
@@ -507,12 +447,4 @@ impl Drop for AttemptGuard {
             .unwrap_or_else(|| Err("the connecting task was dropped".to_owned()));
         self.link.settle(outcome);
     }
-}
-
-/// Whether `error` is the server's reply and its message starts with `message` (after
-/// the `ERR` code).
-fn server_says(error: &RedisError, message: &str) -> bool {
-    error
-        .detail()
-        .is_some_and(|detail| detail.starts_with(message))
 }

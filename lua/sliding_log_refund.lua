@@ -1,0 +1,25 @@
+-- redlimit: the sliding log's refund, composed after sliding_log.lua only into what
+-- gives units back (the admin operations, the give-back, the library): a check
+-- never defines what it never runs.
+
+-- Refund: remove the cost most recent stamps, only those still in the window
+-- (now clamped to the newest stamp). Translation of refund in
+-- src/algorithm/sliding_log.rs. Returns the new state (rewritten in order, head 0), or nil
+-- when nothing changes.
+local function sliding_log_refund(limit, w, now, cost, raw)
+  local n, head, base, len, stamp = sl_ring(raw, limit)
+  if len == 0 or stamp(len - 1) > now + MAX_BACK * w then
+    return nil
+  end
+  now = math.max(now, stamp(len - 1))
+  local drop = 0
+  while drop < cost and drop < len and stamp(len - 1 - drop) + w > now do
+    drop = drop + 1
+  end
+  if drop == 0 then
+    return nil
+  end
+  return struct.pack(">I4", 0) .. sl_copy(raw, n, head, base, 0, len - drop)
+end
+
+REFUND[ALG_SLIDING_LOG] = sliding_log_refund

@@ -1,0 +1,24 @@
+-- redlimit: the token bucket's refund, composed after token_bucket.lua only into what
+-- gives units back (the admin operations, the give-back, the library): a check
+-- never defines what it never runs.
+
+-- Refund: the TAT moves back by cost emission intervals, not before now (now
+-- clamped as the check clamps it). Translation of refund in src/algorithm/token_bucket.rs.
+-- Returns the new state, or nil when nothing changes.
+local function token_bucket_refund(limit, t, now_ms, cost, raw)
+  local tat = nil
+  if string.match(raw, "^%d+$") then
+    tat = field(raw)
+  end
+  if tat == nil or tat - now_ms * 1000 > (MAX_BACK + 1) * limit * t then
+    return nil
+  end
+  local now = math.max(now_ms * 1000, tat - limit * t)
+  local back = math.max(tat - cost * t, now)
+  if back < tat then
+    return int(back)
+  end
+  return nil
+end
+
+REFUND[ALG_TOKEN_BUCKET] = token_bucket_refund

@@ -1,0 +1,335 @@
+//! One encoder per call shape: a [`Call`] of a [`CallShape`] (a check, an admin
+//! operation, a leasing check, a give-back) or a [`Batch`] of checks writes its
+//! keys and arguments in the order [`super`]'s positions name, so the Lua finds
+//! each where it reads it.
+
+use std::sync::Arc;
+
+use deadpool_redis::redis::{Cmd, FromRedisValue};
+use smallvec::SmallVec;
+
+use super::reply::{BatchReply, LeaseReply, Reply};
+use super::*;
+use crate::policy::{Algorithm, Policy};
+use crate::store::redis::keys::{lease_key_of, push_policy_suffix};
+use crate::store::redis::script::{batch_script, Library, Shape, ShapeScript, Via};
+use crate::store::{GiveBack, LeaseAsk, Operation};
+
+// The encoders write a call's arguments one after the other: these are the
+// positions that order gives, checked where the positions are defined.
+const _: () = assert!(ARG_COST == 1 && FIRST_CHECK == ARG_COST + 1);
+const _: () = assert!(ARG_OP == ARG_COST + 1 && FIRST_ADMIN == ARG_OP + 1);
+const _: () = assert!(ARG_WANT == ARG_COST + 1 && ARG_BATCH == ARG_WANT + 1);
+const _: () = assert!(FIRST_LEASE == ARG_BATCH + 1);
+const _: () = assert!(ARG_BEFORE == ARG_COST + 1 && ARG_EPOCH == ARG_BEFORE + 1);
+const _: () = assert!(FIRST_GIVE_BACK == ARG_EPOCH + 1);
+const _: () = assert!(POLICY_CODE == 0 && POLICY_LIMIT == 1 && POLICY_N == 2 && POLICY_ARGS == 3);
+const _: () = assert!(BATCH_MODE == 1 && BATCH_SETS == 2);
+
+/// The entry points of the Lua: a function of the library each, and a script shape
+/// each for servers without functions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Entry {
+    Check,
+    Admin,
+    Lease,
+    GiveBack,
+}
+
+impl Entry {
+    /// The Lua expressions of this entry point's `op` and `first` (main.lua), with
+    /// the call's arguments named `argv`.
+    pub(crate) fn op_first(self, argv: &str) -> String {
+        match self {
+            Entry::Check => "OP_CHECK, FIRST_CHECK".to_owned(),
+            Entry::Admin => format!("{argv}[ARG_OP], FIRST_ADMIN"),
+            Entry::Lease => "OP_LEASE, FIRST_LEASE".to_owned(),
+            Entry::GiveBack => "OP_GIVE_BACK, FIRST_GIVE_BACK".to_owned(),
+        }
+    }
+
+    /// Whether its Lua gives units back: the refund functions go only there.
+    pub(crate) fn refunds(self) -> bool {
+        matches!(self, Entry::Admin | Entry::GiveBack)
+    }
+}
+
+/// What one call of one subject carries, whatever its shape: kept whole so the
+/// same call can be sent again as `EVAL` when the server lost its script.
+#[derive(Debug)]
+pub(crate) struct Call<S> {
+    /// `prefix:{subject}:<set tag>:`, the part every key of the subject shares.
+    pub(crate) key_base: String,
+    /// The client's time in ms, or `None` for Redis `TIME`.
+    pub(crate) now_ms: Option<u64>,
+    pub(crate) cost: u64,
+    pub(crate) policies: Arc<[Policy]>,
+    pub(crate) shape: S,
+}
+
+/// A call shape: its entry point, the arguments between its cost and its
+/// policies', and its typed reply.
+pub(crate) trait CallShape: Send + Sync {
+    type Reply: FromRedisValue;
+    fn entry(&self) -> Entry;
+    /// Whether the call names the subject's lease generation key after its
+    /// policies' keys.
+    fn names_lease_key(&self) -> bool {
+        false
+    }
+    /// Writes its own arguments, from `ARG_COST + 1` to its first policy's.
+    fn push_head(&self, _cmd: &mut Cmd) {}
+}
+
+/// A plain check: `cost, policies.., [clock]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Check;
+
+impl CallShape for Check {
+    type Reply = Reply;
+    fn entry(&self) -> Entry {
+        Entry::Check
+    }
+}
+
+/// The admin operations: what an [`Admin`] call does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AdminOp {
+    Peek,
+    Refund,
+    Reset,
+}
+
+impl AdminOp {
+    /// The admin operation of `op`; `None` for a check, which is no admin call.
+    pub(crate) fn of(op: Operation) -> Option<Self> {
+        match op {
+            Operation::Check => None,
+            Operation::Peek => Some(Self::Peek),
+            Operation::Refund => Some(Self::Refund),
+            Operation::Reset => Some(Self::Reset),
+        }
+    }
+
+    fn letter(self) -> &'static str {
+        match self {
+            Self::Peek => OP_PEEK,
+            Self::Refund => OP_REFUND,
+            Self::Reset => OP_RESET,
+        }
+    }
+}
+
+/// A peek, refund or reset: `cost, op, policies.., [clock]`; a reset names the
+/// lease generation key too, to delete it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Admin(pub(crate) AdminOp);
+
+impl CallShape for Admin {
+    type Reply = Reply;
+    fn entry(&self) -> Entry {
+        Entry::Admin
+    }
+    fn names_lease_key(&self) -> bool {
+        self.0 == AdminOp::Reset
+    }
+    fn push_head(&self, cmd: &mut Cmd) {
+        cmd.arg(self.0.letter());
+    }
+}
+
+/// A leasing check: `cost, want, batch, policies.., [clock]`, and the lease
+/// generation key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Leasing(pub(crate) LeaseAsk);
+
+impl CallShape for Leasing {
+    type Reply = LeaseReply;
+    fn entry(&self) -> Entry {
+        Entry::Lease
+    }
+    fn names_lease_key(&self) -> bool {
+        true
+    }
+    fn push_head(&self, cmd: &mut Cmd) {
+        cmd.arg(self.0.want).arg(self.0.batch);
+    }
+}
+
+/// A lease's give-back: `units, before_ms, epoch, policies.., [clock]`, and the
+/// lease generation key (read: the units go back only while it is `epoch`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GivingBack(pub(crate) GiveBack);
+
+impl CallShape for GivingBack {
+    type Reply = Reply;
+    fn entry(&self) -> Entry {
+        Entry::GiveBack
+    }
+    fn names_lease_key(&self) -> bool {
+        true
+    }
+    fn push_head(&self, cmd: &mut Cmd) {
+        cmd.arg(self.0.before_ms).arg(self.0.epoch);
+    }
+}
+
+/// What the store sends in one round trip: one call, or a batch of checks.
+pub(crate) trait Request: Send + Sync {
+    /// The reply, decoded once.
+    type Reply: FromRedisValue;
+    /// The command, sent `via` a function or a script.
+    fn command(&self, via: Via) -> Cmd;
+}
+
+/// The start of a command: the library's function, or the script by hash or source.
+fn start(via: Via, function: &str, script: impl FnOnce() -> &'static ShapeScript) -> Cmd {
+    match via {
+        Via::Function => {
+            let mut cmd = deadpool_redis::redis::cmd("FCALL");
+            cmd.arg(function);
+            cmd
+        }
+        Via::Script => {
+            let mut cmd = deadpool_redis::redis::cmd("EVALSHA");
+            cmd.arg(script().sha1());
+            cmd
+        }
+        Via::ScriptSource => {
+            let mut cmd = deadpool_redis::redis::cmd("EVAL");
+            cmd.arg(script().source());
+            cmd
+        }
+    }
+}
+
+impl<S: CallShape> Request for Call<S> {
+    type Reply = S::Reply;
+
+    /// `numkeys, keys.., cost, head.., policies.., [clock]`, whichever way it goes.
+    fn command(&self, via: Via) -> Cmd {
+        let entry = self.shape.entry();
+        let mut cmd = start(via, Library::get().function(entry), || {
+            Shape::of(&self.policies, entry).script()
+        });
+        let lease_key = self.shape.names_lease_key();
+        cmd.arg(self.policies.len() + usize::from(lease_key));
+        let mut key = String::with_capacity(self.key_base.len() + 24);
+        for policy in self.policies.iter() {
+            key.clear();
+            key.push_str(&self.key_base);
+            push_policy_suffix(&mut key, policy);
+            cmd.arg(key.as_str());
+        }
+        if lease_key {
+            cmd.arg(lease_key_of(&self.key_base));
+        }
+        cmd.arg(self.cost);
+        self.shape.push_head(&mut cmd);
+        for policy in self.policies.iter() {
+            push_policy_args(&mut cmd, policy);
+        }
+        // Without a client clock the Lua reads Redis `TIME`.
+        if let Some(ms) = self.now_ms {
+            cmd.arg(ms);
+        }
+        cmd
+    }
+}
+
+/// Appends a policy's [`POLICY_ARGS`] arguments: its algorithm's code, its limit
+/// (negative for a shadow policy: one argument fewer per policy) and the one
+/// duration its algorithm reads.
+fn push_policy_args(cmd: &mut Cmd, policy: &Policy) {
+    let algorithm = policy.algorithm();
+    let limit = i64::try_from(policy.limit()).unwrap_or(i64::MAX);
+    let limit = if policy.is_shadow() { -limit } else { limit };
+    let n = match algorithm {
+        Algorithm::TokenBucket => policy.emission_interval_us(),
+        _ => policy.window_ms(),
+    };
+    cmd.arg(code(algorithm)).arg(limit).arg(n);
+}
+
+/// Plain checks sent as one call of the library's batch function (`lua/batch.lua`):
+/// each decided as its own call would be, in order.
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
+    pub(crate) calls: Vec<Call<Check>>,
+}
+
+impl Request for Batch {
+    type Reply = BatchReply;
+
+    /// `numkeys keys.. mode nsets (p (code limit n)*p)* sets 1|n costs.. ms..`: each
+    /// policy set is sent once, however many of the batch's checks use it.
+    fn command(&self, via: Via) -> Cmd {
+        let mut cmd = start(via, &Library::get().batch, batch_script);
+        // The batch's policy sets, by identity: a limiter's checks share its set.
+        let mut sets: SmallVec<[&Arc<[Policy]>; 4]> = SmallVec::new();
+        let mut set_of: SmallVec<[usize; 64]> = SmallVec::new();
+        for call in &self.calls {
+            let found = sets.iter().position(|s| Arc::ptr_eq(s, &call.policies));
+            set_of.push(found.unwrap_or_else(|| {
+                sets.push(&call.policies);
+                sets.len() - 1
+            }));
+        }
+        let keys: usize = self.calls.iter().map(|c| c.policies.len()).sum();
+        cmd.arg(keys);
+        let mut key = String::new();
+        for call in &self.calls {
+            for policy in call.policies.iter() {
+                key.clear();
+                key.push_str(&call.key_base);
+                push_policy_suffix(&mut key, policy);
+                cmd.arg(key.as_str());
+            }
+        }
+        // The batcher never mixes the two clocks in one batch.
+        let client_clock = self.calls.iter().any(|c| c.now_ms.is_some());
+        // Whether a subject comes twice: only then does the batch keep what it
+        // writes for the checks after, and write each state once.
+        let mut subjects = std::collections::HashSet::with_capacity(self.calls.len());
+        let repeats = !self
+            .calls
+            .iter()
+            .all(|c| subjects.insert(c.key_base.as_str()));
+        let mut mode = String::with_capacity(2);
+        mode.push_str(if client_clock {
+            BATCH_CLIENT_CLOCK
+        } else {
+            BATCH_REDIS_CLOCK
+        });
+        if repeats {
+            mode.push_str(BATCH_REPEATS);
+        }
+        cmd.arg(mode).arg(sets.len());
+        for set in &sets {
+            cmd.arg(set.len());
+            for policy in set.iter() {
+                push_policy_args(&mut cmd, policy);
+            }
+        }
+        // One byte per check: its set, from 1 (a batch holds at most 255 checks).
+        let order: Vec<u8> = set_of
+            .iter()
+            .map(|&set| u8::try_from(set + 1).unwrap_or(u8::MAX))
+            .collect();
+        cmd.arg(order);
+        if self.calls.iter().all(|c| c.cost == 1) {
+            cmd.arg(BATCH_UNIT_COSTS);
+        } else {
+            cmd.arg(BATCH_COSTS);
+            for call in &self.calls {
+                cmd.arg(call.cost);
+            }
+        }
+        if client_clock {
+            for call in &self.calls {
+                cmd.arg(call.now_ms.unwrap_or(0));
+            }
+        }
+        cmd
+    }
+}

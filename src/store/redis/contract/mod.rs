@@ -1,0 +1,215 @@
+//! The contract between the store and its Lua: the operation letters, where each
+//! argument goes, the reply's layout, the algorithm codes. Rust encodes with these
+//! constants ([`args`]), decodes with them ([`reply`]), and resolves them in the Lua:
+//! the Lua files read `OP_REFUND` or `ARGV[ARG_COST]` where they used to read a
+//! literal, and composition writes the values in ([`inline`]; the library also
+//! starts with the generated [`preamble`]): one side cannot change a letter or a
+//! position without the other.
+//!
+//! Positions are 1-based, as Lua's `ARGV` and reply tables count them.
+
+use std::fmt::Write as _;
+
+use crate::policy::Algorithm;
+
+pub(super) mod args;
+pub(super) mod reply;
+
+#[cfg(test)]
+mod tests;
+
+/// A plain check: decide and consume.
+pub(super) const OP_CHECK: &str = "c";
+/// Decide as a check would now, consuming nothing.
+pub(super) const OP_PEEK: &str = "p";
+/// Give the cost back, then answer as a peek.
+pub(super) const OP_REFUND: &str = "r";
+/// Forget the subject's state, then answer as a peek on fresh state.
+pub(super) const OP_RESET: &str = "x";
+/// A check that also takes a lease.
+pub(super) const OP_LEASE: &str = "l";
+/// A lease's give-back: a refund while its window and lease generation stand, else
+/// a peek.
+pub(super) const OP_GIVE_BACK: &str = "g";
+
+/// Every single call's first argument: the cost.
+pub(super) const ARG_COST: usize = 1;
+/// An admin call's operation ([`OP_PEEK`], [`OP_REFUND`] or [`OP_RESET`]).
+pub(super) const ARG_OP: usize = 2;
+/// A leasing check's units wanted, then its batch.
+pub(super) const ARG_WANT: usize = 2;
+pub(super) const ARG_BATCH: usize = 3;
+/// A give-back's end of the lease's window (ms, the store's clock), then its lease
+/// generation.
+pub(super) const ARG_BEFORE: usize = 2;
+pub(super) const ARG_EPOCH: usize = 3;
+
+/// Where each call shape's per-policy arguments start: after its cost and the
+/// arguments of its own.
+pub(super) const FIRST_CHECK: usize = ARG_COST + 1;
+pub(super) const FIRST_ADMIN: usize = ARG_OP + 1;
+pub(super) const FIRST_LEASE: usize = ARG_BATCH + 1;
+pub(super) const FIRST_GIVE_BACK: usize = ARG_EPOCH + 1;
+
+/// Arguments per policy: its algorithm's code, its limit (negative for a shadow
+/// policy), the one duration its algorithm reads; offsets from the policy's first.
+pub(super) const POLICY_ARGS: usize = 3;
+pub(super) const POLICY_CODE: usize = 0;
+pub(super) const POLICY_LIMIT: usize = 1;
+pub(super) const POLICY_N: usize = 2;
+
+/// Integers per policy in every reply, and their offsets (from 1).
+pub(super) const REPLY_FIELDS: usize = 4;
+pub(super) const REPLY_ALLOWED: usize = 1;
+pub(super) const REPLY_REMAINING: usize = 2;
+pub(super) const REPLY_RESET: usize = 3;
+pub(super) const REPLY_RETRY: usize = 4;
+
+/// Integers a leasing check's reply adds after its policies', and their offsets.
+pub(super) const LEASE_FIELDS: usize = 5;
+pub(super) const LEASE_GRANT: usize = 1;
+pub(super) const LEASE_WINDOW_LEFT: usize = 2;
+pub(super) const LEASE_AGAIN: usize = 3;
+pub(super) const LEASE_WINDOW_END: usize = 4;
+pub(super) const LEASE_EPOCH: usize = 5;
+
+/// A batch's clock and repeats (its first argument), then its number of policy
+/// sets; the sets follow.
+pub(super) const BATCH_MODE: usize = 1;
+pub(super) const BATCH_SETS: usize = 2;
+/// The batch's checks decide at one Redis `TIME`.
+pub(super) const BATCH_REDIS_CLOCK: &str = "t";
+/// Each of the batch's checks carries the client's clock.
+pub(super) const BATCH_CLIENT_CLOCK: &str = "c";
+/// After the clock: a subject comes more than once in the batch.
+pub(super) const BATCH_REPEATS: &str = "r";
+/// Every check of the batch costs 1 (no costs follow).
+pub(super) const BATCH_UNIT_COSTS: &str = "1";
+/// A cost per check follows.
+pub(super) const BATCH_COSTS: &str = "n";
+
+/// The two-letter code of an algorithm, in keys and in the Lua's arguments.
+pub(super) const fn code(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::FixedWindow => "fw",
+        Algorithm::SlidingWindow => "sw",
+        Algorithm::TokenBucket => "tb",
+        Algorithm::SlidingLog => "sl",
+    }
+}
+
+/// A preamble value.
+enum Lua {
+    Str(&'static str),
+    Int(u64),
+}
+
+/// Positions as preamble values (they are small).
+const fn at(position: usize) -> Lua {
+    Lua::Int(position as u64)
+}
+
+/// Every constant the Lua reads, by its Lua name.
+const PREAMBLE: &[(&str, Lua)] = &[
+    ("OP_CHECK", Lua::Str(OP_CHECK)),
+    ("OP_PEEK", Lua::Str(OP_PEEK)),
+    ("OP_REFUND", Lua::Str(OP_REFUND)),
+    ("OP_RESET", Lua::Str(OP_RESET)),
+    ("OP_LEASE", Lua::Str(OP_LEASE)),
+    ("OP_GIVE_BACK", Lua::Str(OP_GIVE_BACK)),
+    ("ARG_COST", at(ARG_COST)),
+    ("ARG_OP", at(ARG_OP)),
+    ("ARG_WANT", at(ARG_WANT)),
+    ("ARG_BATCH", at(ARG_BATCH)),
+    ("ARG_BEFORE", at(ARG_BEFORE)),
+    ("ARG_EPOCH", at(ARG_EPOCH)),
+    ("FIRST_CHECK", at(FIRST_CHECK)),
+    ("FIRST_ADMIN", at(FIRST_ADMIN)),
+    ("FIRST_LEASE", at(FIRST_LEASE)),
+    ("FIRST_GIVE_BACK", at(FIRST_GIVE_BACK)),
+    ("POLICY_ARGS", at(POLICY_ARGS)),
+    ("POLICY_CODE", at(POLICY_CODE)),
+    ("POLICY_LIMIT", at(POLICY_LIMIT)),
+    ("POLICY_N", at(POLICY_N)),
+    ("REPLY_FIELDS", at(REPLY_FIELDS)),
+    ("REPLY_ALLOWED", at(REPLY_ALLOWED)),
+    ("REPLY_REMAINING", at(REPLY_REMAINING)),
+    ("REPLY_RESET", at(REPLY_RESET)),
+    ("REPLY_RETRY", at(REPLY_RETRY)),
+    ("LEASE_FIELDS", at(LEASE_FIELDS)),
+    ("LEASE_GRANT", at(LEASE_GRANT)),
+    ("LEASE_WINDOW_LEFT", at(LEASE_WINDOW_LEFT)),
+    ("LEASE_AGAIN", at(LEASE_AGAIN)),
+    ("LEASE_WINDOW_END", at(LEASE_WINDOW_END)),
+    ("LEASE_EPOCH", at(LEASE_EPOCH)),
+    ("BATCH_MODE", at(BATCH_MODE)),
+    ("BATCH_SETS", at(BATCH_SETS)),
+    ("BATCH_REDIS_CLOCK", Lua::Str(BATCH_REDIS_CLOCK)),
+    ("BATCH_CLIENT_CLOCK", Lua::Str(BATCH_CLIENT_CLOCK)),
+    ("BATCH_REPEATS", Lua::Str(BATCH_REPEATS)),
+    ("BATCH_UNIT_COSTS", Lua::Str(BATCH_UNIT_COSTS)),
+    ("BATCH_COSTS", Lua::Str(BATCH_COSTS)),
+    ("ALG_FIXED_WINDOW", Lua::Str(code(Algorithm::FixedWindow))),
+    (
+        "ALG_SLIDING_WINDOW",
+        Lua::Str(code(Algorithm::SlidingWindow)),
+    ),
+    ("ALG_TOKEN_BUCKET", Lua::Str(code(Algorithm::TokenBucket))),
+    ("ALG_SLIDING_LOG", Lua::Str(code(Algorithm::SlidingLog))),
+    ("MAX_BACK", Lua::Int(crate::algorithm::MAX_CLOCK_BACK)),
+];
+
+/// The Lua the function library starts with: [`PREAMBLE`] as locals, read by its
+/// registrations (at load) and by whoever reads the loaded library or adds Lua to
+/// its chunk (the benches' diagnostic functions); its code has the values in place
+/// (see [`inline`]).
+///
+/// Locals, not globals: Redis forbids a script's globals.
+pub(super) fn preamble() -> String {
+    let mut lua = String::from(
+        "-- Generated from src/store/redis/contract: the Rust side encodes and decodes with the same values.\n",
+    );
+    for (name, value) in PREAMBLE {
+        // Writing to a String cannot fail.
+        let _ = match value {
+            Lua::Str(text) => writeln!(lua, "local {name} = \"{text}\""),
+            Lua::Int(n) => writeln!(lua, "local {name} = {n}"),
+        };
+    }
+    lua
+}
+
+/// `lua` with every [`PREAMBLE`] name replaced by its value: how the composed code
+/// (the library's and every script's) reads the constants.
+///
+/// Read as locals they cost instructions on every call (callgrind, against the
+/// literals they replace): a script's chunk runs again on every call, and Lua 5.1
+/// makes a new upvalue for each local that a function of the chunk captures, each
+/// time the function is created (a fixed-window check's `EVALSHA` about 7% more); the
+/// library's functions read them as upvalues, an instruction more per use (a batch
+/// of 16 checks about 1% more). Values in place of the names cost nothing, and the
+/// Lua files still read the names, so neither side can drift.
+pub(super) fn inline(lua: &str) -> String {
+    let mut out = String::with_capacity(lua.len());
+    let mut rest = lua;
+    while let Some(start) = rest.find(|c: char| c.is_ascii_alphabetic() || c == '_') {
+        out.push_str(&rest[..start]);
+        let word = &rest[start..];
+        let len = word
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(word.len());
+        let (name, after) = word.split_at(len);
+        match PREAMBLE.iter().find(|(n, _)| *n == name) {
+            Some((_, Lua::Str(text))) => {
+                out.push('"');
+                out.push_str(text);
+                out.push('"');
+            }
+            Some((_, Lua::Int(n))) => out.push_str(&n.to_string()),
+            None => out.push_str(name),
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}

@@ -1,0 +1,217 @@
+//! The replies, decoded once by their `FromRedisValue` impls into one type per
+//! layout: [`Reply`] (a check, an admin operation, a give-back), [`LeaseReply`]
+//! (a leasing check), [`BatchReply`] (a batch). Anything else the server sends is a
+//! protocol error, never a decision and never a panic.
+
+use std::sync::Arc;
+
+use deadpool_redis::redis::{FromRedisValue, ParsingError, Value};
+use smallvec::SmallVec;
+
+use super::args::{Call, Check};
+use super::*;
+use crate::decision::{Decision, PolicyOutcome};
+use crate::policy::Policy;
+use crate::store::{Grant, StoreError, StoreErrorKind};
+
+/// One policy's [`REPLY_FIELDS`] integers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PolicyReply {
+    pub(crate) allowed: bool,
+    pub(crate) remaining: u64,
+    pub(crate) reset_after_ms: u64,
+    pub(crate) retry_after_ms: u64,
+}
+
+impl PolicyReply {
+    fn outcome(self, policy: &Policy) -> PolicyOutcome {
+        PolicyOutcome {
+            allowed: self.allowed,
+            limit: policy.limit(),
+            remaining: self.remaining,
+            reset_after_ms: self.reset_after_ms,
+            retry_after_ms: self.retry_after_ms,
+        }
+    }
+}
+
+/// A non-negative integer of the reply.
+fn number(value: &Value) -> Option<u64> {
+    match value {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        _ => None,
+    }
+}
+
+/// The reply's items, or what it was instead of an array.
+fn items(value: Value) -> Result<Vec<Value>, ParsingError> {
+    match value {
+        Value::Array(items) => Ok(items),
+        other => Err(format!("expected an array, got {other:?}").into()),
+    }
+}
+
+/// `items`, [`REPLY_FIELDS`] integers per policy.
+fn policies_of<C: Default + Extend<PolicyReply>>(items: &[Value]) -> Result<C, ParsingError> {
+    if items.len() % REPLY_FIELDS != 0 {
+        return Err(format!(
+            "expected {REPLY_FIELDS} integers per policy, got {}",
+            items.len()
+        )
+        .into());
+    }
+    let mut replies = C::default();
+    for fields in items.chunks_exact(REPLY_FIELDS) {
+        let field = |at: usize| number(&fields[at - 1]);
+        let (Some(allowed), Some(remaining), Some(reset), Some(retry)) = (
+            field(REPLY_ALLOWED),
+            field(REPLY_REMAINING),
+            field(REPLY_RESET),
+            field(REPLY_RETRY),
+        ) else {
+            return Err(format!("expected {REPLY_FIELDS} integers, got {fields:?}").into());
+        };
+        if allowed > 1 {
+            return Err(format!("allowed must be 0 or 1, got {allowed}").into());
+        }
+        replies.extend([PolicyReply {
+            allowed: allowed == 1,
+            remaining,
+            reset_after_ms: reset,
+            retry_after_ms: retry,
+        }]);
+    }
+    Ok(replies)
+}
+
+/// The reply of a check, an admin operation or a give-back: every policy's
+/// outcome, in the order of the call's policies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Reply(pub(crate) SmallVec<[PolicyReply; 4]>);
+
+impl FromRedisValue for Reply {
+    fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
+        Ok(Self(policies_of(&items(value)?)?))
+    }
+}
+
+/// A reply for `policies` that has another number of them: a protocol error.
+fn count_error(expected: usize, got: usize) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Protocol,
+        format!(
+            "expected {} integers, got {}",
+            REPLY_FIELDS * expected,
+            REPLY_FIELDS * got
+        ),
+    )
+}
+
+impl Reply {
+    /// The decision over `policies`, the call's.
+    pub(crate) fn decision(self, policies: &Arc<[Policy]>) -> Result<Decision, StoreError> {
+        if self.0.len() != policies.len() {
+            return Err(count_error(policies.len(), self.0.len()));
+        }
+        let outcomes = policies.iter().zip(self.0).map(|(p, r)| r.outcome(p));
+        Ok(Decision::from_outcomes(policies, outcomes))
+    }
+}
+
+/// The reply of a leasing check: the policies' outcomes, then the lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LeaseReply {
+    pub(crate) policies: Reply,
+    pub(crate) grant: Grant,
+}
+
+impl FromRedisValue for LeaseReply {
+    fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
+        let items = items(value)?;
+        let Some(split) = items.len().checked_sub(LEASE_FIELDS) else {
+            return Err(format!(
+                "expected {LEASE_FIELDS} lease integers after the policies', got {}",
+                items.len()
+            )
+            .into());
+        };
+        let (per_policy, lease) = items.split_at(split);
+        let field = |at: usize| number(&lease[at - 1]);
+        let (Some(units), Some(window_left), Some(again), Some(window_end), Some(epoch)) = (
+            field(LEASE_GRANT),
+            field(LEASE_WINDOW_LEFT),
+            field(LEASE_AGAIN),
+            field(LEASE_WINDOW_END),
+            field(LEASE_EPOCH),
+        ) else {
+            return Err(format!("expected {LEASE_FIELDS} integers, got {lease:?}").into());
+        };
+        Ok(Self {
+            policies: Reply(policies_of(per_policy)?),
+            grant: Grant {
+                units,
+                window_left_ms: (window_left > 0).then_some(window_left),
+                ask_again_ms: again,
+                window_end_ms: (window_end > 0).then_some(window_end),
+                epoch,
+            },
+        })
+    }
+}
+
+impl LeaseReply {
+    /// The decision over `policies`, the call's, and the lease.
+    pub(crate) fn decision(
+        self,
+        policies: &Arc<[Policy]>,
+    ) -> Result<(Decision, Grant), StoreError> {
+        Ok((self.policies.decision(policies)?, self.grant))
+    }
+}
+
+/// The reply of a batch: every check's policies' outcomes, check after check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BatchReply(pub(crate) Vec<PolicyReply>);
+
+impl FromRedisValue for BatchReply {
+    fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
+        Ok(Self(policies_of(&items(value)?)?))
+    }
+}
+
+impl BatchReply {
+    /// Each check's decision, in the order of `calls`, the batch's; a protocol
+    /// error when the reply holds another number of outcomes than they have
+    /// policies.
+    pub(crate) fn decisions(self, calls: &[Call<Check>]) -> Result<Vec<Decision>, StoreError> {
+        let expected: usize = calls.iter().map(|c| c.policies.len()).sum();
+        if self.0.len() != expected {
+            return Err(StoreError::new(
+                StoreErrorKind::Protocol,
+                format!(
+                    "expected {} integers for a batch of {} checks, got {}",
+                    REPLY_FIELDS * expected,
+                    calls.len(),
+                    REPLY_FIELDS * self.0.len()
+                ),
+            ));
+        }
+        let mut replies = self.0.into_iter();
+        Ok(calls
+            .iter()
+            .map(|call| {
+                let outcomes = call
+                    .policies
+                    .iter()
+                    .zip(replies.by_ref())
+                    .map(|(p, r)| r.outcome(p));
+                Decision::from_outcomes(&call.policies, outcomes.collect::<SmallVec<[_; 4]>>())
+            })
+            .collect())
+    }
+}
+
+/// Decodes `value` as `T`: a reply of another shape is a protocol error.
+pub(crate) fn decode<T: FromRedisValue>(value: Value) -> Result<T, StoreError> {
+    T::from_redis_value(value).map_err(|e| StoreError::new(StoreErrorKind::Protocol, e.to_string()))
+}

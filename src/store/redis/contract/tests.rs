@@ -1,0 +1,403 @@
+//! Round trips of every call shape against a real `redis-server`: encoded in Rust,
+//! run by the real Lua (the function library, and the call shape's script as a server
+//! without functions runs it), decoded into the shape's typed reply. Here and not in
+//! `tests/it` because the encoders and replies are the store's own.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis::{self, aio::MultiplexedConnection, FromRedisValue, Value};
+
+use super::args::{Admin, AdminOp, Batch, Call, Check, GivingBack, Leasing, Request};
+use super::reply::{decode, BatchReply, LeaseReply, PolicyReply, Reply};
+use super::*;
+use crate::policy::Policy;
+use crate::store::redis::keys::lease_key_of;
+use crate::store::redis::script::{Library, Via};
+use crate::store::{GiveBack, LeaseAsk, StoreErrorKind};
+
+/// A `redis-server` on a free loopback port, with no persistence, killed on drop.
+/// (`REDLIMIT_REDIS_SERVER` names another binary, as for the integration tests.)
+struct Server {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start() -> Self {
+        let binary =
+            std::env::var("REDLIMIT_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned());
+        // A free port can be taken by someone else between probing and binding: retry.
+        for _ in 0..5 {
+            let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .expect("no free loopback port");
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            let mut child = Command::new(&binary)
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(dir.path())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot run {binary} (the round trips need it): {e}"));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                if ping(port) {
+                    return Self {
+                        child,
+                        port,
+                        _dir: dir,
+                    };
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("redis-server did not start");
+    }
+
+    /// A connection with the library loaded.
+    async fn conn(&self) -> MultiplexedConnection {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let _: Value = Library::get()
+            .load_command()
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        conn
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ping(port: u16) -> bool {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(100)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut reply = [0u8; 7];
+    stream.write_all(b"PING\r\n").is_ok()
+        && stream.read_exact(&mut reply).is_ok()
+        && &reply == b"+PONG\r\n"
+}
+
+/// The two Lua compositions every single call has: the library's function, and its
+/// shape's script (sent in full, as after `NOSCRIPT`).
+const VIAS: [Via; 2] = [Via::Function, Via::ScriptSource];
+
+/// `request` sent `via`, its reply decoded as the store decodes it.
+async fn round_trip<R: Request>(
+    conn: &mut MultiplexedConnection,
+    request: &R,
+    via: Via,
+) -> R::Reply {
+    let value: Value = request
+        .command(via)
+        .query_async(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{via:?}: {e}"));
+    decode::<R::Reply>(value).unwrap_or_else(|e| panic!("{via:?}: {e}"))
+}
+
+/// Ten a second, and a token bucket of 10 refilling one per 100 ms.
+fn policies() -> Arc<[Policy]> {
+    vec![
+        Policy::fixed_window("fw", 10, Duration::from_secs(1)).unwrap(),
+        Policy::token_bucket("tb", 10, 10, Duration::from_secs(1)).unwrap(),
+    ]
+    .into()
+}
+
+/// The client clock of every call: 250 ms into window 10 of the fixed window.
+const NOW: u64 = 10_250;
+
+fn call<S>(base: &str, policies: &Arc<[Policy]>, cost: u64, shape: S) -> Call<S> {
+    Call {
+        key_base: base.to_owned(),
+        now_ms: Some(NOW),
+        cost,
+        policies: Arc::clone(policies),
+        shape,
+    }
+}
+
+fn outcome(allowed: bool, remaining: u64, reset: u64, retry: u64) -> PolicyReply {
+    PolicyReply {
+        allowed,
+        remaining,
+        reset_after_ms: reset,
+        retry_after_ms: retry,
+    }
+}
+
+/// The fixed window's stored state (`<window>:<count>`) under `base`.
+async fn fixed_state(conn: &mut MultiplexedConnection, base: &str) -> Option<String> {
+    redis::cmd("GET")
+        .arg(format!("{base}fw:fw"))
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_check_round_trips() {
+    let server = Server::start();
+    let mut conn = server.conn().await;
+    let p = policies();
+    for via in VIAS {
+        let base = format!("rt:{{check-{via:?}}}:t:");
+        let reply = round_trip(&mut conn, &call(&base, &p, 3, Check), via).await;
+        // 3 of 10 in the window, 750 ms to its end; the bucket full again 300 ms on.
+        assert_eq!(
+            reply.0.as_slice(),
+            [outcome(true, 7, 750, 0), outcome(true, 7, 300, 0)],
+            "{via:?}"
+        );
+        assert_eq!(fixed_state(&mut conn, &base).await.as_deref(), Some("10:3"));
+        // 8 more fit neither: denied, with the window's wait, nothing written.
+        let reply = round_trip(&mut conn, &call(&base, &p, 8, Check), via).await;
+        assert_eq!(reply.0[0], outcome(false, 7, 750, 750), "{via:?}");
+        assert!(
+            !reply.0[1].allowed && reply.0[1].retry_after_ms > 0,
+            "{via:?}"
+        );
+        assert_eq!(fixed_state(&mut conn, &base).await.as_deref(), Some("10:3"));
+        let decision = reply.decision(&p).unwrap();
+        assert!(!decision.is_allowed());
+        assert_eq!(decision.retry_after(), Some(Duration::from_millis(750)));
+    }
+}
+
+#[tokio::test]
+async fn the_admin_operations_round_trip() {
+    let server = Server::start();
+    let mut conn = server.conn().await;
+    let p = policies();
+    for via in VIAS {
+        let base = format!("rt:{{admin-{via:?}}}:t:");
+        round_trip(&mut conn, &call(&base, &p, 4, Check), via).await;
+        // A peek of 2 answers as that check would, and writes nothing.
+        let peek = round_trip(&mut conn, &call(&base, &p, 2, Admin(AdminOp::Peek)), via).await;
+        assert_eq!(peek.0[0], outcome(true, 4, 750, 0), "{via:?}");
+        assert_eq!(fixed_state(&mut conn, &base).await.as_deref(), Some("10:4"));
+        // A refund of 3 gives them back, then answers as a peek of 3.
+        let refund = round_trip(&mut conn, &call(&base, &p, 3, Admin(AdminOp::Refund)), via).await;
+        assert_eq!(refund.0[0], outcome(true, 6, 750, 0), "{via:?}");
+        assert_eq!(fixed_state(&mut conn, &base).await.as_deref(), Some("10:1"));
+        // A reset forgets the states and the lease generation, then peeks fresh.
+        let lease_key = lease_key_of(&base);
+        let _: () = redis::cmd("SET")
+            .arg(&lease_key)
+            .arg("1")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let reset = round_trip(&mut conn, &call(&base, &p, 1, Admin(AdminOp::Reset)), via).await;
+        assert_eq!(
+            reset.0.as_slice(),
+            [outcome(true, 9, 750, 0), outcome(true, 9, 100, 0)],
+            "{via:?}"
+        );
+        let left: u64 = redis::cmd("EXISTS")
+            .arg(format!("{base}fw:fw"))
+            .arg(format!("{base}tb:tb"))
+            .arg(&lease_key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(left, 0, "{via:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_leasing_check_and_its_give_back_round_trip() {
+    let server = Server::start();
+    let mut conn = server.conn().await;
+    let p = policies();
+    for via in VIAS {
+        let base = format!("rt:{{lease-{via:?}}}:t:");
+        let ask = LeaseAsk { want: 5, batch: 1 };
+        let LeaseReply { policies, grant } =
+            round_trip(&mut conn, &call(&base, &p, 1, Leasing(ask)), via).await;
+        // The cost and 5 more taken from both; the lease ends with the window.
+        assert_eq!(policies.0[0], outcome(true, 4, 750, 0), "{via:?}");
+        assert_eq!(grant.units, 5, "{via:?}");
+        assert_eq!(grant.window_left_ms, Some(750));
+        assert_eq!(grant.window_end_ms, Some(11_000));
+        assert_eq!(grant.ask_again_ms, 0);
+        assert!(grant.epoch > 0, "{via:?}: {grant:?}");
+        assert_eq!(fixed_state(&mut conn, &base).await.as_deref(), Some("10:6"));
+
+        // Another generation's units change nothing: a peek of them.
+        let stale = GiveBack {
+            units: 4,
+            before_ms: 11_000,
+            epoch: grant.epoch + 1,
+        };
+        let reply = round_trip(&mut conn, &call(&base, &p, 4, GivingBack(stale)), via).await;
+        assert_eq!(reply.0[0], outcome(true, 0, 750, 0), "{via:?}");
+        assert_eq!(fixed_state(&mut conn, &base).await.as_deref(), Some("10:6"));
+        // Nor do units of a window that is over.
+        let late = GiveBack {
+            units: 4,
+            before_ms: NOW,
+            epoch: grant.epoch,
+        };
+        round_trip(&mut conn, &call(&base, &p, 4, GivingBack(late)), via).await;
+        assert_eq!(fixed_state(&mut conn, &base).await.as_deref(), Some("10:6"));
+        // In time and in the generation: refunded, then a peek of them.
+        let back = GiveBack {
+            units: 4,
+            before_ms: 11_000,
+            epoch: grant.epoch,
+        };
+        let reply = round_trip(&mut conn, &call(&base, &p, 4, GivingBack(back)), via).await;
+        assert_eq!(reply.0[0], outcome(true, 4, 750, 0), "{via:?}");
+        assert_eq!(fixed_state(&mut conn, &base).await.as_deref(), Some("10:2"));
+    }
+}
+
+#[tokio::test]
+async fn a_batch_round_trips() {
+    let server = Server::start();
+    let mut conn = server.conn().await;
+    let p = policies();
+    let other: Arc<[Policy]> =
+        vec![Policy::sliding_log("sl", 2, Duration::from_secs(1)).unwrap()].into();
+    for (via, clock) in [(Via::Function, Some(NOW)), (Via::ScriptSource, None)] {
+        let a = format!("rt:{{batch-a-{via:?}}}:t:");
+        let b = format!("rt:{{batch-b-{via:?}}}:t:");
+        let mut checks = vec![
+            call(&a, &p, 2, Check),
+            call(&b, &other, 1, Check),
+            // The same subject again: decided on what the first wrote.
+            call(&a, &p, 9, Check),
+            call(&b, &other, 1, Check),
+            call(&b, &other, 1, Check),
+        ];
+        for check in &mut checks {
+            check.now_ms = clock;
+        }
+        let batch = Batch { calls: checks };
+        let reply: BatchReply = round_trip(&mut conn, &batch, via).await;
+        assert_eq!(reply.0.len(), 2 + 1 + 2 + 1 + 1, "{via:?}");
+        assert_eq!(reply.0[0].remaining, 8, "{via:?}");
+        let decisions = reply.decisions(&batch.calls).unwrap();
+        let allowed: Vec<bool> = decisions.iter().map(|d| d.is_allowed()).collect();
+        assert_eq!(allowed, [true, true, false, true, false], "{via:?}");
+        assert_eq!(decisions[2].denied_by(), Some("fw"));
+        assert_eq!(decisions[4].denied_by(), Some("sl"));
+    }
+}
+
+#[test]
+fn malformed_replies_are_protocol_errors_of_every_shape() {
+    let ints = |n: &[i64]| Value::Array(n.iter().map(|&i| Value::Int(i)).collect());
+    fn kind<T: FromRedisValue>(value: Value) -> Option<StoreErrorKind> {
+        decode::<T>(value).err().map(|e| e.kind())
+    }
+    let protocol = Some(StoreErrorKind::Protocol);
+    for bad in [
+        Value::Nil,
+        Value::Okay,
+        ints(&[1, 2, 3]),
+        ints(&[1, 2, 3, -4]),
+        ints(&[2, 0, 0, 0]),
+    ] {
+        assert_eq!(kind::<Reply>(bad.clone()), protocol, "{bad:?}");
+        assert_eq!(kind::<BatchReply>(bad.clone()), protocol, "{bad:?}");
+    }
+    for bad in [
+        ints(&[1, 2, 3, 4]),
+        ints(&[1, 0, 0, 0, 5, 0, 0, 0, -1]),
+        ints(&[1, 0, 0, 0, 0, 0, 0]),
+    ] {
+        assert_eq!(kind::<LeaseReply>(bad.clone()), protocol, "{bad:?}");
+    }
+    // Well formed, for another number of policies than the call's.
+    let p = policies();
+    let one = decode::<Reply>(ints(&[1, 0, 0, 0])).unwrap();
+    assert_eq!(
+        one.decision(&p).unwrap_err().kind(),
+        StoreErrorKind::Protocol
+    );
+    let batch = decode::<BatchReply>(ints(&[1, 0, 0, 0])).unwrap();
+    let calls = [call("b:", &p, 1, Check)];
+    assert_eq!(
+        batch.decisions(&calls).unwrap_err().kind(),
+        StoreErrorKind::Protocol
+    );
+}
+
+#[test]
+fn the_preamble_defines_what_the_lua_reads_once_each() {
+    let preamble = preamble();
+    let lua: String = [
+        include_str!("../../../../lua/common.lua"),
+        include_str!("../../../../lua/decide.lua"),
+        include_str!("../../../../lua/main.lua"),
+        include_str!("../../../../lua/batch.lua"),
+        include_str!("../../../../lua/fixed_window.lua"),
+        include_str!("../../../../lua/sliding_log.lua"),
+    ]
+    .concat();
+    let library = Library::get().source();
+    for (name, _) in PREAMBLE {
+        let definition = format!("local {name} = ");
+        assert_eq!(preamble.matches(&definition).count(), 1, "{name}");
+        assert_eq!(library.matches(&definition).count(), 1, "{name}");
+        assert!(!lua.contains(&definition), "{name} is defined in lua/ too");
+    }
+    // The composed code has the values in place of the names: a script's whole
+    // source, the library's after its preamble and before its registrations.
+    let fw = [Policy::fixed_window("p", 1, Duration::from_secs(1)).unwrap()];
+    let code_from = library.find(&preamble).unwrap() + preamble.len();
+    let code_to = library.find("redis.register_function").unwrap();
+    let scripts = [
+        crate::RedisStore::script_source(&fw),
+        crate::store::redis::script::batch_script().source(),
+        &library[code_from..code_to],
+    ];
+    for script in scripts {
+        for (name, _) in PREAMBLE {
+            let as_word = |at: usize| {
+                let before = script[..at].chars().next_back();
+                let after = script[at + name.len()..].chars().next();
+                let part =
+                    |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+                !part(before) && !part(after)
+            };
+            let left = script.match_indices(name).any(|(at, _)| as_word(at));
+            assert!(!left, "{name} is left in a script");
+        }
+    }
+    assert_eq!(
+        inline("a = OP_REFUND .. OP_REFUNDS + POLICY_N"),
+        r#"a = "r" .. OP_REFUNDS + 2"#
+    );
+    // Values are plain: nothing to escape in a Lua string.
+    for (name, value) in PREAMBLE {
+        if let Lua::Str(text) = value {
+            assert!(text.bytes().all(|b| b.is_ascii_alphanumeric()), "{name}");
+        }
+    }
+}

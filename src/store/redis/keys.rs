@@ -1,0 +1,57 @@
+//! The Redis key layout (see [Keys](super#keys)): `<prefix>:{<subject>}:<set tag>:`
+//! then `<policy name>:<algorithm code>` per policy, or `~lease` for the subject's
+//! lease generation.
+
+use super::contract::code;
+use super::RedisStore;
+use crate::policy::Policy;
+use crate::store::PolicySet;
+use crate::subject::Subject;
+
+impl RedisStore {
+    /// The Redis key that holds `subject`'s state for `policy` of `set` (a limiter's
+    /// [`policy_set`](crate::Limiter::policy_set)).
+    pub fn key(&self, subject: &Subject, set: &PolicySet, policy: &Policy) -> String {
+        let mut key = self.key_base(subject, set);
+        push_policy_suffix(&mut key, policy);
+        key
+    }
+
+    /// `prefix:{subject}:<set tag>:`, the start of every key of one subject under one
+    /// policy set.
+    pub(super) fn key_base(&self, subject: &Subject, set: &PolicySet) -> String {
+        let prefix = &self.settings.prefix;
+        let tag = set.key_tag();
+        let mut key = String::with_capacity(prefix.len() + tag.len() + 48);
+        key.push_str(prefix);
+        key.push_str(":{");
+        let start = key.len();
+        subject.write_key_part(&mut key);
+        if key.len() == start {
+            // An empty hash tag would make Redis hash the whole key, spreading a
+            // subject's policies over several slots. No escaped subject is a lone "%"
+            // (escapes are "%XX"), so this stays unambiguous.
+            key.push('%');
+        }
+        key.push_str("}:");
+        key.push_str(tag);
+        key.push(':');
+        key
+    }
+}
+
+/// The key of a subject's lease generation, from its key base (`prefix:{subject}:`):
+/// `~` is never in a policy name, so no policy's key is this one.
+pub(super) fn lease_key_of(key_base: &str) -> String {
+    let mut key = String::with_capacity(key_base.len() + 6);
+    key.push_str(key_base);
+    key.push_str("~lease");
+    key
+}
+
+/// Appends `<policy name>:<algorithm code>` to a key base.
+pub(super) fn push_policy_suffix(key: &mut String, policy: &Policy) {
+    key.push_str(policy.name());
+    key.push(':');
+    key.push_str(code(policy.algorithm()));
+}

@@ -1,0 +1,209 @@
+//! Each call shape's round trip: the [`Store`], [`AdminStore`] and [`LeaseStore`]
+//! impls build a [`Call`] of their shape, send it, and read its typed reply.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_redis::redis::Value;
+
+use super::batch;
+use super::contract::args::{
+    Admin, AdminOp, Call, CallShape, Check, Entry, GivingBack, Leasing, Request,
+};
+use super::contract::reply::{decode, Reply};
+use super::link::{self, Link};
+use super::script::{self, Via};
+use super::RedisStore;
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::policy::Policy;
+use crate::store::{
+    AdminStore, GiveBack, GiveBackFuture, LeaseAsk, LeaseFuture, LeaseStore, Operation, PolicySet,
+    Store, StoreError,
+};
+use crate::subject::Subject;
+
+impl RedisStore {
+    /// The Lua source of the script a limiter with `policies` runs for its checks on a
+    /// server without functions (before Redis 7; others get
+    /// [`RedisStore::function_library`]), for benchmarks that run it bare. It holds the
+    /// code of the algorithms `policies` use, so limiters of different algorithms run
+    /// different scripts (and the rare admin operations a script of their own).
+    pub fn script_source(policies: &[Policy]) -> &'static str {
+        script::Shape::of(policies, Entry::Check).script().source()
+    }
+
+    /// The SHA-1 of [`RedisStore::script_source`], as `EVALSHA` takes it.
+    pub fn script_sha1(policies: &[Policy]) -> &'static str {
+        script::Shape::of(policies, Entry::Check).script().sha1()
+    }
+
+    /// The command this store sends for one call: `FCALL` of its function library's
+    /// function (`script: true`: `EVALSHA` of the call's script, what a server without
+    /// functions gets), with the subject's keys and the call's arguments. The clock is
+    /// this store's: Redis `TIME`, or its client clock read now. Load the library first
+    /// with [`RedisStore::function_library`] (`FUNCTION LOAD REPLACE`), or the script
+    /// with [`RedisStore::script_source`].
+    ///
+    /// For benchmarks that must send exactly what the store sends, without copying its
+    /// wire format: not a stable API.
+    #[doc(hidden)]
+    pub fn command(
+        &self,
+        op: Operation,
+        subject: &Subject,
+        set: &PolicySet,
+        cost: u64,
+        script: bool,
+    ) -> deadpool_redis::redis::Cmd {
+        let via = if script { Via::Script } else { Via::Function };
+        match AdminOp::of(op) {
+            None => self.call(subject, set, cost, Check).command(via),
+            Some(admin) => self.call(subject, set, cost, Admin(admin)).command(via),
+        }
+    }
+
+    /// The Redis 7 function library every call goes through (`FCALL`), as
+    /// `FUNCTION LOAD` takes it: for operators who load it ahead of time (the store
+    /// loads it itself when a server lacks it) and benchmarks that call it bare.
+    pub fn function_library() -> &'static str {
+        script::Library::get().source()
+    }
+
+    fn call<S: CallShape>(
+        &self,
+        subject: &Subject,
+        set: &PolicySet,
+        cost: u64,
+        shape: S,
+    ) -> Call<S> {
+        Call {
+            key_base: self.key_base(subject, set),
+            now_ms: self.settings.clock.as_ref().map(|c| c.now_ms()),
+            cost,
+            policies: Arc::clone(set.policies()),
+            shape,
+        }
+    }
+
+    /// Sends `call` on the store's connection within the timeout (see
+    /// [`RedisStore::timeout`] for what it measures), and decodes its reply.
+    fn send<S: CallShape>(
+        &self,
+        call: Call<S>,
+    ) -> impl Future<Output = Result<(Call<S>, S::Reply), StoreError>> {
+        let (link, timeout) = (Arc::clone(&self.link), self.settings.timeout);
+        async move {
+            let reply = decode(exchange(&link, &call, timeout, None, 1).await?)?;
+            Ok((call, reply))
+        }
+    }
+}
+
+impl Store for RedisStore {
+    /// One box per call: nothing beside a network round trip.
+    type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
+
+    /// A plain check goes at once while few calls are in flight, else in the next
+    /// batch (see [`RedisStore::max_batch`]).
+    fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        let call = self.call(&subject, set, cost, Check);
+        let (link, settings) = (Arc::clone(&self.link), &self.settings);
+        let (timeout, batching) = (settings.timeout, settings.batching);
+        Box::pin(batch::check(link, call, timeout, batching))
+    }
+}
+
+/// Every operation is one `FCALL` of the same library, the operation in its
+/// arguments: the admin operations share the check's per-algorithm Lua.
+impl AdminStore for RedisStore {
+    fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        let Some(admin) = AdminOp::of(op) else {
+            let call = self.call(&subject, set, cost, Check);
+            return Box::pin(one(Arc::clone(&self.link), call, self.settings.timeout));
+        };
+        let call = self.call(&subject, set, cost, Admin(admin));
+        Box::pin(one(Arc::clone(&self.link), call, self.settings.timeout))
+    }
+}
+
+/// One call alone, its decision. The round trip's future is made inside the box: one
+/// made outside and moved in would be held twice.
+async fn one<S: CallShape<Reply = Reply>>(
+    link: Arc<Link>,
+    call: Call<S>,
+    timeout: Duration,
+) -> Result<Decision, StoreError> {
+    let reply: Reply = decode(exchange(&link, &call, timeout, None, 1).await?)?;
+    reply.decision(&call.policies)
+}
+
+/// One round trip on `link`'s connection within `timeout` from `since` (see
+/// [`RedisStore::timeout`]; `None`: from now), carrying `checks` checks: every check
+/// that ends without a reply is counted.
+pub(super) async fn exchange<R: Request + ?Sized>(
+    link: &Arc<Link>,
+    request: &R,
+    timeout: Duration,
+    since: Option<link::Since>,
+    checks: u64,
+) -> Result<Value, StoreError> {
+    // While connected, the connection is lent at once: no timer for that.
+    let mut lent = match link.current() {
+        Some(lent) => lent,
+        None => {
+            let lent = match tokio::time::Instant::now().checked_add(timeout) {
+                Some(deadline) => tokio::time::timeout_at(deadline, link.lend())
+                    .await
+                    .unwrap_or_else(|_| Err(StoreError::timeout())),
+                None => link.lend().await,
+            };
+            match lent {
+                Ok(lent) => lent,
+                Err(error) => {
+                    link.count_failures(&error, checks);
+                    return Err(error);
+                }
+            }
+        }
+    };
+    let since = since.unwrap_or_else(|| link.since());
+    let reply = link.eval_within(&mut lent, request, timeout, since).await;
+    if let Err(error) = &reply {
+        link.count_failures(error, checks);
+    }
+    reply
+}
+
+/// A leasing check is one `FCALL` of the library's lease function: the check's
+/// decision, then the lease taken from the same states in the same call.
+impl LeaseStore for RedisStore {
+    fn check_leasing(
+        &self,
+        subject: Subject,
+        set: &PolicySet,
+        cost: u64,
+        ask: LeaseAsk,
+    ) -> LeaseFuture {
+        let sent = self.send(self.call(&subject, set, cost, Leasing(ask)));
+        Box::pin(async move {
+            let (call, reply) = sent.await?;
+            reply.decision(&call.policies)
+        })
+    }
+
+    fn give_back(&self, subject: Subject, set: &PolicySet, back: GiveBack) -> GiveBackFuture {
+        let sent = self.send(self.call(&subject, set, back.units, GivingBack(back)));
+        Box::pin(async move {
+            let (call, reply) = sent.await?;
+            reply.decision(&call.policies)
+        })
+    }
+
+    /// The client clock, if the store decides on one; else Redis `TIME`'s own.
+    fn lease_clock(&self) -> Option<Arc<dyn Clock>> {
+        self.settings.clock.clone()
+    }
+}
