@@ -19,12 +19,13 @@
 #[allow(dead_code, unused_imports, clippy::all)]
 mod support;
 
+use redlimit::internals::Store;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redlimit::lease::Leases;
-use redlimit::{Limiter, Policy, RedisStore, Store};
+use redlimit::{Limiter, Policy, RedisStore};
 
 const TASKS: usize = 64;
 const RUN: Duration = Duration::from_secs(5);

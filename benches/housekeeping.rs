@@ -13,14 +13,15 @@
 //! Bounded: each block-cache slice stops after 2 s, so the whole run ends in well
 //! under two minutes even with a cache that scans itself on every insert.
 
+use redlimit::internals::{Backend, PolicySet};
+use redlimit::store::StoreError;
 use std::future::{ready, Future, Ready};
 use std::hint::black_box;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use redlimit::store::PolicySet;
-use redlimit::{Decision, Limiter, MemoryStore, Policy, Store, StoreError, Subject};
+use redlimit::{Decision, Limiter, MemoryStore, Policy, Subject};
 
 const LIVE_SUBJECTS: usize = 1_000_000;
 const THREADS: u64 = 2;
@@ -213,7 +214,7 @@ fn merged(all: impl Iterator<Item = Latencies>) -> Latencies {
 /// block cache, not a store.
 struct Denies(Decision);
 
-impl Store for Denies {
+impl Backend for Denies {
     type Future = Ready<Result<Decision, StoreError>>;
 
     fn check(&self, _: Subject, _: &PolicySet, _: u64) -> Self::Future {

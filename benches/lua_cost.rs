@@ -18,10 +18,10 @@
 //! Needs `valgrind` (with `callgrind_control`), `redis-server` and `redis-benchmark`
 //! (Debian: valgrind, redis-server, redis-tools). About a minute and a half.
 
+use redlimit::internals::{LimiterInternals, Operation, RedisStoreInternals};
 use std::process::Command;
 use std::time::Duration;
 
-use redlimit::store::Operation;
 use redlimit::{Limiter, MemoryStore, Policy, RedisStore, Subject};
 
 mod callgrind;

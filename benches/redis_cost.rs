@@ -46,6 +46,7 @@
 //! (Debian: valgrind, redis-server, redis-tools). About a minute and a half (98 s on
 //! two cores).
 
+use redlimit::internals::{LimiterInternals, RedisStoreInternals};
 use std::future::Future;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

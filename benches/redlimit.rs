@@ -4,6 +4,7 @@
 //! so they are polled in place with a no-op waker: what is measured is the decision, not
 //! an executor.
 
+use redlimit::internals::{Backend, CheckNow, LimiterInternals};
 use std::future::Future;
 use std::hint::black_box;
 use std::pin::pin;
@@ -24,7 +25,7 @@ mod memory {
     use super::*;
     use criterion::{BenchmarkId, Criterion, Throughput};
     use redlimit::clock::FakeClock;
-    use redlimit::{Algorithm, CheckNow, Limiter, MemoryStore, Policy, Store, Subject};
+    use redlimit::{Algorithm, Limiter, MemoryStore, Policy, Subject};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 

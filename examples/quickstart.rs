@@ -17,6 +17,7 @@
 //! secret is made for this process, which is all the memory store needs, and in Redis
 //! mode means instances share IP budgets but not API-key budgets (it says so at start).
 
+use redlimit::store::Store;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -25,7 +26,7 @@ use axum::routing::get;
 use axum::{Extension, Router};
 use redlimit::deadpool_redis;
 use redlimit::key::{ClientIp, Header, KeyExtractorExt, Secret};
-use redlimit::{Decision, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore, Store};
+use redlimit::{Decision, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -3,7 +3,12 @@
 //! promise, and applications have no use for them.
 
 pub use crate::algorithm::traces;
+pub use crate::lease::store::{GiveBack, Grant, LeaseAsk, LeaseStore};
 use crate::limiter::Limiter;
+use crate::policy::Policy;
+pub use crate::store::backend::{AdminStore, Backend, CheckNow, Operation, PolicySet};
+use crate::RedisStore;
+pub use crate::store::Store;
 use crate::subject::Subject;
 
 /// A look inside a limiter's leases.
@@ -17,6 +22,8 @@ pub trait LimiterInternals {
     fn held_units(&self) -> u64;
     /// Subjects whose rate or lease this limiter tracks.
     fn leased_subjects(&self) -> usize;
+    /// The policies with their fingerprint, as stores see them.
+    fn policy_set(&self) -> &PolicySet;
 }
 
 impl<S> LimiterInternals for Limiter<S> {
@@ -33,6 +40,64 @@ impl<S> LimiterInternals for Limiter<S> {
 
     fn leased_subjects(&self) -> usize {
         self.lease_table().map_or(0, |table| table.len())
+    }
+
+    fn policy_set(&self) -> &PolicySet {
+        Limiter::policy_set(self)
+    }
+}
+
+/// What the Redis store sends and keeps, for benchmarks that send exactly what it sends
+/// and tests that read its state.
+pub trait RedisStoreInternals {
+    /// The Redis key that holds `subject`'s state for `policy` of `set`.
+    fn key(&self, subject: &Subject, set: &PolicySet, policy: &Policy) -> String;
+    /// The command this store sends for one call: `FCALL` of its library's function,
+    /// or (`script: true`) `EVALSHA` of the call's script, with the store's clock.
+    fn command(
+        &self,
+        op: Operation,
+        subject: &Subject,
+        set: &PolicySet,
+        cost: u64,
+        script: bool,
+    ) -> deadpool_redis::redis::Cmd;
+    /// The Lua source of the script a limiter with `policies` runs for its checks on a
+    /// server without functions.
+    fn script_source(policies: &[Policy]) -> &'static str;
+    /// The SHA-1 of [`RedisStoreInternals::script_source`], as `EVALSHA` takes it.
+    fn script_sha1(policies: &[Policy]) -> &'static str;
+    /// The stamps a sliding log's state in Redis holds, oldest first; `None` for bytes
+    /// that are not such a state.
+    fn sliding_log_stamps(raw: &[u8], limit: u64) -> Option<Vec<u64>>;
+}
+
+impl RedisStoreInternals for RedisStore {
+    fn key(&self, subject: &Subject, set: &PolicySet, policy: &Policy) -> String {
+        RedisStore::key(self, subject, set, policy)
+    }
+
+    fn command(
+        &self,
+        op: Operation,
+        subject: &Subject,
+        set: &PolicySet,
+        cost: u64,
+        script: bool,
+    ) -> deadpool_redis::redis::Cmd {
+        RedisStore::command(self, op, subject, set, cost, script)
+    }
+
+    fn script_source(policies: &[Policy]) -> &'static str {
+        RedisStore::script_source(policies)
+    }
+
+    fn script_sha1(policies: &[Policy]) -> &'static str {
+        RedisStore::script_sha1(policies)
+    }
+
+    fn sliding_log_stamps(raw: &[u8], limit: u64) -> Option<Vec<u64>> {
+        RedisStore::sliding_log_stamps(raw, limit)
     }
 }
 

@@ -91,7 +91,8 @@ pub use error::Error;
 pub use layer::middleware::RateLimitLayer;
 pub use limiter::{BuildError, CheckFuture, Limiter, LimiterBuilder};
 pub use policy::{Algorithm, Policy, PolicyError};
-pub use store::{CheckNow, LeaseStore, MemoryStore, RedisStore, Store, StoreError};
+pub use store::memory::MemoryStore;
+pub use store::redis::RedisStore;
 pub use subject::Subject;
 
 /// The pool crate [`RedisStore::new`] and [`RedisStore::cluster`] take, at the version

@@ -9,6 +9,7 @@
 #[path = "it/support/mod.rs"]
 mod support;
 
+use redlimit::internals::{LimiterInternals, RedisStoreInternals};
 use std::time::Duration;
 
 use deadpool_redis::redis;

@@ -31,12 +31,13 @@
 //! jitters by a fraction of a millisecond). With `--plot PATH` it also draws the
 //! cumulative admitted requests around the boundary, one line per algorithm, as SVG.
 
+use redlimit::internals::Store;
 use std::error::Error;
 use std::time::{Duration, Instant};
 
 use redlimit::clock::{Clock, MonotonicClock};
 use redlimit::deadpool_redis::{self, redis};
-use redlimit::{Algorithm, Limiter, MemoryStore, Policy, RedisStore, Store, Subject};
+use redlimit::{Algorithm, Limiter, MemoryStore, Policy, RedisStore, Subject};
 use tokio::runtime::Runtime;
 
 /// Requests on each side of the boundary.

@@ -30,7 +30,7 @@
 
 use crate::helpers::*;
 use crate::support::RedisServer;
-use redlimit::store::Operation;
+use redlimit::internals::{LimiterInternals, Operation, RedisStoreInternals};
 use redlimit::Limiter;
 use std::sync::Arc;
 

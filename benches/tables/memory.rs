@@ -3,6 +3,7 @@
 use crate::helpers::*;
 use crate::support::RedisServer;
 use redlimit::clock::FakeClock;
+use redlimit::internals::{LimiterInternals, RedisStoreInternals};
 use redlimit::Limiter;
 use std::sync::Arc;
 use tokio::task::JoinSet;

@@ -31,6 +31,7 @@ mod sliding_log;
 mod sliding_window;
 mod token_bucket;
 
+#[cfg(any(test, feature = "internals"))]
 pub(crate) use sliding_log::ring_stamps as sliding_log_ring_stamps;
 
 /// The conformance table the stores are held to (tests/it/conformance.rs, through

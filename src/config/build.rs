@@ -11,7 +11,7 @@ use crate::decision::Decision;
 use crate::key::{ClientIp, Global, Header, KeyExtractor, KeyRejection, Pair, Route};
 use crate::layer::{RuleError, Rules};
 use crate::limiter::{Limiter, LimiterBuilder};
-use crate::store::{PolicySet, Store, StoreError, StoreErrorKind};
+use crate::store::{Backend, PolicySet, Store, StoreError, StoreErrorKind};
 use crate::subject::Subject;
 
 /// A key as the file writes it: one extractor, or one joined with the next (`ip+route`).
@@ -146,7 +146,7 @@ impl Config {
 #[derive(Clone)]
 struct Unasked;
 
-impl Store for Unasked {
+impl Backend for Unasked {
     type Future = Ready<Result<Decision, StoreError>>;
 
     fn check(&self, _: Subject, _: &PolicySet, _: u64) -> Self::Future {

@@ -11,14 +11,14 @@ use crate::clock::FakeClock;
 use crate::key::Global;
 use crate::layer::middleware::*;
 use crate::limiter::Limiter;
-use crate::store::Store;
+use crate::store::Backend;
 use crate::store::{PolicySet, StoreError, StoreErrorKind};
 use crate::{Decision, MemoryStore, Policy, Subject};
 
 /// A store that always fails, as an unreachable Redis would.
 pub(crate) struct BrokenStore;
 
-impl Store for BrokenStore {
+impl Backend for BrokenStore {
     type Future = Ready<Result<Decision, StoreError>>;
 
     fn check(&self, _subject: Subject, _set: &PolicySet, _cost: u64) -> Self::Future {
@@ -33,7 +33,7 @@ impl Store for BrokenStore {
 /// default one, which hands the subject back.
 struct AnswersLater(MemoryStore);
 
-impl Store for AnswersLater {
+impl Backend for AnswersLater {
     type Future = Ready<Result<Decision, StoreError>>;
 
     fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {

@@ -56,7 +56,7 @@
 //! lease lifetime. A subject below [`Leases::min_rate`] is checked as without leases:
 //! one store call per request, exact. Above it, the instance's next store call for the
 //! subject is a *leasing check*
-//! ([`LeaseStore::check_leasing`](crate::LeaseStore::check_leasing)): in the one
+//! (the store's leasing check): in the one
 //! atomic call a check makes, the store decides the request, and if every policy
 //! admits it also takes up to `want` more units from every policy (all or nothing,
 //! never more than each admits now). `want` is the units the subject asked of this
@@ -66,7 +66,7 @@
 //! A lease lives at most [`Leases::lifetime`] and never past the end of the current
 //! window of any window policy of the set (the store says how far that is). Both are
 //! measured on the store's clock as this instance reads it
-//! ([`LeaseStore::lease_clock`](crate::LeaseStore::lease_clock): the memory store's
+//! (the store's lease clock: the memory store's
 //! clock, a Redis store's client clock, or for Redis `TIME` a monotonic clock), from
 //! the moment the leasing call was sent, never on the limiter's local clock. Units left
 //! when it expires are given back through the refund path

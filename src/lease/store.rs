@@ -1,7 +1,7 @@
 //! What a store does for leases: the leasing check (a check that also takes units
 //! for this instance to spend) and the give-back of units a lease did not spend.
-//! Public as `redlimit::store::*` and `redlimit::LeaseStore`, beside the other store
-//! traits; kept here, with the table that is its one caller.
+//! Private to the crate, like the other store traits; kept here, with the table that
+//! is its one caller.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -61,11 +61,11 @@ pub struct GiveBack {
 }
 
 /// The pending result of [`LeaseStore::check_leasing`].
-pub type LeaseFuture =
+pub(crate) type LeaseFuture =
     Pin<Box<dyn Future<Output = Result<(Decision, Grant), StoreError>> + Send + 'static>>;
 
 /// The pending result of [`LeaseStore::give_back`].
-pub type GiveBackFuture =
+pub(crate) type GiveBackFuture =
     Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>>;
 
 /// A store shared by several instances that can also hand out leases: units taken
@@ -75,7 +75,7 @@ pub type GiveBackFuture =
 /// Object-safe (boxed futures), so a limiter keeps its store behind
 /// `Arc<dyn LeaseStore>` for leases and its type does not change with them on.
 pub trait LeaseStore: Send + Sync + 'static {
-    /// [`Store::check`](crate::Store::check) of `cost`, and when every policy admits, up to `ask.want` more
+    /// [`Backend::check`](crate::store::Backend::check) of `cost`, and when every policy admits, up to `ask.want` more
     /// units taken from every policy at once (never more than each admits now).
     fn check_leasing(
         &self,

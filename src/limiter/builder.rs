@@ -111,7 +111,7 @@ impl<S: Store> LimiterBuilder<S> {
 
     /// The clock of the block cache and of the rates and idle times leases measure (the
     /// monotonic clock by default; a fake one in tests). Leases and their kept denials
-    /// are timed on the store's clock instead ([`LeaseStore::lease_clock`]), so a local
+    /// are timed on the store's clock instead (Redis `TIME`, or its client clock), so a local
     /// clock that runs wrong cannot carry leased units past their window.
     pub fn local_clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));

@@ -160,7 +160,7 @@ impl<S> Limiter<S> {
     }
 
     /// The policies with their fingerprint, as stores see them.
-    pub fn policy_set(&self) -> &PolicySet {
+    pub(crate) fn policy_set(&self) -> &PolicySet {
         &self.set
     }
 

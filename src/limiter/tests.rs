@@ -1,7 +1,7 @@
 use super::*;
 use crate::clock::FakeClock;
 use crate::decision::{Decision, Origin};
-use crate::store::StoreError;
+use crate::store::{Backend, PolicySet, StoreError};
 use crate::MemoryStore;
 use std::time::Duration;
 
@@ -95,7 +95,7 @@ async fn settings_in_any_order_build_the_same_limiter_and_clones_share_the_cache
 #[derive(Debug)]
 struct Broken;
 
-impl Store for Broken {
+impl Backend for Broken {
     type Future = std::future::Ready<Result<Decision, StoreError>>;
     fn check(&self, _: Subject, _: &PolicySet, _: u64) -> Self::Future {
         std::future::ready(Err(StoreError::timeout()))
@@ -106,8 +106,8 @@ impl Store for Broken {
 #[derive(Debug)]
 struct Counting(MemoryStore, std::sync::atomic::AtomicUsize);
 
-impl Store for Counting {
-    type Future = <MemoryStore as Store>::Future;
+impl Backend for Counting {
+    type Future = <MemoryStore as Backend>::Future;
     fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
         self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.0.check(subject, set, cost)

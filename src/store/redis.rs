@@ -1,211 +1,4 @@
-//! The Redis store: every decision made atomically by one Lua script, in one round
-//! trip, whatever the number of policies.
-//!
-//! ```
-//! use redlimit::{Limiter, Policy, RedisStore};
-//! use std::time::Duration;
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! # let url = std::env::var("REDIS_URL");
-//! // The application's own pool: the store takes one connection from it, lazily.
-//! let pool = deadpool_redis::Config::from_url(url.as_deref().unwrap_or("redis://127.0.0.1/"))
-//!     .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
-//! let store = RedisStore::new(pool).prefix("rl")?.timeout(Duration::from_millis(50));
-//! let limiter = Limiter::builder(store)
-//!     .policy(Policy::sliding_window("api", 100, Duration::from_secs(60))?)
-//!     .policy(Policy::token_bucket("burst", 10, 10, Duration::from_secs(1))?)
-//!     .build()?;
-//! # if url.is_ok() {
-//! // Both policies are checked by one FCALL; a denial by either consumes from neither.
-//! let decision = limiter.check("user:42", 1).await?;
-//! assert!(decision.is_allowed());
-//! # }
-//! # Ok(()) }
-//! ```
-//!
-//! # One connection, one round trip, many checks per call under load
-//!
-//! A call costs exactly one round trip: an `FCALL` of the store's Redis 7 function
-//! library, which reads Redis `TIME` (by default), decides every policy, and writes
-//! state only if all admit. The library is loaded (`FUNCTION LOAD`) when a server
-//! answers that it lacks it, after a restart or a `FUNCTION FLUSH`; that call is sent
-//! as its script in full (`EVAL`) meanwhile, so no call fails for it, and its reply
-//! is its answer at once: the load runs in a task of its own, so a call that ran is
-//! never reported as a timeout because the load was slow. A library's
-//! functions are defined once, when it is loaded, where a script's chunk defines them
-//! anew on every call: about a tenth of a check's Redis instructions. A server without
-//! functions (before Redis 7.0) gets scripts instead: `EVALSHA`, and `EVAL` after
-//! `NOSCRIPT`; each script holds the code of the algorithms its limiter's policies
-//! use, and no other.
-//!
-//! Under load, one call decides many checks. While [`RedisStore::max_in_flight`]
-//! calls (2) are in flight on the store's connection, further checks queue; when one
-//! of those calls ends, up to [`RedisStore::max_batch`] (32) of them go as one
-//! `FCALL` of the library's batch function, which reads `TIME` once and decides each
-//! check as its own call would: all or nothing across its own policies, exact, in
-//! the order they queued, never all or nothing across checks. Redis pays the call,
-//! its parsing and its reply once per batch, which is most of what a one-call check
-//! costs it (BENCHMARKS.md). At low load nothing queues, so a lone check is never
-//! slower for it; a queued check's timeout counts from when it queued. Leasing
-//! checks, give-backs and admin operations always go alone: leases already make them
-//! rare. So does every call on a Redis Cluster: a batch's keys must share one slot,
-//! and the checks of 100,000 subjects over 16,384 slots almost never do (16 queued
-//! checks hold two of one slot with odds of about 0.7%).
-//!
-//! The store does not check a connection out of the pool per call: deadpool-redis
-//! recycles each checked-out connection with an `UNWATCH` + `PING` round trip of its
-//! own, which would double the cost of every decision, and its small default pool
-//! would cap concurrency. Instead the store takes ONE connection out of the pool
-//! (`Connection::take`, so the pool opens another for the application) and sends
-//! every call on it: on one server it is a `redis::aio::MultiplexedConnection`
-//! (on a cluster, [see below](#redis-cluster)), whose clones share
-//! one socket and pipeline the calls of all tasks, which is faster than a pool of
-//! connections used one call at a time. Being the store's alone, the socket is never
-//! stalled by a blocking command or redirected by a `SELECT` the application sends on
-//! pooled connections.
-//!
-//! When a call fails with a connection error (or the connection has answered nothing
-//! for a second while calls time out), the store drops it and gets a fresh one from
-//! the pool in a background task. Only one such attempt runs at a time, failed
-//! attempts back off (25 ms doubling to 250 ms), and calls made meanwhile fail at once
-//! with [`StoreErrorKind::Unavailable`](crate::store::StoreErrorKind): no reconnect
-//! storm, no queue of waiting calls during an outage. Only the calls made before the
-//! very first connection exists wait for it, within their timeout.
-//!
-//! # Timeouts, and what counts as a failure
-//!
-//! The timeout ([`RedisStore::timeout`], 50 ms by default) measures Redis, not the
-//! application: a call fails with [`StoreErrorKind::Timeout`](crate::store::StoreErrorKind)
-//! when the connection has delivered no reply at all for that long, which is what a
-//! stopped, paused or unreachable server looks like. Redis answers in order on one
-//! connection, so while replies to the calls sent before it keep arriving, a call is
-//! only behind a busy app or a deep pipeline, and it waits for its own reply, at most
-//! 1 s from the send: under a flood of connections, limits stay on (unless the app is
-//! so starved of CPU that no call at all completes for the timeout). A call that
-//! timed out may still have run; it is never sent again, and the layer never refunds
-//! a request it let through for it.
-//!
-//! Every call that ends without a decision (timed out, refused, failed on the
-//! connection) is counted: [`RedisStore::calls_failed`] and
-//! [`RedisStore::calls_timed_out`], beside [`RedisStore::calls_sent`], for an operator
-//! without a log subscriber; under the `metrics` feature, `redlimit_store_errors_total`
-//! by kind; and a request the layer let through undecided carries an
-//! [`Origin::FailOpen`](crate::Origin) decision.
-//!
-//! # Redis Cluster
-//!
-//! Past one machine, the store runs on a Redis Cluster through redis's cluster
-//! client, built from the application's `deadpool_redis::cluster::Pool`
-//! ([`RedisStore::cluster`]) or from a list of node URLs
-//! ([`RedisStore::cluster_from_urls`]):
-//!
-//! ```
-//! use redlimit::{Limiter, Policy, RedisStore};
-//! use std::time::Duration;
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! # let nodes = std::env::var("REDIS_CLUSTER");
-//! // REDIS_CLUSTER=redis://10.0.0.1:6379,redis://10.0.0.2:6379 (any of its nodes)
-//! let nodes = nodes.as_deref().unwrap_or("redis://127.0.0.1:7000");
-//! let store = RedisStore::cluster_from_urls(nodes.split(','))?;
-//! let limiter = Limiter::builder(store)
-//!     .policy(Policy::sliding_window("api", 100, Duration::from_secs(60))?)
-//!     .policy(Policy::token_bucket("burst", 10, 10, Duration::from_secs(1))?)
-//!     .build()?;
-//! # if std::env::var("REDIS_CLUSTER").is_ok() {
-//! // Still one FCALL, sent to the master of the slot of "user:42"'s hash tag.
-//! assert!(limiter.check("user:42", 1).await?.is_allowed());
-//! # }
-//! # Ok(()) }
-//! ```
-//!
-//! Everything above holds on a cluster, with one connection that is itself
-//! multiplexed: it keeps one socket per node and sends each call straight to the
-//! master of the slot of its first key. All keys of one call share the subject's hash
-//! tag (see [Keys](#keys)), so they lie in one slot: a call never fails with
-//! `CROSSSLOT`, however many policies it checks, and subjects spread over the
-//! masters by the hash of their tag. `FUNCTION LOAD` goes to every master at once, and
-//! replicas receive the library from their master, so a promoted replica has it; a
-//! node that lacks it is handled as on one server.
-//!
-//! The cluster client repairs a failed node by itself, in the background and with
-//! backoff, and refreshes its slot map when a node answers `MOVED`; so, unlike the
-//! single-server connection, the store does not replace the cluster connection when
-//! a call fails with a connection error. It replaces it in two cases only, with the
-//! same single, paced attempt as above: when the client reports that it has lost
-//! every node (left alone, it would then retry every node at once, over and over, as
-//! long as calls keep coming: thousands of connections a second), and when the
-//! connection has answered nothing at all for a second while calls fail or time out
-//! (its background task gone, half-open sockets, or a whole cluster refusing
-//! commands for that long).
-//!
-//! During a failover, the calls of the subjects whose slots the lost master served
-//! fail (with a timeout, or [`StoreErrorKind::Unavailable`](crate::store::StoreErrorKind))
-//! until its replica is promoted, which takes the cluster's `cluster-node-timeout`
-//! plus an election: about 2.5 s with a 1 s timeout in the tests. With Redis's
-//! default `cluster-require-full-coverage yes`, every node also refuses every
-//! command from the moment the master is flagged failed until the promotion (about
-//! one second there), so all subjects fail for that moment; with
-//! `cluster-require-full-coverage no`, which suits a rate limiter, the other
-//! masters' subjects are not affected at all. Within about 0.1 s of the promotion
-//! the store decides correctly again, on the same connection.
-//!
-//! A call is sent again only when a node refused it, which proves it did not run
-//! there: `MOVED` and `ASK` (a slot that moved or is moving), followed by the store
-//! itself to the node named, at most three times. It is never sent again after an
-//! error that leaves its fate unknown (a connection reset, a node lost while the call
-//! was in flight): the call may have run, and a second one would count the request
-//! twice. [`RedisStore::cluster_from_urls`] builds its own cluster client with no
-//! retries of its own for that reason. The client of a `deadpool_redis` cluster pool
-//! ([`RedisStore::cluster`]) resends a command after an I/O error (up to 16 times),
-//! and deadpool-redis has no setting to stop it: on that path a call cut off after
-//! it ran may be counted twice. Prefer `cluster_from_urls` where counts must be
-//! exact.
-//!
-//! Replication is asynchronous: decisions the lost master made in its last moments
-//! may not have reached its replica, so their subjects may be admitted those few
-//! requests again. That is the price of Redis replication, not of the store; what
-//! the replica had acknowledged (`WAIT`) survives the failover.
-//!
-//! # Keys
-//!
-//! `<prefix>:{<subject>}:<set tag>:<policy name>:<algorithm code>` (`fw`, `sw`, `tb`,
-//! `sl`), one string per subject and policy. The set tag
-//! ([`PolicySet::key_tag`](crate::store::PolicySet::key_tag)) is a hash of every policy of the limiter, names,
-//! algorithms and numbers: a policy changed under the same name (a rolling deploy that
-//! lengthens a window, a second service on the same Redis that also calls its policy
-//! "api") writes other keys, so no limiter ever reads state written under other
-//! numbers. Instances of the old and the new configuration count apart while both
-//! run; the new one starts from zero, which admits at most one window's limit again,
-//! and the old keys expire within two of their own windows. The subject is escaped
-//! (raw bytes outside `[A-Za-z0-9._=:/@-]` percent-escaped, hashes in hex), which
-//! never emits `{` or `}`, so the hash tag is exactly the subject: all of a
-//! subject's policies share one cluster slot, and no input can choose another slot or
-//! reach another subject's key. Every write sets a
-//! TTL equal to the time the state needs to decay back to unused (at most two
-//! windows, three for a sliding window read with a clock that went back); no key
-//! lives without one.
-//!
-//! A shadow policy ([`Policy::shadow`](crate::Policy::shadow)) has the key and state it would have when
-//! enforced, so switching it on carries its state over; the script writes it when it
-//! admits and every enforced policy admits.
-//!
-//! # Admin operations
-//!
-//! [`Limiter::peek`](crate::Limiter::peek), [`refund`](crate::Limiter::refund) and
-//! [`reset`](crate::Limiter::reset) are the same script with another operation in its
-//! arguments, one `FCALL` each: a peek reads and writes nothing; a refund rewrites
-//! each state smaller with `SET .. KEEPTTL` (the state only shrinks, so its TTL still
-//! covers it; Redis 6.0 or later); a reset is a `DEL` of the subject's keys for the
-//! limiter's policies and of its lease generation key.
-//!
-//! With leases ([`crate::lease`]), a subject also has one more key,
-//! `<prefix>:{<subject>}:~lease`, its lease generation (`~` is never in a policy
-//! name, so it cannot be a policy's key): written by leasing checks that grant units
-//! (with the TTL of the states they write), read by give-backs, deleted by a reset.
-//! Plain checks never touch it.
+//! The Redis store: [`RedisStore`](crate::RedisStore).
 
 use std::fmt;
 use std::sync::atomic::Ordering;
@@ -223,6 +16,8 @@ use crate::clock::Clock;
 mod batch;
 mod conn;
 mod contract;
+#[cfg(feature = "internals")]
+mod hooks;
 mod keys;
 mod link;
 mod ops;
@@ -245,8 +40,215 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 ///
 /// Built from the application's own `deadpool_redis::Pool` ([`RedisStore::new`]) or,
 /// for a Redis Cluster, its `deadpool_redis::cluster::Pool`
-/// ([`RedisStore::cluster`]); see the [module docs](self) for the connection it
-/// keeps and the keys it writes. Cloning is cheap and shares the connection.
+/// ([`RedisStore::cluster`]); below: the connection it keeps and the keys it writes.
+/// Cloning is cheap and shares the connection. Every decision is made atomically by
+/// one Lua script, in one round trip, whatever the number of policies.
+///
+/// ```
+/// use redlimit::{Limiter, Policy, RedisStore};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let url = std::env::var("REDIS_URL");
+/// // The application's own pool: the store takes one connection from it, lazily.
+/// let pool = deadpool_redis::Config::from_url(url.as_deref().unwrap_or("redis://127.0.0.1/"))
+///     .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+/// let store = RedisStore::new(pool).prefix("rl")?.timeout(Duration::from_millis(50));
+/// let limiter = Limiter::builder(store)
+///     .policy(Policy::sliding_window("api", 100, Duration::from_secs(60))?)
+///     .policy(Policy::token_bucket("burst", 10, 10, Duration::from_secs(1))?)
+///     .build()?;
+/// # if url.is_ok() {
+/// // Both policies are checked by one FCALL; a denial by either consumes from neither.
+/// let decision = limiter.check("user:42", 1).await?;
+/// assert!(decision.is_allowed());
+/// # }
+/// # Ok(()) }
+/// ```
+///
+/// # One connection, one round trip, many checks per call under load
+///
+/// A call costs exactly one round trip: an `FCALL` of the store's Redis 7 function
+/// library, which reads Redis `TIME` (by default), decides every policy, and writes
+/// state only if all admit. The library is loaded (`FUNCTION LOAD`) when a server
+/// answers that it lacks it, after a restart or a `FUNCTION FLUSH`; that call is sent
+/// as its script in full (`EVAL`) meanwhile, so no call fails for it, and its reply
+/// is its answer at once: the load runs in a task of its own, so a call that ran is
+/// never reported as a timeout because the load was slow. A library's
+/// functions are defined once, when it is loaded, where a script's chunk defines them
+/// anew on every call: about a tenth of a check's Redis instructions. A server without
+/// functions (before Redis 7.0) gets scripts instead: `EVALSHA`, and `EVAL` after
+/// `NOSCRIPT`; each script holds the code of the algorithms its limiter's policies
+/// use, and no other.
+///
+/// Under load, one call decides many checks. While [`RedisStore::max_in_flight`]
+/// calls (2) are in flight on the store's connection, further checks queue; when one
+/// of those calls ends, up to [`RedisStore::max_batch`] (32) of them go as one
+/// `FCALL` of the library's batch function, which reads `TIME` once and decides each
+/// check as its own call would: all or nothing across its own policies, exact, in
+/// the order they queued, never all or nothing across checks. Redis pays the call,
+/// its parsing and its reply once per batch, which is most of what a one-call check
+/// costs it (BENCHMARKS.md). At low load nothing queues, so a lone check is never
+/// slower for it; a queued check's timeout counts from when it queued. Leasing
+/// checks, give-backs and admin operations always go alone: leases already make them
+/// rare. So does every call on a Redis Cluster: a batch's keys must share one slot,
+/// and the checks of 100,000 subjects over 16,384 slots almost never do (16 queued
+/// checks hold two of one slot with odds of about 0.7%).
+///
+/// The store does not check a connection out of the pool per call: deadpool-redis
+/// recycles each checked-out connection with an `UNWATCH` + `PING` round trip of its
+/// own, which would double the cost of every decision, and its small default pool
+/// would cap concurrency. Instead the store takes ONE connection out of the pool
+/// (`Connection::take`, so the pool opens another for the application) and sends
+/// every call on it: on one server it is a `redis::aio::MultiplexedConnection`
+/// (on a cluster, [see below](#redis-cluster)), whose clones share
+/// one socket and pipeline the calls of all tasks, which is faster than a pool of
+/// connections used one call at a time. Being the store's alone, the socket is never
+/// stalled by a blocking command or redirected by a `SELECT` the application sends on
+/// pooled connections.
+///
+/// When a call fails with a connection error (or the connection has answered nothing
+/// for a second while calls time out), the store drops it and gets a fresh one from
+/// the pool in a background task. Only one such attempt runs at a time, failed
+/// attempts back off (25 ms doubling to 250 ms), and calls made meanwhile fail at once
+/// with [`StoreErrorKind::Unavailable`](crate::store::StoreErrorKind): no reconnect
+/// storm, no queue of waiting calls during an outage. Only the calls made before the
+/// very first connection exists wait for it, within their timeout.
+///
+/// # Timeouts, and what counts as a failure
+///
+/// The timeout ([`RedisStore::timeout`], 50 ms by default) measures Redis, not the
+/// application: a call fails with [`StoreErrorKind::Timeout`](crate::store::StoreErrorKind)
+/// when the connection has delivered no reply at all for that long, which is what a
+/// stopped, paused or unreachable server looks like. Redis answers in order on one
+/// connection, so while replies to the calls sent before it keep arriving, a call is
+/// only behind a busy app or a deep pipeline, and it waits for its own reply, at most
+/// 1 s from the send: under a flood of connections, limits stay on (unless the app is
+/// so starved of CPU that no call at all completes for the timeout). A call that
+/// timed out may still have run; it is never sent again, and the layer never refunds
+/// a request it let through for it.
+///
+/// Every call that ends without a decision (timed out, refused, failed on the
+/// connection) is counted: [`RedisStore::calls_failed`] and
+/// [`RedisStore::calls_timed_out`], beside [`RedisStore::calls_sent`], for an operator
+/// without a log subscriber; under the `metrics` feature, `redlimit_store_errors_total`
+/// by kind; and a request the layer let through undecided carries an
+/// [`Origin::FailOpen`](crate::Origin) decision.
+///
+/// # Redis Cluster
+///
+/// Past one machine, the store runs on a Redis Cluster through redis's cluster
+/// client, built from the application's `deadpool_redis::cluster::Pool`
+/// ([`RedisStore::cluster`]) or from a list of node URLs
+/// ([`RedisStore::cluster_from_urls`]):
+///
+/// ```
+/// use redlimit::{Limiter, Policy, RedisStore};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let nodes = std::env::var("REDIS_CLUSTER");
+/// // REDIS_CLUSTER=redis://10.0.0.1:6379,redis://10.0.0.2:6379 (any of its nodes)
+/// let nodes = nodes.as_deref().unwrap_or("redis://127.0.0.1:7000");
+/// let store = RedisStore::cluster_from_urls(nodes.split(','))?;
+/// let limiter = Limiter::builder(store)
+///     .policy(Policy::sliding_window("api", 100, Duration::from_secs(60))?)
+///     .policy(Policy::token_bucket("burst", 10, 10, Duration::from_secs(1))?)
+///     .build()?;
+/// # if std::env::var("REDIS_CLUSTER").is_ok() {
+/// // Still one FCALL, sent to the master of the slot of "user:42"'s hash tag.
+/// assert!(limiter.check("user:42", 1).await?.is_allowed());
+/// # }
+/// # Ok(()) }
+/// ```
+///
+/// Everything above holds on a cluster, with one connection that is itself
+/// multiplexed: it keeps one socket per node and sends each call straight to the
+/// master of the slot of its first key. All keys of one call share the subject's hash
+/// tag (see [Keys](#keys)), so they lie in one slot: a call never fails with
+/// `CROSSSLOT`, however many policies it checks, and subjects spread over the
+/// masters by the hash of their tag. `FUNCTION LOAD` goes to every master at once, and
+/// replicas receive the library from their master, so a promoted replica has it; a
+/// node that lacks it is handled as on one server.
+///
+/// The cluster client repairs a failed node by itself, in the background and with
+/// backoff, and refreshes its slot map when a node answers `MOVED`; so, unlike the
+/// single-server connection, the store does not replace the cluster connection when
+/// a call fails with a connection error. It replaces it in two cases only, with the
+/// same single, paced attempt as above: when the client reports that it has lost
+/// every node (left alone, it would then retry every node at once, over and over, as
+/// long as calls keep coming: thousands of connections a second), and when the
+/// connection has answered nothing at all for a second while calls fail or time out
+/// (its background task gone, half-open sockets, or a whole cluster refusing
+/// commands for that long).
+///
+/// During a failover, the calls of the subjects whose slots the lost master served
+/// fail (with a timeout, or [`StoreErrorKind::Unavailable`](crate::store::StoreErrorKind))
+/// until its replica is promoted, which takes the cluster's `cluster-node-timeout`
+/// plus an election: about 2.5 s with a 1 s timeout in the tests. With Redis's
+/// default `cluster-require-full-coverage yes`, every node also refuses every
+/// command from the moment the master is flagged failed until the promotion (about
+/// one second there), so all subjects fail for that moment; with
+/// `cluster-require-full-coverage no`, which suits a rate limiter, the other
+/// masters' subjects are not affected at all. Within about 0.1 s of the promotion
+/// the store decides correctly again, on the same connection.
+///
+/// A call is sent again only when a node refused it, which proves it did not run
+/// there: `MOVED` and `ASK` (a slot that moved or is moving), followed by the store
+/// itself to the node named, at most three times. It is never sent again after an
+/// error that leaves its fate unknown (a connection reset, a node lost while the call
+/// was in flight): the call may have run, and a second one would count the request
+/// twice. [`RedisStore::cluster_from_urls`] builds its own cluster client with no
+/// retries of its own for that reason. The client of a `deadpool_redis` cluster pool
+/// ([`RedisStore::cluster`]) resends a command after an I/O error (up to 16 times),
+/// and deadpool-redis has no setting to stop it: on that path a call cut off after
+/// it ran may be counted twice. Prefer `cluster_from_urls` where counts must be
+/// exact.
+///
+/// Replication is asynchronous: decisions the lost master made in its last moments
+/// may not have reached its replica, so their subjects may be admitted those few
+/// requests again. That is the price of Redis replication, not of the store; what
+/// the replica had acknowledged (`WAIT`) survives the failover.
+///
+/// # Keys
+///
+/// `<prefix>:{<subject>}:<set tag>:<policy name>:<algorithm code>` (`fw`, `sw`, `tb`,
+/// `sl`), one string per subject and policy. The set tag
+/// ([`PolicySet::key_tag`](crate::store::PolicySet::key_tag)) is a hash of every policy of the limiter, names,
+/// algorithms and numbers: a policy changed under the same name (a rolling deploy that
+/// lengthens a window, a second service on the same Redis that also calls its policy
+/// "api") writes other keys, so no limiter ever reads state written under other
+/// numbers. Instances of the old and the new configuration count apart while both
+/// run; the new one starts from zero, which admits at most one window's limit again,
+/// and the old keys expire within two of their own windows. The subject is escaped
+/// (raw bytes outside `[A-Za-z0-9._=:/@-]` percent-escaped, hashes in hex), which
+/// never emits `{` or `}`, so the hash tag is exactly the subject: all of a
+/// subject's policies share one cluster slot, and no input can choose another slot or
+/// reach another subject's key. Every write sets a
+/// TTL equal to the time the state needs to decay back to unused (at most two
+/// windows, three for a sliding window read with a clock that went back); no key
+/// lives without one.
+///
+/// A shadow policy ([`Policy::shadow`](crate::Policy::shadow)) has the key and state it would have when
+/// enforced, so switching it on carries its state over; the script writes it when it
+/// admits and every enforced policy admits.
+///
+/// # Admin operations
+///
+/// [`Limiter::peek`](crate::Limiter::peek), [`refund`](crate::Limiter::refund) and
+/// [`reset`](crate::Limiter::reset) are the same script with another operation in its
+/// arguments, one `FCALL` each: a peek reads and writes nothing; a refund rewrites
+/// each state smaller with `SET .. KEEPTTL` (the state only shrinks, so its TTL still
+/// covers it; Redis 6.0 or later); a reset is a `DEL` of the subject's keys for the
+/// limiter's policies and of its lease generation key.
+///
+/// With leases ([`crate::lease`]), a subject also has one more key,
+/// `<prefix>:{<subject>}:~lease`, its lease generation (`~` is never in a policy
+/// name, so it cannot be a policy's key): written by leasing checks that grant units
+/// (with the TTL of the states they write), read by give-backs, deleted by a reset.
+/// Plain checks never touch it.
 #[derive(Clone)]
 pub struct RedisStore {
     link: Arc<Link>,
@@ -284,7 +286,7 @@ impl RedisStore {
     ///
     /// The pool's client resends a command after an I/O error, when it may have run,
     /// so a call cut off after it ran may be counted twice (see
-    /// [Redis Cluster](self#redis-cluster)); [`RedisStore::cluster_from_urls`] does not.
+    /// [Redis Cluster](RedisStore#redis-cluster)); [`RedisStore::cluster_from_urls`] does not.
     pub fn cluster(pool: ClusterPool) -> Self {
         Self::on(Source::Cluster(pool))
     }
@@ -298,7 +300,7 @@ impl RedisStore {
     ///
     /// The store builds its own cluster client, with no retries: a call is sent again
     /// only after a node's `MOVED` or `ASK` (it did not run), never after an error
-    /// that leaves its fate unknown (see [Redis Cluster](self#redis-cluster)).
+    /// that leaves its fate unknown (see [Redis Cluster](RedisStore#redis-cluster)).
     pub fn cluster_from_urls<I>(urls: I) -> Result<Self, ClusterCreatePoolError>
     where
         I: IntoIterator,
@@ -362,8 +364,8 @@ impl RedisStore {
     }
 
     /// Sets how long Redis may stay silent (default 50 ms) before a call fails with
-    /// [`StoreErrorKind::Timeout`](crate::store::StoreErrorKind::Timeout): a rate limiter must not become the slow part of a
-    /// request.
+    /// [`StoreErrorKind::Timeout`](crate::store::StoreErrorKind::Timeout):
+    /// a rate limiter must not become the slow part of a request.
     ///
     /// The timeout measures Redis, not the application: a call times out when the
     /// connection has delivered no reply at all for `timeout` (Redis stopped,
@@ -435,9 +437,9 @@ impl RedisStore {
     /// The stamps a sliding log's state in Redis holds (the value of
     /// [`RedisStore::key`] for a sliding-log policy), oldest first: the newest
     /// `limit` of them, as the Rust model keeps them. `None` for bytes that are not
-    /// such a state. For tests and audits that compare states, not only decisions.
-    #[doc(hidden)]
-    pub fn sliding_log_stamps(raw: &[u8], limit: u64) -> Option<Vec<u64>> {
+    /// such a state. For tests that compare states, not only decisions.
+    #[cfg(feature = "internals")]
+    pub(crate) fn sliding_log_stamps(raw: &[u8], limit: u64) -> Option<Vec<u64>> {
         crate::algorithm::sliding_log_ring_stamps(raw, limit).map(Vec::from)
     }
 }
@@ -468,7 +470,7 @@ mod tests {
     use super::contract::reply::{decode, Reply};
     use super::*;
     use crate::policy::Policy;
-    use crate::store::{PolicySet, Store, StoreError, StoreErrorKind};
+    use crate::store::{Backend, PolicySet, StoreError, StoreErrorKind};
     use crate::subject::Subject;
     use deadpool_redis::redis::Value;
     use std::time::Duration;

@@ -3,13 +3,13 @@
 //! agree on long traces; these tests state each operation's promise on its own.
 
 use crate::support;
+use redlimit::internals::{AdminStore, LimiterInternals, RedisStoreInternals};
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_redis::redis::AsyncCommands;
 use redlimit::clock::FakeClock;
-use redlimit::store::AdminStore;
 use redlimit::{Limiter, LimiterBuilder, MemoryStore, Policy, RedisStore, Subject};
 use support::{key_of, RedisServer};
 

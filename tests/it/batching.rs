@@ -6,6 +6,7 @@
 //! others queue, in order, for the next batch, whatever the machine's speed.
 
 use crate::support;
+use redlimit::store::StoreErrorKind;
 
 use std::future::Future;
 use std::pin::pin;
@@ -14,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
 use redlimit::clock::FakeClock;
-use redlimit::store::StoreErrorKind;
 use redlimit::{Error, Limiter, MemoryStore, Policy, RedisStore};
 use support::RedisServer;
 use tokio::task::JoinSet;

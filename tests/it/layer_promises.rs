@@ -4,6 +4,7 @@
 //! failure mode.
 
 use crate::support;
+use redlimit::internals::Store;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -16,7 +17,7 @@ use http_body_util::BodyExt;
 use redlimit::key::ClientIp;
 use redlimit::layer::FailureMode;
 use redlimit::{
-    Decision, Limiter, LimiterBuilder, MemoryStore, Policy, RateLimitLayer, RedisStore, Store,
+    Decision, Limiter, LimiterBuilder, MemoryStore, Policy, RateLimitLayer, RedisStore,
 };
 use support::RedisServer;
 use tower::ServiceExt;

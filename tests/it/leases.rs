@@ -15,6 +15,7 @@
 //! - configurations that cannot lease are refused.
 
 use crate::support;
+use redlimit::internals::{AdminStore, GiveBack, LeaseAsk, LeaseStore, Operation};
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -1314,10 +1315,9 @@ where
 /// give-back under a forgotten one changes nothing.
 #[tokio::test]
 async fn a_give_back_after_a_reset_changes_nothing_in_lua_and_in_the_model() {
-    use redlimit::store::{AdminStore, GiveBack, LeaseAsk, LeaseStore, Operation};
     async fn run<S: LeaseStore + AdminStore>(
         store: &S,
-        set: &redlimit::store::PolicySet,
+        set: &redlimit::internals::PolicySet,
     ) -> Vec<u64> {
         let s = || redlimit::Subject::new("generations");
         let remaining = |d: redlimit::Decision| d.remaining();

@@ -12,6 +12,7 @@
 //! recovery the store decides again, limit enforced.
 
 use crate::support;
+use redlimit::store::StoreErrorKind;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -25,7 +26,6 @@ use deadpool_redis::redis;
 use http::{Request, Response, StatusCode};
 use redlimit::key::Header;
 use redlimit::layer::FailureMode;
-use redlimit::store::StoreErrorKind;
 use redlimit::{Decision, Error, Limiter, MemoryStore, Origin, Policy, RateLimitLayer, RedisStore};
 use support::{command_calls, RedisServer};
 use tokio::task::JoinSet;

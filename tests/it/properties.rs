@@ -15,6 +15,7 @@
 //! window boundaries and retry times (and one millisecond either side), and backwards.
 
 use crate::support;
+use redlimit::internals::{LimiterInternals, RedisStoreInternals};
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};

@@ -4,6 +4,8 @@
 //! is still answered in time.
 
 use crate::support;
+use redlimit::internals::{LimiterInternals, RedisStoreInternals};
+use redlimit::store::StoreErrorKind;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::{self, RedisResult};
 use redlimit::clock::FakeClock;
-use redlimit::store::StoreErrorKind;
 use redlimit::{Decision, Error, Limiter, Policy, RedisStore};
 use support::cluster::{NodeInfo, RedisCluster};
 use support::outage::ConnectionCounter;

@@ -3,13 +3,13 @@
 //! hold again within a second, through one new connection (no reconnect storm).
 
 use crate::support;
+use redlimit::store::StoreErrorKind;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
-use redlimit::store::StoreErrorKind;
 use redlimit::{Decision, Error, Limiter, Policy, RedisStore};
 use support::cluster::info_field;
 use support::outage::ConnectionCounter;

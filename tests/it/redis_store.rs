@@ -3,6 +3,8 @@
 //! subjects, argument errors, TTLs, timeouts, and server-clock decisions.
 
 use crate::support;
+use redlimit::internals::{LimiterInternals, RedisStoreInternals};
+use redlimit::store::StoreErrorKind;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -10,7 +12,6 @@ use std::time::{Duration, Instant};
 use deadpool_redis::redis::{self, AsyncCommands};
 use redlimit::clock::{Clock, FakeClock};
 use redlimit::internals::SubjectInternals;
-use redlimit::store::StoreErrorKind;
 use redlimit::{Error, Limiter, Policy, RedisStore, Subject};
 use support::{hash_tag, key_of, RedisServer};
 use tokio::task::JoinSet;

@@ -2,6 +2,8 @@
 //! cost back to the limiter and the cost that checked the request, a client's error
 //! does not, and only what was consumed is given back when the store fails.
 
+use redlimit::internals::{AdminStore, Backend, Operation, PolicySet};
+use redlimit::store::StoreError;
 use std::future::Ready;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -9,8 +11,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 use redlimit::clock::FakeClock;
-use redlimit::store::{AdminStore, Operation, PolicySet, StoreError};
-use redlimit::{Decision, Limiter, MemoryStore, Policy, RateLimitLayer, Store, Subject};
+use redlimit::{Decision, Limiter, MemoryStore, Policy, RateLimitLayer, Subject};
 use tower::{ServiceBuilder, ServiceExt};
 
 use crate::support::layer::*;
@@ -142,7 +143,7 @@ async fn a_refund_goes_to_the_limiter_and_cost_that_checked_the_request() {
 /// A failing store that counts the admin operations sent to it.
 struct BrokenAdmin(Arc<AtomicUsize>);
 
-impl Store for BrokenAdmin {
+impl Backend for BrokenAdmin {
     type Future = Ready<Result<Decision, StoreError>>;
 
     fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {

@@ -10,7 +10,7 @@
 //! network nearly out of the picture.
 
 use super::*;
-use redlimit::store::{Operation, PolicySet};
+use redlimit::internals::{LimiterInternals, Operation, PolicySet, RedisStoreInternals};
 use redlimit::Limiter;
 
 const SUBJECTS: usize = 100_000;

@@ -3,7 +3,7 @@
 
 use super::*;
 use redlimit::clock::FakeClock;
-use redlimit::store::Operation;
+use redlimit::internals::{LimiterInternals, Operation, RedisStoreInternals};
 use redlimit::Limiter;
 
 /// Subjects the calls rotate over (`redis-benchmark -r 1000`).

@@ -1,28 +1,4 @@
-//! The in-process store: the reference algorithms in a sharded concurrent map.
-//!
-//! ```
-//! use redlimit::{clock::FakeClock, Limiter, MemoryStore, Policy};
-//! use std::time::Duration;
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let clock = FakeClock::new(0);
-//! let limiter = Limiter::new(
-//!     MemoryStore::with_clock(clock.clone()),
-//!     Policy::fixed_window("jobs", 2, Duration::from_secs(1))?,
-//! );
-//! assert!(limiter.check("queue-a", 1).await?.is_allowed());
-//! assert!(limiter.check("queue-a", 1).await?.is_allowed());
-//! assert!(!limiter.check("queue-a", 1).await?.is_allowed());
-//! clock.advance(Duration::from_secs(1));
-//! assert!(limiter.check("queue-a", 1).await?.is_allowed());
-//! # Ok(()) }
-//! ```
-//!
-//! The store in three parts: `map` keeps the states, one entry per subject and policy
-//! set in a sharded table; `sweep` drops the decayed ones, on calls or in a thread of
-//! its own; `ops` runs the decisions (check, peek, refund, reset, the lease ops) on the
-//! one entry each finds.
+//! The memory store: [`MemoryStore`](crate::MemoryStore).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -65,6 +41,32 @@ use sweep::{Schedule, Sweeper};
 /// - [`MemoryStore::sweep`] reclaims everything expired at once, for whoever wants it.
 ///
 /// Cloning is cheap and shares the state.
+///
+/// The in-process store: the reference algorithms in a sharded concurrent map.
+///
+/// ```
+/// use redlimit::{clock::FakeClock, Limiter, MemoryStore, Policy};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let clock = FakeClock::new(0);
+/// let limiter = Limiter::new(
+///     MemoryStore::with_clock(clock.clone()),
+///     Policy::fixed_window("jobs", 2, Duration::from_secs(1))?,
+/// );
+/// assert!(limiter.check("queue-a", 1).await?.is_allowed());
+/// assert!(limiter.check("queue-a", 1).await?.is_allowed());
+/// assert!(!limiter.check("queue-a", 1).await?.is_allowed());
+/// clock.advance(Duration::from_secs(1));
+/// assert!(limiter.check("queue-a", 1).await?.is_allowed());
+/// # Ok(()) }
+/// ```
+///
+/// The store in three parts: `map` keeps the states, one entry per subject and policy
+/// set in a sharded table; `sweep` drops the decayed ones, on calls or in a thread of
+/// its own; `ops` runs the decisions (check, peek, refund, reset, the lease ops) on the
+/// one entry each finds.
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
     inner: Arc<Inner>,

@@ -14,8 +14,8 @@ use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::policy::Policy;
 use crate::store::{
-    AdminStore, CheckNow, GiveBack, GiveBackFuture, Grant, LeaseAsk, LeaseFuture, LeaseStore,
-    Operation, PolicySet, Store, StoreError,
+    AdminStore, Backend, CheckNow, GiveBack, GiveBackFuture, Grant, LeaseAsk, LeaseFuture,
+    LeaseStore, Operation, PolicySet, StoreError,
 };
 use crate::subject::Subject;
 
@@ -191,7 +191,7 @@ fn lock_epochs(inner: &Inner) -> MutexGuard<'_, Epochs> {
     inner.epochs.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl Store for MemoryStore {
+impl Backend for MemoryStore {
     type Future = Ready<Result<Decision, StoreError>>;
 
     fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {

@@ -9,9 +9,9 @@ use crate::store::PolicySet;
 use crate::subject::Subject;
 
 impl RedisStore {
-    /// The Redis key that holds `subject`'s state for `policy` of `set` (a limiter's
-    /// [`policy_set`](crate::Limiter::policy_set)).
-    pub fn key(&self, subject: &Subject, set: &PolicySet, policy: &Policy) -> String {
+    /// The Redis key that holds `subject`'s state for `policy` of `set`.
+    #[cfg(any(test, feature = "internals"))]
+    pub(crate) fn key(&self, subject: &Subject, set: &PolicySet, policy: &Policy) -> String {
         let mut key = self.key_base(subject, set);
         push_policy_suffix(&mut key, policy);
         key

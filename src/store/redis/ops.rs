@@ -9,62 +9,20 @@ use std::time::Duration;
 use deadpool_redis::redis::Value;
 
 use super::batch;
-use super::contract::args::{
-    Admin, AdminOp, Call, CallShape, Check, Entry, GivingBack, Leasing, Request,
-};
+use super::contract::args::{Admin, AdminOp, Call, CallShape, Check, GivingBack, Leasing, Request};
 use super::contract::reply::{decode, Reply};
 use super::link::{self, Link};
-use super::script::{self, Via};
+use super::script;
 use super::RedisStore;
 use crate::clock::Clock;
 use crate::decision::Decision;
-use crate::policy::Policy;
 use crate::store::{
-    AdminStore, GiveBack, GiveBackFuture, LeaseAsk, LeaseFuture, LeaseStore, Operation, PolicySet,
-    Store, StoreError,
+    AdminStore, Backend, GiveBack, GiveBackFuture, LeaseAsk, LeaseFuture, LeaseStore, Operation,
+    PolicySet, StoreError,
 };
 use crate::subject::Subject;
 
 impl RedisStore {
-    /// The Lua source of the script a limiter with `policies` runs for its checks on a
-    /// server without functions (before Redis 7; others get
-    /// [`RedisStore::function_library`]), for benchmarks that run it bare. It holds the
-    /// code of the algorithms `policies` use, so limiters of different algorithms run
-    /// different scripts (and the rare admin operations a script of their own).
-    pub fn script_source(policies: &[Policy]) -> &'static str {
-        script::Shape::of(policies, Entry::Check).script().source()
-    }
-
-    /// The SHA-1 of [`RedisStore::script_source`], as `EVALSHA` takes it.
-    pub fn script_sha1(policies: &[Policy]) -> &'static str {
-        script::Shape::of(policies, Entry::Check).script().sha1()
-    }
-
-    /// The command this store sends for one call: `FCALL` of its function library's
-    /// function (`script: true`: `EVALSHA` of the call's script, what a server without
-    /// functions gets), with the subject's keys and the call's arguments. The clock is
-    /// this store's: Redis `TIME`, or its client clock read now. Load the library first
-    /// with [`RedisStore::function_library`] (`FUNCTION LOAD REPLACE`), or the script
-    /// with [`RedisStore::script_source`].
-    ///
-    /// For benchmarks that must send exactly what the store sends, without copying its
-    /// wire format: not a stable API.
-    #[doc(hidden)]
-    pub fn command(
-        &self,
-        op: Operation,
-        subject: &Subject,
-        set: &PolicySet,
-        cost: u64,
-        script: bool,
-    ) -> deadpool_redis::redis::Cmd {
-        let via = if script { Via::Script } else { Via::Function };
-        match AdminOp::of(op) {
-            None => self.call(subject, set, cost, Check).command(via),
-            Some(admin) => self.call(subject, set, cost, Admin(admin)).command(via),
-        }
-    }
-
     /// The Redis 7 function library every call goes through (`FCALL`), as
     /// `FUNCTION LOAD` takes it: for operators who load it ahead of time (the store
     /// loads it itself when a server lacks it) and benchmarks that call it bare.
@@ -72,7 +30,7 @@ impl RedisStore {
         script::Library::get().source()
     }
 
-    fn call<S: CallShape>(
+    pub(super) fn call<S: CallShape>(
         &self,
         subject: &Subject,
         set: &PolicySet,
@@ -102,7 +60,7 @@ impl RedisStore {
     }
 }
 
-impl Store for RedisStore {
+impl Backend for RedisStore {
     /// One box per call: nothing beside a network round trip.
     type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
 

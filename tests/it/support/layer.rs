@@ -2,6 +2,9 @@
 //! requests and header reads, layers on a fake clock, and stores that fail or answer a
 //! poll late, as an unreachable or a network store would.
 
+use redlimit::internals::{Backend, PolicySet, Store};
+use redlimit::store::{StoreError, StoreErrorKind};
+
 use std::convert::Infallible;
 use std::future::{ready, Future, Ready};
 use std::pin::Pin;
@@ -15,8 +18,7 @@ use http_body_util::{BodyExt, Empty, Full};
 use redlimit::clock::FakeClock;
 use redlimit::key::{KeyExtractor, KeyRejection};
 use redlimit::layer::{Keyed, Plan};
-use redlimit::store::{PolicySet, StoreError, StoreErrorKind};
-use redlimit::{Decision, Limiter, MemoryStore, Policy, RateLimitLayer, Store, Subject};
+use redlimit::{Decision, Limiter, MemoryStore, Policy, RateLimitLayer, Subject};
 
 /// The response headers, by the names clients read.
 pub const RATELIMIT: &str = "ratelimit";
@@ -86,7 +88,7 @@ pub fn header(headers: &HeaderMap, name: impl http::header::AsHeaderName) -> Opt
 /// A store that always fails, as an unreachable Redis would.
 pub struct BrokenStore;
 
-impl Store for BrokenStore {
+impl Backend for BrokenStore {
     type Future = Ready<Result<Decision, StoreError>>;
 
     fn check(&self, _subject: Subject, _set: &PolicySet, _cost: u64) -> Self::Future {
@@ -125,7 +127,7 @@ impl<F: Future + Unpin> Future for OnePollLate<F> {
     }
 }
 
-impl<S> Store for SlowStore<S>
+impl<S> Backend for SlowStore<S>
 where
     S: Store<Future = Ready<Result<Decision, StoreError>>>,
 {

@@ -2,6 +2,7 @@
 //! mocked), pools for them, and the check that every key expires.
 #![allow(dead_code, unreachable_pub)]
 
+use redlimit::internals::{LimiterInternals, RedisStoreInternals};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;

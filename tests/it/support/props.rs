@@ -12,13 +12,12 @@
 //! just written missing) and reports it in [`Pair::lost_state`], so a caller can tell
 //! that race from a disagreement between the stores.
 
+use redlimit::internals::{LimiterInternals, RedisStoreInternals, Store};
 use std::time::Duration;
 
 use deadpool_redis::redis;
 use redlimit::clock::FakeClock;
-use redlimit::{
-    Decision, Limiter, LimiterBuilder, MemoryStore, Policy, RedisStore, Store, Subject,
-};
+use redlimit::{Decision, Limiter, LimiterBuilder, MemoryStore, Policy, RedisStore, Subject};
 
 use super::RedisServer;
 

@@ -1,0 +1,176 @@
+//! What a store does for a limiter: the interface the memory and Redis stores share,
+//! private to the crate (the public face is the sealed [`Store`](super::Store)).
+
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use super::{Fnv1a, StoreError};
+use crate::decision::Decision;
+use crate::policy::Policy;
+use crate::subject::Subject;
+
+/// The policies one [`Limiter`](crate::Limiter) checks together, with a fingerprint
+/// that tells policy sets apart inside a shared store.
+///
+/// State is only ever read by the policy set that wrote it: the memory store keys its
+/// entries by the fingerprint, and every Redis key of the set carries
+/// [`key_tag`](PolicySet::key_tag), the fingerprint in hex. A policy whose window,
+/// limit or algorithm changed under the same name, or a set that gained or lost a
+/// policy, therefore starts fresh counting instead of reading numbers it would
+/// misread (a rolling deploy costs at most one window of fresh counting). The shadow
+/// flag is not part of it: switching a policy between shadow and enforced keeps its
+/// state.
+#[derive(Debug, Clone)]
+pub struct PolicySet {
+    policies: Arc<[Policy]>,
+    fingerprint: u64,
+    key_tag: Box<str>,
+    max_cost: u64,
+}
+
+/// Hex digits of the fingerprint in Redis keys: 48 bits, so two sets of one
+/// deployment that share a prefix and their policies' names collide with odds of
+/// about 2^-48 per pair, for 13 bytes a key.
+const KEY_TAG_DIGITS: usize = 12;
+
+impl PolicySet {
+    pub(crate) fn new(policies: Vec<Policy>) -> Self {
+        // FNV-1a over an explicit byte layout: the same in every process, release
+        // and architecture (a derived `Hash` writes integers in native byte order).
+        let mut h = Fnv1a::new();
+        for policy in &policies {
+            h.write(policy.name().as_bytes());
+            h.write(&[0xff]);
+            h.write(policy.algorithm().as_str().as_bytes());
+            for n in [
+                policy.limit(),
+                policy.window_ms(),
+                policy.emission_interval_us(),
+            ] {
+                h.write(&n.to_le_bytes());
+            }
+        }
+        let fingerprint = h.finish();
+        let max_cost = policies.iter().map(Policy::max_cost).min().unwrap_or(0);
+        Self {
+            policies: policies.into(),
+            fingerprint,
+            key_tag: format!("{:012x}", fingerprint >> (64 - 4 * KEY_TAG_DIGITS)).into(),
+            max_cost,
+        }
+    }
+
+    /// The policies, in the order they were added.
+    pub fn policies(&self) -> &Arc<[Policy]> {
+        &self.policies
+    }
+
+    /// A stable hash of the policies' names, algorithms and numbers, in order.
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+
+    /// The fingerprint as it appears in Redis keys: 12 hex digits.
+    pub fn key_tag(&self) -> &str {
+        &self.key_tag
+    }
+
+    /// The largest cost every policy could admit (0 when there are none).
+    pub fn max_cost(&self) -> u64 {
+        self.max_cost
+    }
+}
+
+/// A place that decides and keeps limit state.
+///
+/// The future is a named type so the layer's response future needs no box for the
+/// memory store. Implementations must be atomic per call: no other call on the same
+/// subject and policies may interleave between reading and writing state.
+pub trait Backend: Send + Sync + 'static {
+    /// The pending decision.
+    type Future: Future<Output = Result<Decision, StoreError>> + Send + 'static;
+
+    /// Decides whether `subject` may spend `cost` under every policy of `set`, and
+    /// consumes from all of them only if all admit. `cost` is already validated:
+    /// `1 <= cost <= set.max_cost()`.
+    fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future;
+
+    /// Decides at once if this store can do so without waiting (the memory store
+    /// can), as [`Backend::check`] would; otherwise hands the subject back. The default
+    /// hands it back.
+    ///
+    /// A decision made at once lets the layer call the inner service within its own
+    /// `call`, with no future to keep: the fast path is the store's word, not a guess
+    /// about its future's type.
+    fn check_now(&self, subject: Subject, set: &PolicySet, cost: u64) -> CheckNow {
+        let _ = (set, cost);
+        CheckNow::Later(subject)
+    }
+}
+
+/// What [`Backend::check_now`] did.
+#[derive(Debug)]
+pub enum CheckNow {
+    /// Decided (or failed) without waiting.
+    Decided(Result<Decision, StoreError>),
+    /// This store answers later: [`Backend::check`] takes the subject back.
+    Later(Subject),
+}
+
+impl<S: Backend> Backend for Arc<S> {
+    type Future = S::Future;
+
+    fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        (**self).check(subject, set, cost)
+    }
+
+    fn check_now(&self, subject: Subject, set: &PolicySet, cost: u64) -> CheckNow {
+        (**self).check_now(subject, set, cost)
+    }
+}
+
+/// What a store call does to a subject's state. The check and the admin operations go
+/// through the same per-algorithm code (the model in memory, the one script in Redis).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Operation {
+    /// Decide and consume (the hot path, [`Backend::check`]).
+    Check,
+    /// Decide as a check would now, consuming nothing.
+    Peek,
+    /// Give back `cost` units (see [`Limiter::refund`](crate::Limiter::refund)), then
+    /// answer as a peek of `cost` would.
+    Refund,
+    /// Forget the subject's state for every policy of the set, then answer as a peek
+    /// of `cost` would (on fresh state).
+    Reset,
+}
+
+impl Operation {
+    /// A short stable name, for logs.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Operation::Check => "check",
+            Operation::Peek => "peek",
+            Operation::Refund => "refund",
+            Operation::Reset => "reset",
+        }
+    }
+}
+
+/// A store that also runs the admin operations (peek, refund, reset).
+///
+/// Apart from [`Backend`] so that a store written for checks alone (a test double, a
+/// wrapper) needs nothing more.
+pub trait AdminStore: Backend {
+    /// Runs `op` for `subject` under every policy of `set`. `cost` is validated as for
+    /// [`Backend::check`]; `run(Operation::Check, ..)` is `check`.
+    fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future;
+}
+
+impl<S: AdminStore> AdminStore for Arc<S> {
+    fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        (**self).run(op, subject, set, cost)
+    }
+}
