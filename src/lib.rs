@@ -109,3 +109,25 @@ pub use deadpool_redis::redis;
 #[doc = include_str!("../README.md")]
 #[doc(test(attr(deny(warnings))))]
 pub struct ReadmeDoctests;
+
+/// The code blocks of the pages under `docs/` compile as doctests too.
+#[cfg(doctest)]
+mod docs_doctests {
+    macro_rules! page {
+        ($name:ident, $path:literal) => {
+            #[doc = include_str!($path)]
+            #[doc(test(attr(deny(warnings))))]
+            pub struct $name;
+        };
+    }
+    page!(Admin, "../docs/admin.md");
+    page!(Algorithms, "../docs/algorithms.md");
+    page!(Config, "../docs/config.md");
+    page!(Failures, "../docs/failures.md");
+    page!(Grpc, "../docs/grpc.md");
+    page!(Keys, "../docs/keys.md");
+    page!(Leases, "../docs/leases.md");
+    page!(Redis, "../docs/redis.md");
+    page!(Responses, "../docs/responses.md");
+    page!(Rules, "../docs/rules.md");
+}

@@ -1,4 +1,5 @@
-//! Where limit state lives: [`MemoryStore`] for one process, [`RedisStore`] for many. Their docs say how each keeps its state:
+//! Where limit state lives: [`MemoryStore`] for one process,
+//! [`RedisStore`](crate::RedisStore) for many. Their docs say how each keeps its state:
 //! the sharded map and its sweeping, the one connection, the keys, Redis Cluster and
 //! failures.
 //!
@@ -43,7 +44,7 @@ impl Hasher for Fnv1a {
 }
 
 /// A store a [`Limiter`](crate::Limiter) decides in: [`MemoryStore`],
-/// [`RedisStore`], or an `Arc` of either; name it to write code that
+/// [`RedisStore`](crate::RedisStore), or an `Arc` of either; name it to write code that
 /// works on both (`fn app<S: Store + Clone>(store: S)`).
 ///
 /// Sealed: what a store must do (decide every policy of a request atomically, in the
