@@ -7,9 +7,9 @@ pub use crate::lease::store::{GiveBack, Grant, LeaseAsk, LeaseStore};
 use crate::limiter::Limiter;
 use crate::policy::Policy;
 pub use crate::store::backend::{AdminStore, Backend, CheckNow, Operation, PolicySet};
-use crate::RedisStore;
 pub use crate::store::Store;
 use crate::subject::Subject;
+use crate::RedisStore;
 
 /// A look inside a limiter's leases.
 #[allow(async_fn_in_trait)]
