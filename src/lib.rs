@@ -33,24 +33,27 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The pieces, one module each:
+//! The names you type are here at the root; the rest is in a module each:
 //!
 //! - [`Policy`]: an algorithm (fixed window, sliding window, token bucket, sliding
 //!   log), its numbers and a name, valid by construction.
 //! - [`Limiter`]: a store and the policies checked together; `check(subject, cost)`
-//!   works without HTTP too. Optional block cache, in-memory fallback and leases ([`LimiterBuilder`]).
-//! - [`store`]: [`MemoryStore`] for one process, [`RedisStore`] (one Lua script, one
-//!   round trip, single node or cluster) for many.
+//!   works without HTTP too. Several policies, a block cache, an in-memory fallback
+//!   and leases through [`Limiter::builder`].
+//! - [`MemoryStore`] for one process, [`RedisStore`] (one Lua script, one round trip,
+//!   single node or cluster) for many; [`store`] holds their errors and the `Store`
+//!   bound for code generic over both.
 //! - [`key`]: which subject a request is limited as (client IP with a trusted-proxy
 //!   walk, hashed API key header, authenticated user, route, combinations).
-//! - [`layer`]: [`RateLimitLayer`], answering 429 with `Retry-After` and the IETF
-//!   `RateLimit` headers.
+//! - [`RateLimitLayer`], answering 429 with `Retry-After` and the IETF `RateLimit`
+//!   headers; [`layer`] holds its options, its service and the plans that pick a
+//!   limiter per request ([`layer::Rules`], [`layer::Tiers`]).
+//! - [`lease`]: hot subjects served from units leased from the store.
 //! - [`clock`]: where time comes from; a fake clock makes every boundary test exact.
 //!
 //! Dependencies run one way: the core (policy, the algorithms, decision, subject,
 //! clock, limiter, block cache, stores, key extractors, telemetry) knows nothing of
-//! HTTP responses or tower; [`layer`] (the middleware, its responses and headers,
-//! gRPC answers, [`layer::Rules`], [`layer::Tiers`]) is built on the core; `config` builds values of
+//! HTTP responses or tower; [`layer`] is built on the core; `config` builds values of
 //! both. `ARCHITECTURE.md` draws the map.
 #![forbid(unsafe_code)]
 #![warn(
