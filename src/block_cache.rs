@@ -95,9 +95,15 @@ impl BlockCache {
             // A smaller request may fit earlier, a larger one later: ask the store.
             return None;
         }
+        if now_ms < entry.since_ms {
+            // The clock went back since the denial (a `SystemClock` after an NTP step):
+            // the store may now read the state as written by a clock ahead of it and
+            // decide afresh, which the cached wait cannot know. Ask the store; its answer
+            // replaces the entry.
+            return None;
+        }
         let mut decision = entry.decision.clone();
-        // Both waits end at fixed times: count them from now, which may be before the
-        // denial if the local clock went back (a `SystemClock` after an NTP step).
+        // Both waits end at fixed times: count them from now.
         let reset_at = entry
             .since_ms
             .saturating_add(decision.outcome().reset_after_ms);

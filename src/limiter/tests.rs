@@ -179,7 +179,7 @@ async fn the_block_cache_answers_only_the_denied_cost_until_the_subject_is_admit
 }
 
 #[tokio::test]
-async fn the_block_cache_survives_a_local_clock_that_goes_back() {
+async fn after_the_local_clock_goes_back_the_block_cache_asks_the_store_once() {
     let clock = FakeClock::new(10_000);
     let limiter = Limiter::builder(MemoryStore::with_clock(clock.clone()))
         .policy(Policy::fixed_window("p", 1, Duration::from_secs(1)).unwrap())
@@ -190,10 +190,15 @@ async fn the_block_cache_survives_a_local_clock_that_goes_back() {
     assert!(limiter.check("s", 1).await.unwrap().is_allowed());
     assert!(!limiter.check("s", 1).await.unwrap().is_allowed());
     clock.set_ms(9_500);
+    // Behind the denial: the store decides (it may read its state as foreign and start
+    // afresh, which a cached wait cannot know).
+    let asked = limiter.check("s", 1).await.unwrap();
+    assert_eq!(asked.origin(), Origin::Store);
+    // Still blocked until 11 000, now 1.5 s away; cached again from the store's answer.
+    assert_eq!(asked.retry_after(), Some(Duration::from_millis(1_500)));
     let cached = limiter.check("s", 1).await.unwrap();
     assert_eq!(cached.origin(), Origin::BlockCache);
-    // Still blocked until 11 000, now 1.5 s away; the store says the same.
-    assert_eq!(cached.retry_after(), Some(Duration::from_millis(1_500)));
+    assert_eq!(cached.clone().with_origin(Origin::Store), asked);
     let store = limiter.store().decide(Subject::new("s"), &limiter.set, 1);
     assert_eq!(store, cached.with_origin(Origin::Store));
 }

@@ -1155,3 +1155,35 @@ proptest! {
         keys_are_injective(inputs, &prefix)?;
     }
 }
+
+/// The smallest trace the random walk found where the cache denied what the store
+/// admitted: a token bucket of 1 is denied, then the clock goes back further than the
+/// store reads the bucket's state as its own, so the store starts it afresh.
+#[test]
+fn the_block_cache_asks_the_store_once_the_clock_is_behind_a_denial() {
+    let specs = [Spec::Fixed("a", 3, 10), Spec::Bucket("b", 1, 9, 10)];
+    let steps = [
+        (
+            (
+                Move::Forward {
+                    policy: 0,
+                    permille: 500,
+                },
+                Cost::One,
+            ),
+            0,
+        ),
+        ((Move::Stay, Cost::One), 0),
+        (
+            (
+                Move::Back {
+                    policy: 2,
+                    permille: 500,
+                },
+                Cost::One,
+            ),
+            0,
+        ),
+    ];
+    block_cache_changes_nothing(&specs, 0, &steps, 1).unwrap();
+}
