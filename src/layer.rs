@@ -73,8 +73,8 @@ mod rules;
 pub(crate) mod service;
 mod tiers;
 
-pub use middleware::FailureMode;
 pub(crate) use middleware::{Config, Shared};
+pub use middleware::{FailureMode, OverLimit};
 pub use plan::{Keyed, Plan};
 pub(crate) use plan::{Limit, Pick, Sealed};
 pub(crate) use refund::{PendingRefund, Refund};

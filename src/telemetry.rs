@@ -15,6 +15,7 @@
 //! | `redlimit_shadow_denials_total` | counter | `policy` (the shadow policy that would have denied) |
 //! | `redlimit_refused_costs_total` | counter | `reason` (zero, too_high): requests the layer refused because no policy can take their cost |
 //! | `redlimit_refunds_total` | counter | `outcome` (done, failed): refunds the layer made for [`refund_on`](crate::RateLimitLayer::refund_on) |
+//! | `redlimit_degraded_total` | counter | `policy` (the one that denied): requests over their limit the layer let through for a lesser answer ([`OverLimit::Degrade`](crate::layer::OverLimit::Degrade)) |
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -135,6 +136,21 @@ pub(crate) fn layer_failed(error: &StoreError, let_through: bool) {
     if let Some(suppressed) = STORE.admit(uptime_ms()) {
         tracing::warn!(%error, kind = ?error.kind(), suppressed, "rate-limit store failed; {action}");
     }
+}
+
+/// A request over its limit passed with its denial, for the handler to answer with less
+/// (`OverLimit::Degrade`): a debug line and a counter, as for any decision.
+pub(crate) fn degraded(decision: &Decision) {
+    tracing::debug!(
+        policy = decision.denied_by().unwrap_or_default(),
+        "rate-limit exceeded; passed on for a degraded answer"
+    );
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "redlimit_degraded_total",
+        "policy" => decision.denied_by().unwrap_or_default().to_owned(),
+    )
+    .increment(1);
 }
 
 /// A request whose cost no policy can take was refused: the client's input (or a cost

@@ -15,7 +15,7 @@ use crate::decision::Decision;
 use crate::error::Error;
 use crate::layer::headers::{HeaderStyle, PolicyHeaders, Snapshot};
 use crate::layer::response::{self, Answer, ResponseBody};
-use crate::layer::{Config, FailureMode, Limit, PendingRefund, Plan, Shared};
+use crate::layer::{Config, FailureMode, Limit, OverLimit, PendingRefund, Plan, Shared};
 use crate::limiter::CheckFuture;
 use crate::store::Store;
 
@@ -277,19 +277,29 @@ where
     Inner: Service<Request<ReqBody>>,
 {
     let policies = &limit.headers;
+    let passing = |decision: &Decision| {
+        (config.headers_on_allowed && !config.header_style.is_none()).then(|| Headers {
+            style: config.header_style,
+            snapshot: Snapshot::of(decision),
+            policies: Arc::clone(policies),
+        })
+    };
     let (headers, refund) = match checked {
         Ok(decision) if decision.is_allowed() => {
-            let headers =
-                (config.headers_on_allowed && !config.header_style.is_none()).then(|| Headers {
-                    style: config.header_style,
-                    snapshot: Snapshot::of(&decision),
-                    policies: Arc::clone(policies),
-                });
+            let headers = passing(&decision);
             if let Some(refund) = &mut refund {
                 refund.taken_by(decision.origin());
             }
             request.extensions_mut().insert(decision);
             (headers, refund)
+        }
+        Ok(decision) if config.over_limit == OverLimit::Degrade => {
+            // Over the limit, and passed on with its denial: nothing was consumed, so
+            // there is nothing to refund.
+            crate::telemetry::degraded(&decision);
+            let headers = passing(&decision);
+            request.extensions_mut().insert(decision);
+            (headers, None)
         }
         Ok(decision) => {
             let (head, _body) = request.into_parts();

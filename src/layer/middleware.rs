@@ -29,6 +29,22 @@ pub enum FailureMode {
     Closed,
 }
 
+/// What the layer does with a request over its limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OverLimit {
+    /// Answer 429 with `Retry-After` (gRPC: `RESOURCE_EXHAUSTED`).
+    #[default]
+    Refuse,
+    /// Let the request through with its denial: the handler finds a
+    /// [`Decision`](crate::Decision) whose [`is_allowed`](crate::Decision::is_allowed) is
+    /// `false` (with its `retry_after`) and can answer with less (a cached, smaller or
+    /// slower answer). Nothing is consumed, so the limit still counts only what it
+    /// admitted; the response carries the rate-limit headers as an allowed one does,
+    /// never `Retry-After`. Counted as `redlimit_degraded_total` (feature `metrics`).
+    Degrade,
+}
+
 /// Middleware that limits requests by a key taken from each request.
 ///
 /// Built from a [`Limiter`] and a [`KeyExtractor`] ([`RateLimitLayer::new`], whose plan
@@ -59,6 +75,7 @@ pub(crate) struct Config {
     pub(crate) headers_on_allowed: bool,
     pub(crate) body_style: BodyStyle,
     pub(crate) failure_mode: FailureMode,
+    pub(crate) over_limit: OverLimit,
     pub(crate) cost: Cost,
 }
 
@@ -94,6 +111,7 @@ impl fmt::Debug for Config {
             .field("headers_on_allowed", &self.headers_on_allowed)
             .field("body_style", &self.body_style)
             .field("failure_mode", &self.failure_mode)
+            .field("over_limit", &self.over_limit)
             .field("cost", &self.cost)
             .finish_non_exhaustive()
     }
@@ -174,6 +192,7 @@ impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
                     headers_on_allowed: true,
                     body_style: BodyStyle::default(),
                     failure_mode: FailureMode::default(),
+                    over_limit: OverLimit::default(),
                     cost: Cost::Fixed(1),
                 },
                 refund: None,
@@ -203,6 +222,12 @@ impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
     /// What to answer when the store cannot decide ([`FailureMode::Open`] by default).
     pub fn failure_mode(mut self, mode: FailureMode) -> Self {
         self.config_mut().failure_mode = mode;
+        self
+    }
+
+    /// What to do with a request over its limit ([`OverLimit::Refuse`] by default).
+    pub fn over_limit(mut self, over: OverLimit) -> Self {
+        self.config_mut().over_limit = over;
         self
     }
 

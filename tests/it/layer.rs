@@ -14,7 +14,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{Empty, Full};
 use redlimit::clock::FakeClock;
-use redlimit::layer::{BodyStyle, FailureMode, HeaderStyle, Rules, Tiers};
+use redlimit::layer::{BodyStyle, FailureMode, HeaderStyle, OverLimit, Rules, Tiers};
 use redlimit::{Decision, Limiter, MemoryStore, RateLimitLayer};
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_service::Service;
@@ -653,5 +653,64 @@ where
         Poll::Ready(Ok(response)) => response.status(),
         Poll::Ready(Err(never)) => match never {},
         Poll::Pending => panic!("the memory store's check was not decided inside call"),
+    }
+}
+
+/// The handler of a degrading layer: says whether the request was within its limit.
+async fn within_limit(req: Request<Empty<Bytes>>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let decision = req
+        .extensions()
+        .get::<Decision>()
+        .expect("every request carries one");
+    let body = if decision.is_allowed() {
+        "full answer".to_owned()
+    } else {
+        format!("lesser answer, retry in {:?}", decision.retry_after())
+    };
+    Ok(Response::new(Full::from(body)))
+}
+
+#[tokio::test]
+async fn over_the_limit_a_degrading_layer_passes_every_request_and_the_handler_sees_which() {
+    // 10 a second, 20 at once: 10 within the limit, 10 over it, all answered by the
+    // handler; nothing the degraded ones did counts, so the next window admits 10 again.
+    let clock = FakeClock::new(0);
+    let layer =
+        layer_on(&clock, vec![fixed("per-second", 10, 1_000)]).over_limit(OverLimit::Degrade);
+    let refusing = layer.clone().over_limit(OverLimit::Refuse);
+    let svc = ServiceBuilder::new().layer(layer).service_fn(within_limit);
+    for window in 0..2 {
+        clock.set_ms(window * 1_000 + 250);
+        let mut over = 0;
+        for i in 0..20 {
+            let response = svc.clone().oneshot(request("alice")).await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK, "request {i}");
+            assert!(
+                response.headers().get("retry-after").is_none(),
+                "request {i}"
+            );
+            let remaining = if i < 10 { 9 - i } else { 0 };
+            assert_eq!(
+                header(response.headers(), RATELIMIT),
+                Some(format!("\"per-second\";r={remaining};t=1").as_str()),
+                "request {i}"
+            );
+            let body = body_text(response).await;
+            if i < 10 {
+                assert_eq!(body, "full answer", "request {i}");
+            } else {
+                assert_eq!(body, "lesser answer, retry in Some(750ms)", "request {i}");
+                over += 1;
+            }
+        }
+        assert_eq!(over, 10, "window {window}");
+        // The same limiter behind a refusing layer: the 21st request of the window is a 429.
+        let refused = ServiceBuilder::new()
+            .layer(refusing.clone())
+            .service_fn(within_limit)
+            .oneshot(request("alice"))
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     }
 }
