@@ -9,7 +9,6 @@ use crate::policy::Policy;
 pub use crate::store::backend::{AdminStore, Backend, CheckNow, Operation, PolicySet};
 pub use crate::store::Store;
 use crate::subject::Subject;
-use crate::RedisStore;
 
 /// A look inside a limiter's leases.
 #[allow(async_fn_in_trait)]
@@ -48,7 +47,8 @@ impl<S> LimiterInternals for Limiter<S> {
 }
 
 /// What the Redis store sends and keeps, for benchmarks that send exactly what it sends
-/// and tests that read its state.
+/// and tests that read its state (implemented in `store/redis/hooks.rs`, beside the code
+/// it reaches).
 pub trait RedisStoreInternals {
     /// The Redis key that holds `subject`'s state for `policy` of `set`.
     fn key(&self, subject: &Subject, set: &PolicySet, policy: &Policy) -> String;
@@ -70,35 +70,6 @@ pub trait RedisStoreInternals {
     /// The stamps a sliding log's state in Redis holds, oldest first; `None` for bytes
     /// that are not such a state.
     fn sliding_log_stamps(raw: &[u8], limit: u64) -> Option<Vec<u64>>;
-}
-
-impl RedisStoreInternals for RedisStore {
-    fn key(&self, subject: &Subject, set: &PolicySet, policy: &Policy) -> String {
-        RedisStore::key(self, subject, set, policy)
-    }
-
-    fn command(
-        &self,
-        op: Operation,
-        subject: &Subject,
-        set: &PolicySet,
-        cost: u64,
-        script: bool,
-    ) -> deadpool_redis::redis::Cmd {
-        RedisStore::command(self, op, subject, set, cost, script)
-    }
-
-    fn script_source(policies: &[Policy]) -> &'static str {
-        RedisStore::script_source(policies)
-    }
-
-    fn script_sha1(policies: &[Policy]) -> &'static str {
-        RedisStore::script_sha1(policies)
-    }
-
-    fn sliding_log_stamps(raw: &[u8], limit: u64) -> Option<Vec<u64>> {
-        RedisStore::sliding_log_stamps(raw, limit)
-    }
 }
 
 /// How a subject appears in a Redis key.

@@ -433,15 +433,6 @@ impl RedisStore {
     pub fn calls_timed_out(&self) -> u64 {
         self.link.timeouts.load(Ordering::Relaxed)
     }
-
-    /// The stamps a sliding log's state in Redis holds (the value of
-    /// [`RedisStore::key`] for a sliding-log policy), oldest first: the newest
-    /// `limit` of them, as the Rust model keeps them. `None` for bytes that are not
-    /// such a state. For tests that compare states, not only decisions.
-    #[cfg(feature = "internals")]
-    pub(crate) fn sliding_log_stamps(raw: &[u8], limit: u64) -> Option<Vec<u64>> {
-        crate::algorithm::sliding_log_ring_stamps(raw, limit).map(Vec::from)
-    }
 }
 
 impl fmt::Debug for RedisStore {
@@ -469,6 +460,7 @@ mod tests {
     use super::contract::args::Entry;
     use super::contract::reply::{decode, Reply};
     use super::*;
+    use crate::internals::RedisStoreInternals;
     use crate::policy::Policy;
     use crate::store::{Backend, PolicySet, StoreError, StoreErrorKind};
     use crate::subject::Subject;

@@ -1,38 +1,24 @@
-//! What the crate's own benches send bare: the store's commands and scripts, built by the
-//! same code as its calls (feature `internals`).
+//! What the crate's own benches send bare and its tests read back: the store's commands
+//! and scripts, built by the same code as its calls (feature `internals`).
 
 use super::contract::args::{Admin, AdminOp, Check, Entry, Request};
 use super::script::{self, Via};
 use super::RedisStore;
+use crate::internals::RedisStoreInternals;
 use crate::policy::Policy;
 use crate::store::{Operation, PolicySet};
 use crate::subject::Subject;
 
-impl RedisStore {
-    /// The Lua source of the script a limiter with `policies` runs for its checks on a
-    /// server without functions (before Redis 7; others get
-    /// [`RedisStore::function_library`]), for benchmarks that run it bare. It holds the
-    /// code of the algorithms `policies` use, so limiters of different algorithms run
-    /// different scripts (and the rare admin operations a script of their own).
-    pub(crate) fn script_source(policies: &[Policy]) -> &'static str {
-        script::Shape::of(policies, Entry::Check).script().source()
+impl RedisStoreInternals for RedisStore {
+    fn key(&self, subject: &Subject, set: &PolicySet, policy: &Policy) -> String {
+        RedisStore::key(self, subject, set, policy)
     }
 
-    /// The SHA-1 of [`RedisStore::script_source`], as `EVALSHA` takes it.
-    pub(crate) fn script_sha1(policies: &[Policy]) -> &'static str {
-        script::Shape::of(policies, Entry::Check).script().sha1()
-    }
-
-    /// The command this store sends for one call: `FCALL` of its function library's
-    /// function (`script: true`: `EVALSHA` of the call's script, what a server without
-    /// functions gets), with the subject's keys and the call's arguments. The clock is
-    /// this store's: Redis `TIME`, or its client clock read now. Load the library first
-    /// with [`RedisStore::function_library`] (`FUNCTION LOAD REPLACE`), or the script
-    /// with [`RedisStore::script_source`].
-    ///
-    /// For benchmarks that must send exactly what the store sends, without copying its
-    /// wire format.
-    pub(crate) fn command(
+    /// `FCALL` of the library's function (`script: true`: `EVALSHA` of the call's
+    /// script, what a server without functions gets), with the subject's keys and the
+    /// call's arguments; the clock is this store's (Redis `TIME`, or its client clock
+    /// read now). Load the library first with [`RedisStore::function_library`].
+    fn command(
         &self,
         op: Operation,
         subject: &Subject,
@@ -45,5 +31,20 @@ impl RedisStore {
             None => self.call(subject, set, cost, Check).command(via),
             Some(admin) => self.call(subject, set, cost, Admin(admin)).command(via),
         }
+    }
+
+    /// The script holds the code of the algorithms `policies` use, so limiters of
+    /// different algorithms run different scripts.
+    fn script_source(policies: &[Policy]) -> &'static str {
+        script::Shape::of(policies, Entry::Check).script().source()
+    }
+
+    fn script_sha1(policies: &[Policy]) -> &'static str {
+        script::Shape::of(policies, Entry::Check).script().sha1()
+    }
+
+    /// The newest `limit` stamps, as the Rust model keeps them.
+    fn sliding_log_stamps(raw: &[u8], limit: u64) -> Option<Vec<u64>> {
+        crate::algorithm::sliding_log_ring_stamps(raw, limit).map(Vec::from)
     }
 }

@@ -14,6 +14,7 @@ use deadpool_redis::redis::{self, aio::MultiplexedConnection, FromRedisValue, Va
 use super::args::{Admin, AdminOp, Batch, Call, Check, GivingBack, Leasing, Request};
 use super::reply::{decode, BatchReply, LeaseReply, PolicyReply, Reply};
 use super::*;
+use crate::internals::RedisStoreInternals;
 use crate::policy::Policy;
 use crate::store::redis::keys::lease_key_of;
 use crate::store::redis::script::{Library, Via};
