@@ -13,7 +13,7 @@
 //! Bounded: each block-cache slice stops after 2 s, so the whole run ends in well
 //! under two minutes even with a cache that scans itself on every insert.
 
-use redlimit::internals::{Backend, PolicySet};
+use redlimit::internals::{AdminStore, Backend, Operation, PolicySet};
 use redlimit::store::StoreError;
 use std::future::{ready, Future, Ready};
 use std::hint::black_box;
@@ -219,6 +219,13 @@ impl Backend for Denies {
 
     fn check(&self, _: Subject, _: &PolicySet, _: u64) -> Self::Future {
         ready(Ok(self.0.clone()))
+    }
+}
+
+/// Its admin operations decide as its checks do.
+impl AdminStore for Denies {
+    fn run(&self, _: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        self.check(subject, set, cost)
     }
 }
 

@@ -21,6 +21,10 @@
 -- refund functions, exists in the admin operations' scripts only).
 local DECIDE = {}
 
+-- An in-flight holder's release and renewal (in_flight_release.lua), defined only
+-- where units and slots are given back.
+local IN_FLIGHT_HOLD
+
 -- MAX_BACK (the preamble's, MAX_CLOCK_BACK in src/algorithm/mod.rs): how many
 -- windows (a token bucket: fill times) a clock may go back and still decide on
 -- the stored state. State further ahead of the clock is foreign, read as fresh.

@@ -27,6 +27,15 @@ local function read_policies(args, a0, n)
     local at = a0 + POLICY_ARGS * (i - 1)
     local code = args[at + POLICY_CODE]
     local decide = DECIDE[code]
+    -- An in-flight policy's code is followed by its holder's 16 hex digits.
+    local holder
+    if code == ALG_IN_FLIGHT then
+      decide = nil
+    elseif not decide and code and #code == #ALG_IN_FLIGHT + 16 and string.sub(code, 1, #ALG_IN_FLIGHT) == ALG_IN_FLIGHT then
+      holder = string.sub(code, #ALG_IN_FLIGHT + 1)
+      code = ALG_IN_FLIGHT
+      decide = DECIDE[code]
+    end
     local limit, window = tonumber(args[at + POLICY_LIMIT]), tonumber(args[at + POLICY_N])
     if not (decide and limit and window) then
       return nil, bad_policy(i, code, args[at + POLICY_LIMIT], args[at + POLICY_N])
@@ -38,6 +47,11 @@ local function read_policies(args, a0, n)
     end
     local b = 5 * (i - 1)
     set[b + 1], set[b + 2], set[b + 3], set[b + 4], set[b + 5] = decide, limit, window, shadow, code
+    if holder then
+      -- Beside the array part: #set still counts 5 a policy.
+      set.holders = set.holders or {}
+      set.holders[i] = holder
+    end
   end
   return set
 end
@@ -51,7 +65,7 @@ end
 -- states the batch has written so far, else what its one MGET read (a
 -- redis.call costs more than the read), else a GET.
 local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, raws, batch)
-  local all, n = true, #set / 5
+  local all, n, holders = true, #set / 5, set.holders
   for i = 1, n do
     local b = 5 * (i - 1)
     local limit, window = set[b + 2], set[b + 3]
@@ -77,14 +91,31 @@ local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, 
     if raws then
       raws[i] = raw
     end
-    if op == OP_REFUND and raw then
-      local given_back = REFUND[set[b + 5]](limit, window, now, cost, raw)
-      if given_back then
-        redis.call("SET", key, given_back, "KEEPTTL")
-        raw = given_back
+    local holder = holders and holders[i]
+    local allowed, remaining, reset, retry, ttl, nxt
+    if holder then
+      -- In flight: a release or renewal writes at once; the decision takes the
+      -- holder where the others take the cost.
+      if op == OP_RELEASE or op == OP_RENEW then
+        local held, keep = IN_FLIGHT_HOLD(op, window, now, cost, raw, holder)
+        if held then
+          redis.call("SET", key, held, "PX", math.max(keep, 1))
+        elseif raw then
+          redis.call("DEL", key)
+        end
+        raw = held or false
       end
+      allowed, remaining, reset, retry, ttl, nxt = set[b + 1](limit, window, now, holder, raw)
+    else
+      if op == OP_REFUND and raw then
+        local given_back = REFUND[set[b + 5]](limit, window, now, cost, raw)
+        if given_back then
+          redis.call("SET", key, given_back, "KEEPTTL")
+          raw = given_back
+        end
+      end
+      allowed, remaining, reset, retry, ttl, nxt = set[b + 1](limit, window, now, cost, raw)
     end
-    local allowed, remaining, reset, retry, ttl, nxt = set[b + 1](limit, window, now, cost, raw)
     local base = r0 + REPLY_FIELDS * (i - 1)
     if allowed then
       reply[base + REPLY_ALLOWED] = 1

@@ -100,10 +100,10 @@ if op == OP_GIVE_BACK then
     op = OP_PEEK
   end
 end
-if not (now and cost) or not (op == OP_CHECK or op == OP_PEEK or op == OP_REFUND or op == OP_RESET or op == OP_LEASE) then
+if not (now and cost) or not (op == OP_CHECK or op == OP_PEEK or op == OP_REFUND or op == OP_RESET or op == OP_LEASE or op == OP_RELEASE or op == OP_RENEW) then
   return redis.error_reply(string.format(
-    "ERR redlimit: expected the cost, an operation (%s, %s or %s) and the clock in ms, got %q, %q and %q",
-    OP_PEEK, OP_REFUND, OP_RESET, string.sub(ARGV[ARG_COST], 1, 24), string.sub(tostring(op), 1, 8),
+    "ERR redlimit: expected the cost, an operation (%s, %s, %s, %s or %s) and the clock in ms, got %q, %q and %q",
+    OP_PEEK, OP_REFUND, OP_RESET, OP_RELEASE, OP_RENEW, string.sub(ARGV[ARG_COST], 1, 24), string.sub(tostring(op), 1, 8),
     string.sub(ARGV[clock_at] or "(Redis TIME)", 1, 24)))
 end
 

@@ -51,6 +51,10 @@ pub enum Algorithm {
     /// The admitted requests' timestamps: exact, never more than the limit in any
     /// window, at a few bytes per admitted request.
     SlidingLog,
+    /// Requests running at once: a slot per admitted request, held until its response
+    /// ends, each instance's slots freeing themselves a slot lifetime after the
+    /// instance stops renewing them ([`Policy::in_flight`]).
+    InFlight,
 }
 
 impl Algorithm {
@@ -61,11 +65,22 @@ impl Algorithm {
             Algorithm::SlidingWindow => "sliding_window",
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::SlidingLog => "sliding_log",
+            Algorithm::InFlight => "in_flight",
         }
     }
 
     /// All four, from the fastest to the slowest.
-    pub const ALL: [Algorithm; 4] = [
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::SlidingLog,
+        Algorithm::InFlight,
+    ];
+
+    /// The algorithms that count units over time (every one but
+    /// [`Algorithm::InFlight`], which counts requests running now).
+    pub const RATES: [Algorithm; 4] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
         Algorithm::TokenBucket,
@@ -118,6 +133,10 @@ pub struct Policy {
     emission_us: u64,
     /// Decides, counts and shows in headers, but never denies.
     shadow: bool,
+    /// In-flight only: the instance whose slots this is, given by the limiter that
+    /// checks the policy (0 until then). Not part of the fingerprint: every instance
+    /// counts into the same state.
+    holder: u64,
 }
 
 /// Hashes what keys the state (name, algorithm, numbers), not the shadow flag: a
@@ -188,6 +207,35 @@ impl Policy {
         Self::windowed(name, Algorithm::SlidingLog, limit, window)
     }
 
+    /// At most `limit` requests of a subject running at once, across every instance
+    /// that shares the store: the check takes a slot (whatever the request's cost),
+    /// and the slot is given back when the response's body ends or is dropped (the
+    /// layer does this; outside it, [`Limiter::release`](crate::Limiter::release)).
+    ///
+    /// `slot_ttl` bounds what a vanished instance (killed, partitioned away) can hold:
+    /// each instance renews its slots every third of it while its requests run, so
+    /// slots it can no longer renew free themselves within `slot_ttl` (plus one
+    /// renewal interval) of its last renewal. Longer costs a crashed instance's
+    /// subjects longer refusals; shorter costs more renewal calls (one per subject
+    /// with requests running, per `slot_ttl / 3`). 30 s suits most services.
+    ///
+    /// A denial's wait is a hint, not a promise: a slot frees whenever a request
+    /// ends, so a denied request is told to come back in a second (or when the
+    /// oldest slot would free itself, if sooner), and the block cache never keeps
+    /// such a denial.
+    ///
+    /// # Errors
+    ///
+    /// A bad name, a limit of 0, or a `slot_ttl` under 1 ms or over
+    /// [`Policy::MAX_WINDOW`].
+    pub fn in_flight(
+        name: impl Into<String>,
+        limit: u32,
+        slot_ttl: Duration,
+    ) -> Result<Self, PolicyError> {
+        Self::windowed(name.into(), Algorithm::InFlight, limit, slot_ttl)
+    }
+
     /// Bursts of up to `capacity`, refilled by `refill` tokens every `period`.
     ///
     /// The refill is continuous: one token every `period / refill`, to the microsecond.
@@ -231,6 +279,7 @@ impl Policy {
             window_ms: tolerance_us.div_ceil(1_000),
             emission_us,
             shadow: false,
+            holder: 0,
         })
     }
 
@@ -270,6 +319,7 @@ impl Policy {
             window_ms,
             emission_us: 0,
             shadow: false,
+            holder: 0,
         })
     }
 
@@ -303,9 +353,18 @@ impl Policy {
         self.emission_us
     }
 
-    /// The largest cost this policy can ever admit in one request.
+    /// The largest cost this policy can ever admit in one request. An in-flight
+    /// policy counts requests, not their cost: any cost takes one slot.
     pub fn max_cost(&self) -> u64 {
+        if self.algorithm == Algorithm::InFlight {
+            return u64::MAX;
+        }
         self.limit
+    }
+
+    /// Whether this policy counts requests running now ([`Policy::in_flight`]).
+    pub fn is_in_flight(&self) -> bool {
+        self.algorithm == Algorithm::InFlight
     }
 
     /// This policy in shadow mode, to try a limit on real traffic: it decides, counts
@@ -331,6 +390,19 @@ impl Policy {
     /// Whether this policy is in shadow mode (decides but never denies).
     pub fn is_shadow(&self) -> bool {
         self.shadow
+    }
+
+    /// In-flight only: the instance whose slots this policy counts as its own.
+    pub(crate) fn holder(&self) -> u64 {
+        self.holder
+    }
+
+    /// This policy as `holder`'s (see [`Policy::holder`]); other policies unchanged.
+    pub(crate) fn held_by(mut self, holder: u64) -> Self {
+        if self.algorithm == Algorithm::InFlight {
+            self.holder = holder;
+        }
+        self
     }
 }
 

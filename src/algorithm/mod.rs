@@ -27,6 +27,7 @@ use crate::policy::{Algorithm, Policy};
 use crate::store::Grant;
 
 mod fixed_window;
+pub(crate) mod in_flight;
 mod sliding_log;
 mod sliding_window;
 mod token_bucket;
@@ -51,6 +52,8 @@ pub(crate) enum State {
     TokenBucket { tat_us: u64 },
     /// The last `limit` admitted stamps in ms, oldest first (non-decreasing).
     SlidingLog { stamps: VecDeque<u64> },
+    /// Per holder (limiter instance), its requests running and until when they count.
+    InFlight { holders: Vec<in_flight::Holder> },
 }
 
 /// A decision for one policy, and the change to make if every policy admits.
@@ -135,6 +138,8 @@ pub(crate) fn decide(policy: &Policy, state: Option<&State>, now_ms: u64, cost: 
         Algorithm::SlidingWindow => sliding_window::decide(policy, state, now_ms, cost),
         Algorithm::TokenBucket => token_bucket::decide(policy, state, now_ms, cost),
         Algorithm::SlidingLog => sliding_log::decide(policy, state, now_ms, cost),
+        // A request takes one slot whatever its cost.
+        Algorithm::InFlight => in_flight::decide(policy, state, now_ms),
     }
 }
 
@@ -338,6 +343,8 @@ pub(crate) fn refund(policy: &Policy, state: Option<&State>, now: u64, cost: u64
         }
         State::TokenBucket { tat_us } => token_bucket::refund(policy, *tat_us, now, cost),
         State::SlidingLog { stamps } => sliding_log::refund(policy, stamps, now, cost),
+        // Slots are given back by their release, never by a refund of units.
+        State::InFlight { .. } => None,
     }
 }
 

@@ -11,7 +11,7 @@ use crate::decision::Decision;
 use crate::key::{ClientIp, Global, Header, KeyExtractor, KeyRejection, Pair, Route};
 use crate::layer::{RuleError, Rules};
 use crate::limiter::{Limiter, LimiterBuilder};
-use crate::store::{Backend, PolicySet, Store, StoreError, StoreErrorKind};
+use crate::store::{AdminStore, Backend, Operation, PolicySet, Store, StoreError, StoreErrorKind};
 use crate::subject::Subject;
 
 /// A key as the file writes it: one extractor, or one joined with the next (`ip+route`).
@@ -154,5 +154,11 @@ impl Backend for Unasked {
             StoreErrorKind::Unavailable,
             "the configuration's rules built at load have no store",
         )))
+    }
+}
+
+impl AdminStore for Unasked {
+    fn run(&self, _: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        self.check(subject, set, cost)
     }
 }

@@ -11,7 +11,7 @@ use crate::clock::FakeClock;
 use crate::key::Global;
 use crate::layer::middleware::*;
 use crate::limiter::Limiter;
-use crate::store::Backend;
+use crate::store::{AdminStore, Backend, Operation};
 use crate::store::{PolicySet, StoreError, StoreErrorKind};
 use crate::{Decision, MemoryStore, Policy, Subject};
 
@@ -29,6 +29,13 @@ impl Backend for BrokenStore {
     }
 }
 
+/// Its admin operations decide as its checks do.
+impl AdminStore for BrokenStore {
+    fn run(&self, _: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        self.check(subject, set, cost)
+    }
+}
+
 /// A store that never decides at once, as Redis does not: its `check_now` is the
 /// default one, which hands the subject back.
 struct AnswersLater(MemoryStore);
@@ -38,6 +45,12 @@ impl Backend for AnswersLater {
 
     fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
         self.0.check(subject, set, cost)
+    }
+}
+
+impl AdminStore for AnswersLater {
+    fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        self.0.run(op, subject, set, cost)
     }
 }
 

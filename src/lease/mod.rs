@@ -279,6 +279,9 @@ impl Leases {
         {
             return Err(LeaseError::SlidingLog(log.name().to_owned()));
         }
+        if let Some(slots) = policies.iter().find(|p| p.is_in_flight()) {
+            return Err(LeaseError::InFlight(slots.name().to_owned()));
+        }
         if self.max_subjects == 0 {
             return Err(LeaseError::ZeroSubjects);
         }
@@ -355,6 +358,9 @@ pub enum LeaseError {
     /// than the log records them.
     #[error("policy {0:?} is a sliding log, which never leases: exactness is its promise (use a sliding window counter or a token bucket to lease)")]
     SlidingLog(String),
+    /// A slot is held by one request until it ends: there is nothing to spend ahead.
+    #[error("policy {0:?} counts requests in flight, which never lease: a slot belongs to the request that holds it")]
+    InFlight(String),
     /// A lease that lives 0 ms would never be spent.
     #[error("a lease lifetime must be at least 1 ms")]
     ZeroLifetime,

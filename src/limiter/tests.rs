@@ -1,7 +1,7 @@
 use super::*;
 use crate::clock::FakeClock;
 use crate::decision::{Decision, Origin};
-use crate::store::{Backend, PolicySet, StoreError};
+use crate::store::{AdminStore, Backend, Operation, PolicySet, StoreError};
 use crate::MemoryStore;
 use std::time::Duration;
 
@@ -102,6 +102,13 @@ impl Backend for Broken {
     }
 }
 
+/// Its admin operations decide as its checks do.
+impl AdminStore for Broken {
+    fn run(&self, _: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        self.check(subject, set, cost)
+    }
+}
+
 /// Counts calls that reach the store.
 #[derive(Debug)]
 struct Counting(MemoryStore, std::sync::atomic::AtomicUsize);
@@ -111,6 +118,13 @@ impl Backend for Counting {
     fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
         self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.0.check(subject, set, cost)
+    }
+}
+
+impl AdminStore for Counting {
+    fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.run(op, subject, set, cost)
     }
 }
 

@@ -35,7 +35,11 @@ pub struct PolicySet {
 const KEY_TAG_DIGITS: usize = 12;
 
 impl PolicySet {
+    /// The set of `policies`, its in-flight ones held by a new holder: every set made
+    /// is an instance of its own, and its clones share its slots.
     pub(crate) fn new(policies: Vec<Policy>) -> Self {
+        let holder = new_holder();
+        let policies: Vec<Policy> = policies.into_iter().map(|p| p.held_by(holder)).collect();
         // FNV-1a over an explicit byte layout: the same in every process, release
         // and architecture (a derived `Hash` writes integers in native byte order).
         let mut h = Fnv1a::new();
@@ -80,6 +84,21 @@ impl PolicySet {
     pub fn max_cost(&self) -> u64 {
         self.max_cost
     }
+}
+
+/// A holder id no other set in any process is likely to have: 64 bits from the
+/// standard library's randomly keyed hasher, over the time and a count.
+fn new_holder() -> u64 {
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static MADE: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(MADE.fetch_add(1, Ordering::Relaxed));
+    if let Ok(since) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(since.as_nanos());
+    }
+    h.write_u32(std::process::id());
+    h.finish()
 }
 
 /// A place that decides and keeps limit state.
@@ -145,6 +164,12 @@ pub enum Operation {
     /// Forget the subject's state for every policy of the set, then answer as a peek
     /// of `cost` would (on fresh state).
     Reset,
+    /// In-flight policies only: one of this instance's requests ended, so its entry
+    /// counts one fewer; then answer as a peek of 1. Rate policies are untouched.
+    Release,
+    /// In-flight policies only: this instance's entry counts `cost` requests (what it
+    /// holds, 0 included) for another slot lifetime; then answer as a peek of 1.
+    Renew,
 }
 
 impl Operation {
@@ -155,6 +180,8 @@ impl Operation {
             Operation::Peek => "peek",
             Operation::Refund => "refund",
             Operation::Reset => "reset",
+            Operation::Release => "release",
+            Operation::Renew => "renew",
         }
     }
 }

@@ -50,9 +50,9 @@ impl Hasher for Fnv1a {
 /// Sealed: what a store must do (decide every policy of a request atomically, in the
 /// same arithmetic as the others, with the admin operations and leases) is this crate's
 /// own contract, not yet one a third-party store can be held to.
-pub trait Store: Backend {}
+pub trait Store: AdminStore {}
 
-impl<T: Backend> Store for T {}
+impl<T: AdminStore> Store for T {}
 
 // What a store does for leases is at home with leases.
 pub(crate) use crate::lease::store::{

@@ -629,6 +629,7 @@ mod tests {
                 Algorithm::SlidingWindow => Policy::sliding_window(name, 5, w),
                 Algorithm::TokenBucket => Policy::token_bucket(name, 5, 5, w),
                 Algorithm::SlidingLog => Policy::sliding_log(name, 5, w),
+                Algorithm::InFlight => Policy::in_flight(name, 5, w),
             }
             .unwrap()
         };
@@ -636,7 +637,7 @@ mod tests {
             source.contains(&format!("local function {}(", a.as_str()))
         };
         let mut hashes = std::collections::HashSet::new();
-        for shape in 1..16u8 {
+        for shape in 1..32u8 {
             let policies: Vec<Policy> = Algorithm::ALL
                 .into_iter()
                 .enumerate()
@@ -647,12 +648,12 @@ mod tests {
             let admin = script::Shape::of(&policies, Entry::Admin).script().source();
             for a in Algorithm::ALL {
                 let used = policies.iter().any(|p| p.algorithm() == a);
-                assert_eq!(defines(source, a), used, "{a} in shape {shape:04b}");
-                assert_eq!(defines(admin, a), used, "{a} in admin shape {shape:04b}");
+                assert_eq!(defines(source, a), used, "{a} in shape {shape:05b}");
+                assert_eq!(defines(admin, a), used, "{a} in admin shape {shape:05b}");
                 // A check never defines the refund functions it never runs.
                 let refund = format!("local function {}_refund(", a.as_str());
-                assert!(!source.contains(&refund), "{a} in shape {shape:04b}");
-                assert_eq!(admin.contains(&refund), used, "{a} in admin {shape:04b}");
+                assert!(!source.contains(&refund), "{a} in shape {shape:05b}");
+                assert_eq!(admin.contains(&refund), used, "{a} in admin {shape:05b}");
             }
             // Two policies of one algorithm, in any order, share the script.
             let mut twice = policies.clone();
@@ -665,7 +666,7 @@ mod tests {
             assert_eq!(RedisStore::script_sha1(&policies).len(), 40);
             hashes.insert(RedisStore::script_sha1(&policies));
         }
-        assert_eq!(hashes.len(), 15);
+        assert_eq!(hashes.len(), 31);
         assert!(!hashes.contains(RedisStore::script_sha1(&[])));
     }
 }

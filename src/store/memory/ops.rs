@@ -9,6 +9,7 @@ use smallvec::SmallVec;
 
 use super::map::Entry;
 use super::{Inner, MemoryStore};
+use crate::algorithm::in_flight::{self, Hold};
 use crate::algorithm::{self, State};
 use crate::clock::Clock;
 use crate::decision::Decision;
@@ -60,6 +61,31 @@ impl MemoryStore {
         if op == Operation::Reset {
             shard.remove();
             lock_epochs(inner).forget(set.fingerprint(), subject.as_bytes());
+        }
+        if let Some(change) = hold_of(op, cost) {
+            // A renewal writes its holder's entry back even after the state was lost.
+            let entry = match change {
+                Hold::Renew { .. } => Some(shard.find_or_insert(policies.len(), now)),
+                Hold::Release => shard.find(policies.len(), now),
+            };
+            let Some(entry) = entry else {
+                drop(shard);
+                let states: SmallVec<[Option<State>; 1]> =
+                    SmallVec::from_elem(None, policies.len());
+                return peek(policies, &states, now, 1);
+            };
+            let mut keep = None;
+            for (policy, state) in policies.iter().zip(entry.states.as_mut_slice()) {
+                if policy.is_in_flight() {
+                    let next = in_flight::hold(policy, state.as_ref(), now, change);
+                    if let Some((_, ms)) = &next {
+                        keep = keep.max(Some(*ms));
+                    }
+                    *state = next.map(|(state, _)| state);
+                }
+            }
+            entry.keep(now, keep);
+            return peek(policies, entry.states.as_slice(), now, 1);
         }
         // Only a check creates an entry.
         let Some(entry) = shard.find(policies.len(), now) else {
@@ -119,6 +145,16 @@ fn decide_many(entry: &mut Entry, policies: &Arc<[Policy]>, now: u64, cost: u64)
     let (outcomes, keep) = algorithm::decide_all(policies, entry.states.as_mut_slice(), now, cost);
     entry.keep(now, keep);
     Decision::from_outcomes(policies, outcomes)
+}
+
+/// What `op` does to in-flight entries, if it is a release or a renewal (of `cost`
+/// requests held).
+fn hold_of(op: Operation, cost: u64) -> Option<Hold> {
+    match op {
+        Operation::Release => Some(Hold::Release),
+        Operation::Renew => Some(Hold::Renew { held: cost }),
+        _ => None,
+    }
 }
 
 /// The decision a check would make on `states`, changing nothing.

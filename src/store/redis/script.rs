@@ -25,7 +25,7 @@ const BATCH: &str = include_str!("../../../lua/batch.lua");
 
 /// Each algorithm's Lua, in the order of [`Algorithm::ALL`]: its decide function,
 /// and its refund function, composed only where units are given back.
-const ALGORITHMS: [AlgorithmLua; 4] = [
+const ALGORITHMS: [AlgorithmLua; 5] = [
     AlgorithmLua {
         check: include_str!("../../../lua/fixed_window.lua"),
         refund: include_str!("../../../lua/fixed_window_refund.lua"),
@@ -41,6 +41,11 @@ const ALGORITHMS: [AlgorithmLua; 4] = [
     AlgorithmLua {
         check: include_str!("../../../lua/sliding_log.lua"),
         refund: include_str!("../../../lua/sliding_log_refund.lua"),
+    },
+    AlgorithmLua {
+        check: include_str!("../../../lua/in_flight.lua"),
+        // A slot's release and renewal: what in-flight policies give back.
+        refund: include_str!("../../../lua/in_flight_release.lua"),
     },
 ];
 
@@ -65,16 +70,16 @@ fn head(refunds: bool) -> String {
 /// Which algorithms a call's policies use (one bit per [`Algorithm::ALL`] position),
 /// and its entry point (two bits).
 ///
-/// Lua defines a script's functions again on every call, so one script of all four
+/// Lua defines a script's functions again on every call, so one script of all five
 /// algorithms made each call pay for creating the closures of the three it does not
 /// use, and a check paid for the refund functions it never runs. One script per shape
-/// (at most 60, each built and hashed once per process) is still one `EVALSHA` per
+/// (at most 124, each built and hashed once per process) is still one `EVALSHA` per
 /// call, and a check of a limiter with one algorithm pays for that one's decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Shape(u8);
 
 /// Where a [`Shape`]'s entry point sits.
-const ENTRY_SHIFT: u8 = 4;
+const ENTRY_SHIFT: u8 = 5;
 
 impl Shape {
     /// The shape of a call of `entry` on `policies`.
@@ -102,8 +107,8 @@ impl Shape {
 
     /// The script of this shape.
     pub(super) fn script(self) -> &'static ShapeScript {
-        static SCRIPTS: [OnceLock<ShapeScript>; 64] = [const { OnceLock::new() }; 64];
-        SCRIPTS[usize::from(self.0 & 0x3f)].get_or_init(|| ShapeScript::compose(self))
+        static SCRIPTS: [OnceLock<ShapeScript>; 128] = [const { OnceLock::new() }; 128];
+        SCRIPTS[usize::from(self.0 & 0x7f)].get_or_init(|| ShapeScript::compose(self))
     }
 }
 
@@ -114,6 +119,7 @@ const fn index(algorithm: Algorithm) -> u8 {
         Algorithm::SlidingWindow => 1,
         Algorithm::TokenBucket => 2,
         Algorithm::SlidingLog => 3,
+        Algorithm::InFlight => 4,
     }
 }
 

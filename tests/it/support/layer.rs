@@ -2,7 +2,7 @@
 //! requests and header reads, layers on a fake clock, and stores that fail or answer a
 //! poll late, as an unreachable or a network store would.
 
-use redlimit::internals::{Backend, PolicySet, Store};
+use redlimit::internals::{AdminStore, Backend, Operation, PolicySet, Store};
 use redlimit::store::{StoreError, StoreErrorKind};
 
 use std::convert::Infallible;
@@ -99,6 +99,13 @@ impl Backend for BrokenStore {
     }
 }
 
+/// Its admin operations decide as its checks do.
+impl AdminStore for BrokenStore {
+    fn run(&self, _: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        self.check(subject, set, cost)
+    }
+}
+
 pub fn broken_layer() -> RateLimitLayer<BrokenStore, Keyed<BrokenStore, UserHeader>> {
     RateLimitLayer::new(
         Limiter::new(BrokenStore, fixed("default", 1, 1_000)),
@@ -136,6 +143,18 @@ where
     fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
         OnePollLate {
             inner: self.0.check(subject, set, cost),
+            waited: false,
+        }
+    }
+}
+
+impl<S> AdminStore for SlowStore<S>
+where
+    S: Store<Future = Ready<Result<Decision, StoreError>>>,
+{
+    fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        OnePollLate {
+            inner: self.0.run(op, subject, set, cost),
             waited: false,
         }
     }

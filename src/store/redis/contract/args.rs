@@ -98,6 +98,8 @@ pub(crate) enum AdminOp {
     Peek,
     Refund,
     Reset,
+    Release,
+    Renew,
 }
 
 impl AdminOp {
@@ -108,6 +110,8 @@ impl AdminOp {
             Operation::Peek => Some(Self::Peek),
             Operation::Refund => Some(Self::Refund),
             Operation::Reset => Some(Self::Reset),
+            Operation::Release => Some(Self::Release),
+            Operation::Renew => Some(Self::Renew),
         }
     }
 
@@ -116,6 +120,8 @@ impl AdminOp {
             Self::Peek => OP_PEEK,
             Self::Refund => OP_REFUND,
             Self::Reset => OP_RESET,
+            Self::Release => OP_RELEASE,
+            Self::Renew => OP_RENEW,
         }
     }
 }
@@ -248,7 +254,14 @@ fn push_policy_args(cmd: &mut Cmd, policy: &Policy) {
         Algorithm::TokenBucket => policy.emission_interval_us(),
         _ => policy.window_ms(),
     };
-    cmd.arg(code(algorithm)).arg(limit).arg(n);
+    if algorithm == Algorithm::InFlight {
+        // The code carries whose slots these are, in 16 hex digits after it
+        // (`if00000000000000ab`), read in read_policies.
+        cmd.arg(format!("{}{:016x}", code(algorithm), policy.holder()));
+    } else {
+        cmd.arg(code(algorithm));
+    }
+    cmd.arg(limit).arg(n);
 }
 
 /// Plain checks sent as one call of the library's batch function (`lua/batch.lua`):

@@ -32,6 +32,12 @@ pub(super) const OP_LEASE: &str = "l";
 /// a peek.
 pub(super) const OP_GIVE_BACK: &str = "g";
 
+/// In-flight only: the holder's entry one down (a request ended), then a peek.
+pub(super) const OP_RELEASE: &str = "d";
+/// In-flight only: the holder's entry set to the cost (requests held) for another slot
+/// lifetime, then a peek.
+pub(super) const OP_RENEW: &str = "n";
+
 /// Every single call's first argument: the cost.
 pub(super) const ARG_COST: usize = 1;
 /// An admin call's operation ([`OP_PEEK`], [`OP_REFUND`] or [`OP_RESET`]).
@@ -95,6 +101,7 @@ pub(super) const fn code(algorithm: Algorithm) -> &'static str {
         Algorithm::SlidingWindow => "sw",
         Algorithm::TokenBucket => "tb",
         Algorithm::SlidingLog => "sl",
+        Algorithm::InFlight => "if",
     }
 }
 
@@ -117,6 +124,8 @@ const PREAMBLE: &[(&str, Lua)] = &[
     ("OP_RESET", Lua::Str(OP_RESET)),
     ("OP_LEASE", Lua::Str(OP_LEASE)),
     ("OP_GIVE_BACK", Lua::Str(OP_GIVE_BACK)),
+    ("OP_RELEASE", Lua::Str(OP_RELEASE)),
+    ("OP_RENEW", Lua::Str(OP_RENEW)),
     ("ARG_COST", at(ARG_COST)),
     ("ARG_OP", at(ARG_OP)),
     ("ARG_WANT", at(ARG_WANT)),
@@ -156,6 +165,11 @@ const PREAMBLE: &[(&str, Lua)] = &[
     ),
     ("ALG_TOKEN_BUCKET", Lua::Str(code(Algorithm::TokenBucket))),
     ("ALG_SLIDING_LOG", Lua::Str(code(Algorithm::SlidingLog))),
+    ("ALG_IN_FLIGHT", Lua::Str(code(Algorithm::InFlight))),
+    (
+        "IN_FLIGHT_RETRY_HINT",
+        Lua::Int(crate::algorithm::in_flight::RETRY_HINT_MS),
+    ),
     ("MAX_BACK", Lua::Int(crate::algorithm::MAX_CLOCK_BACK)),
 ];
 
