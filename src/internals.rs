@@ -10,7 +10,7 @@ pub use crate::store::backend::{AdminStore, Backend, CheckNow, Operation, Policy
 pub use crate::store::Store;
 use crate::subject::Subject;
 
-/// A look inside a limiter's leases.
+/// A look inside a limiter's leases and slots.
 #[allow(async_fn_in_trait)]
 pub trait LimiterInternals {
     /// Gives back the units of every expired lease now and waits for the store, as the
@@ -23,6 +23,8 @@ pub trait LimiterInternals {
     fn leased_subjects(&self) -> usize;
     /// The policies with their fingerprint, as stores see them.
     fn policy_set(&self) -> &PolicySet;
+    /// In-flight slots this instance holds of `subject` (unreleased [`Slot`](crate::Slot)s).
+    fn held_slots(&self, subject: &Subject) -> u64;
 }
 
 impl<S> LimiterInternals for Limiter<S> {
@@ -43,6 +45,10 @@ impl<S> LimiterInternals for Limiter<S> {
 
     fn policy_set(&self) -> &PolicySet {
         Limiter::policy_set(self)
+    }
+
+    fn held_slots(&self, subject: &Subject) -> u64 {
+        self.slot_table().map_or(0, |table| table.held(subject))
     }
 }
 

@@ -77,7 +77,7 @@ pub(crate) use middleware::{Config, Shared};
 pub use middleware::{FailureMode, OverLimit};
 pub use plan::{Keyed, Plan};
 pub(crate) use plan::{Limit, Pick, Sealed};
-pub(crate) use refund::{PendingRefund, Refund};
+pub(crate) use refund::{Aftercare, AtEnd, Refund};
 pub use rules::{RuleError, Rules, RulesBuilder};
 pub use tiers::Tiers;
 

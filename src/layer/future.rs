@@ -15,7 +15,7 @@ use crate::decision::Decision;
 use crate::error::Error;
 use crate::layer::headers::{HeaderStyle, PolicyHeaders, Snapshot};
 use crate::layer::response::{self, Answer, ResponseBody};
-use crate::layer::{Config, FailureMode, Limit, OverLimit, PendingRefund, Plan, Shared};
+use crate::layer::{Aftercare, Config, FailureMode, Limit, OverLimit, Plan, Shared};
 use crate::limiter::CheckFuture;
 use crate::store::Store;
 
@@ -24,8 +24,9 @@ pin_project! {
     ///
     /// A state machine, not a box. The memory store decides inside `call`, so its
     /// requests go straight to the inner call: no clone of the inner service, and no
-    /// allocation of the layer's own beyond the response headers (and a refund's, when
-    /// [`refund_on`](crate::RateLimitLayer::refund_on) is set). A store that answers
+    /// allocation of the layer's own beyond the response headers (and an aftercare's, when
+    /// [`refund_on`](crate::RateLimitLayer::refund_on) is set or the limiter has in-flight
+    /// policies). A store that answers
     /// later (Redis) keeps the request in one box while it waits.
     ///
     /// # Panics
@@ -62,13 +63,13 @@ pin_project! {
         },
         /// Allowed: the inner service runs; `headers` says what to add to its response
         /// (absent when allowed responses carry no headers, the store failed open, or
-        /// no limit applied), `refund` what to give back if the response is a failure
-        /// the layer refunds.
+        /// no limit applied), `aftercare` what follows once the response comes (a refund the layer's rule
+        /// may make, the request's in-flight slot).
         Calling {
             #[pin]
             future: Inner::Future,
             headers: Option<Headers>,
-            refund: Option<Box<PendingRefund<S>>>,
+            aftercare: Option<Box<Aftercare<S>>>,
         },
         /// The layer answers by itself: a key rejection, a denial, a 503.
         Answered { answer: Option<Answer> },
@@ -78,13 +79,13 @@ pin_project! {
 
 /// What waits beside a pending check: the request, the readied inner service, and
 /// what deciding needs once the check completes (the layer's options, the limit that
-/// checks the request, what a refund would give back).
+/// checks the request, what follows its check).
 struct Waiting<S, P: Plan<S>, Inner, ReqBody> {
     request: Request<ReqBody>,
     inner: Inner,
     shared: Arc<Shared<S, P>>,
     limit: Limit<S>,
-    refund: Option<Box<PendingRefund<S>>>,
+    aftercare: Option<Box<Aftercare<S>>>,
 }
 
 /// What to add to an allowed response once the inner service answers.
@@ -108,7 +109,7 @@ where
         inner: Inner,
         shared: Arc<Shared<S, P>>,
         limit: Limit<S>,
-        refund: Option<Box<PendingRefund<S>>>,
+        aftercare: Option<Box<Aftercare<S>>>,
     ) -> Self {
         Self {
             state: State::Checking {
@@ -118,7 +119,7 @@ where
                     inner,
                     shared,
                     limit,
-                    refund,
+                    aftercare,
                 }),
             },
         }
@@ -132,18 +133,18 @@ where
         inner: &mut Inner,
         shared: &Shared<S, P>,
         limit: &Limit<S>,
-        refund: Option<Box<PendingRefund<S>>>,
+        aftercare: Option<Box<Aftercare<S>>>,
     ) -> Self {
-        let next = next_step(checked, request, inner, &shared.config, limit, refund);
+        let next = next_step(checked, request, inner, &shared.config, limit, aftercare);
         let state = match next {
             Next::Call {
                 future,
                 headers,
-                refund,
+                aftercare,
             } => State::Calling {
                 future,
                 headers,
-                refund,
+                aftercare,
             },
             Next::Answer(answer) => State::Answered {
                 answer: Some(answer),
@@ -158,7 +159,7 @@ where
             state: State::Calling {
                 future,
                 headers: None,
-                refund: None,
+                aftercare: None,
             },
         }
     }
@@ -197,18 +198,18 @@ where
                         mut inner,
                         shared,
                         limit,
-                        refund,
+                        aftercare,
                     } = *waiting;
-                    match next_step(checked, request, &mut inner, &shared.config, &limit, refund) {
+                    match next_step(checked, request, &mut inner, &shared.config, &limit, aftercare) {
                         Next::Call {
                             future,
                             headers,
-                            refund,
+                            aftercare,
                         } => {
                             state.set(State::Calling {
                                 future,
                                 headers,
-                                refund,
+                                aftercare,
                             });
                         }
                         Next::Answer(answer) => {
@@ -219,15 +220,15 @@ where
                 StateProj::Calling {
                     future,
                     headers,
-                    refund,
+                    aftercare,
                 } => {
                     let result = ready!(future.poll(cx));
-                    let (headers, refund) = (headers.take(), refund.take());
+                    let (headers, aftercare) = (headers.take(), aftercare.take());
                     state.set(State::Done);
-                    let mut response = result?.map(ResponseBody::inner);
-                    if let Some(refund) = refund {
-                        refund.settle(response.status(), response.headers());
-                    }
+                    let response = result?;
+                    let at_end = aftercare
+                        .and_then(|after| after.at_head(response.status(), response.headers()));
+                    let mut response = response.map(|body| ResponseBody::inner(body, at_end));
                     if let Some(headers) = headers {
                         headers.policies.write(
                             headers.style,
@@ -255,7 +256,7 @@ enum Next<F, R> {
     Call {
         future: F,
         headers: Option<Headers>,
-        refund: Option<R>,
+        aftercare: Option<R>,
     },
     Answer(Answer),
 }
@@ -263,7 +264,7 @@ enum Next<F, R> {
 /// Acts on the limiter's answer: calls `inner` when allowed or when the store failed and
 /// the failure mode is open, with the [`Decision`] in the request's extensions either
 /// way (so an `Extension<Decision>` handler runs as written during an outage); answers
-/// otherwise. `refund` is kept only for an allowed request, and learns who took its
+/// otherwise. `aftercare` is kept only for an allowed request, and learns who took its
 /// cost (the store or the fallback); one that failed open consumed nothing.
 fn next_step<S, Inner, ReqBody>(
     checked: Result<Decision, Error>,
@@ -271,9 +272,10 @@ fn next_step<S, Inner, ReqBody>(
     inner: &mut Inner,
     config: &Config,
     limit: &Limit<S>,
-    mut refund: Option<Box<PendingRefund<S>>>,
-) -> Next<Inner::Future, Box<PendingRefund<S>>>
+    mut aftercare: Option<Box<Aftercare<S>>>,
+) -> Next<Inner::Future, Box<Aftercare<S>>>
 where
+    S: Store,
     Inner: Service<Request<ReqBody>>,
 {
     let policies = &limit.headers;
@@ -284,18 +286,18 @@ where
             policies: Arc::clone(policies),
         })
     };
-    let (headers, refund) = match checked {
+    let (headers, aftercare) = match checked {
         Ok(decision) if decision.is_allowed() => {
             let headers = passing(&decision);
-            if let Some(refund) = &mut refund {
-                refund.taken_by(decision.origin());
+            if let Some(after) = &mut aftercare {
+                after.allowed(&decision);
             }
             request.extensions_mut().insert(decision);
-            (headers, refund)
+            (headers, aftercare)
         }
         Ok(decision) if config.over_limit == OverLimit::Degrade => {
             // Over the limit, and passed on with its denial: nothing was consumed, so
-            // there is nothing to refund.
+            // there is nothing to refund and no slot to hold.
             crate::telemetry::degraded(&decision);
             let headers = passing(&decision);
             request.extensions_mut().insert(decision);
@@ -333,7 +335,7 @@ where
     Next::Call {
         future: inner.call(request),
         headers,
-        refund,
+        aftercare,
     }
 }
 

@@ -1,16 +1,17 @@
-//! Giving back an allowed request's cost when the inner service answered with a
-//! failure: [`RateLimitLayer::refund_on`](crate::RateLimitLayer::refund_on).
+//! What follows an allowed request's check in the layer: giving its cost back when
+//! the inner service answered with a failure
+//! ([`RateLimitLayer::refund_on`](crate::RateLimitLayer::refund_on)), and holding its
+//! in-flight slot until its response body ends.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 
 use http::{HeaderMap, StatusCode};
 
-use crate::decision::Origin;
+use crate::decision::{Decision, Origin};
 use crate::limiter::Limiter;
-use crate::store::AdminStore;
+use crate::slot::{run_off_path, Slot};
+use crate::store::{AdminStore, Store};
 use crate::subject::Subject;
 
 /// The application's rule: does this response head mean the server failed?
@@ -35,24 +36,6 @@ impl<S: AdminStore> Refund<S> {
     }
 }
 
-impl<S> Refund<S> {
-    /// What an allowed request keeps until its response head is known. Only layers
-    /// with a refund rule pay for the subject's clone.
-    pub(crate) fn keep(
-        &self,
-        limiter: &Arc<Limiter<S>>,
-        subject: &Subject,
-        cost: u32,
-    ) -> PendingRefund<S> {
-        PendingRefund {
-            refund: self.clone(),
-            limiter: Arc::clone(limiter),
-            subject: subject.clone(),
-            cost,
-            origin: Origin::FailOpen,
-        }
-    }
-}
 
 impl<S> Clone for Refund<S> {
     fn clone(&self) -> Self {
@@ -69,33 +52,72 @@ impl<S> fmt::Debug for Refund<S> {
     }
 }
 
-/// An allowed request's subject and cost, refunded if its response matches, where
-/// its check took the cost.
-pub(crate) struct PendingRefund<S> {
-    refund: Refund<S>,
+/// What an allowed request's check leaves to do once its response comes: give its
+/// cost back if the response matches the layer's refund rule, and hold its slot in
+/// the limiter's in-flight policies until its body ends. Made only by layers and
+/// limiters that need it: the others keep no clone of the subject.
+pub(crate) struct Aftercare<S> {
+    refund: Option<Refund<S>>,
     limiter: Arc<Limiter<S>>,
     subject: Subject,
     cost: u32,
     /// Who took the cost; nobody ([`Origin::FailOpen`]) until the check allows.
     origin: Origin,
+    /// The request's slot, once allowed.
+    slot: Option<Slot>,
 }
 
-impl<S> PendingRefund<S> {
-    /// The check allowed the request: `origin` took its cost.
-    pub(crate) fn taken_by(&mut self, origin: Origin) {
-        self.origin = origin;
-    }
-
-    /// Refunds if the response head matches the layer's rule.
-    pub(crate) fn settle(self, status: StatusCode, headers: &HeaderMap) {
-        if (self.refund.when)(status, headers) {
-            (self.refund.run)(self.limiter, self.subject, self.cost, self.origin);
+impl<S: Store> Aftercare<S> {
+    /// What a request checked by `limiter` keeps, when anything: a refund rule, or
+    /// in-flight policies whose slot it will hold.
+    pub(crate) fn keep(
+        refund: Option<&Refund<S>>,
+        limiter: &Arc<Limiter<S>>,
+        subject: &Subject,
+        cost: u32,
+    ) -> Option<Box<Self>> {
+        if refund.is_none() && limiter.slot_table().is_none() {
+            return None;
         }
+        Some(Box::new(Self {
+            refund: refund.cloned(),
+            limiter: Arc::clone(limiter),
+            subject: subject.clone(),
+            cost,
+            origin: Origin::FailOpen,
+            slot: None,
+        }))
+    }
+
+    /// The check allowed the request: `decision`'s origin took its cost, and its
+    /// slot is held from now.
+    pub(crate) fn allowed(&mut self, decision: &Decision) {
+        self.origin = decision.origin();
+        self.slot = self.limiter.hold(self.subject.clone(), decision);
     }
 }
 
-/// Refunds without holding up the response: a store that answers at once (the memory
-/// store) is done here; any other finishes in a Tokio task.
+impl<S> Aftercare<S> {
+    /// The response head is known: refunds if it matches the layer's rule, and
+    /// returns what lasts until the body ends.
+    pub(crate) fn at_head(self, status: StatusCode, headers: &HeaderMap) -> Option<AtEnd> {
+        if let Some(refund) = &self.refund {
+            if (refund.when)(status, headers) {
+                (refund.run)(self.limiter, self.subject, self.cost, self.origin);
+            }
+        }
+        self.slot.map(|slot| AtEnd { _slot: slot })
+    }
+}
+
+/// What an allowed response's body holds until it ends or is dropped: the request's
+/// slot, given back then.
+#[derive(Debug)]
+pub(crate) struct AtEnd {
+    _slot: Slot,
+}
+
+/// Refunds without holding up the response (see [`run_off_path`]).
 fn refund_now<S: AdminStore>(
     limiter: Arc<Limiter<S>>,
     subject: Subject,
@@ -105,19 +127,11 @@ fn refund_now<S: AdminStore>(
     if origin == Origin::FailOpen {
         return;
     }
-    let mut refund = Box::pin(async move { limiter.refund_from(origin, subject, cost).await });
-    match refund
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(result) => crate::telemetry::layer_refunded(&result),
-        Poll::Pending => match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move { crate::telemetry::layer_refunded(&refund.await) });
-            }
-            // A store that needs a runtime was called outside one: the refund cannot
-            // finish, and the client keeps the cost it already paid.
-            Err(_) => tracing::warn!("rate-limit refund dropped: no Tokio runtime to run it"),
+    run_off_path(
+        async move {
+            let refunded = limiter.refund_from(origin, subject, cost).await;
+            crate::telemetry::layer_refunded(&refunded);
         },
-    }
+        "rate-limit refund",
+    );
 }

@@ -7,7 +7,7 @@
 
 use std::fmt::Write as _;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
@@ -21,7 +21,7 @@ use crate::error::Error;
 use crate::key::KeyRejection;
 use crate::layer::grpc;
 use crate::layer::headers::{retry_after_secs, PolicyHeaders, Snapshot};
-use crate::layer::Config;
+use crate::layer::{AtEnd, Config};
 
 /// How the layer's own answers (429, 503, key rejections) word their bodies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -52,15 +52,17 @@ pin_project! {
     #[project = KindProj]
     #[derive(Debug)]
     enum Kind<B> {
-        Inner { #[pin] body: B },
+        // `at_end` is dropped when the body ends (its last frame, or an error), or
+        // with the body: the request's slot is given back then.
+        Inner { #[pin] body: B, at_end: Option<AtEnd> },
         Full { data: Option<Bytes> },
     }
 }
 
 impl<B> ResponseBody<B> {
-    pub(crate) fn inner(body: B) -> Self {
+    pub(crate) fn inner(body: B, at_end: Option<AtEnd>) -> Self {
         Self {
-            kind: Kind::Inner { body },
+            kind: Kind::Inner { body, at_end },
         }
     }
 
@@ -84,21 +86,27 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Inner { body, at_end } => {
+                let frame = ready!(body.poll_frame(cx));
+                if !matches!(frame, Some(Ok(_))) {
+                    at_end.take();
+                }
+                Poll::Ready(frame)
+            }
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Inner { body, .. } => body.is_end_stream(),
             Kind::Full { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body } => body.size_hint(),
+            Kind::Inner { body, .. } => body.size_hint(),
             Kind::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
@@ -319,7 +327,7 @@ mod tests {
 
     #[tokio::test]
     async fn inner_body_passes_through() {
-        let body = ResponseBody::inner(http_body_util::Full::new(Bytes::from_static(b"inner")));
+        let body = ResponseBody::inner(http_body_util::Full::new(Bytes::from_static(b"inner")), None);
         assert_eq!(body.size_hint().exact(), Some(5));
         let collected = body.collect().await.unwrap().to_bytes();
         assert_eq!(&collected[..], b"inner");

@@ -10,7 +10,7 @@ use tower_service::Service;
 
 use crate::layer::future::ResponseFuture;
 use crate::layer::response::{self, ResponseBody};
-use crate::layer::{Pick, Plan, Shared};
+use crate::layer::{Aftercare, Pick, Plan, Shared};
 use crate::store::Store;
 
 /// A service limited by key: it answers 429 itself when the limiter denies, and calls
@@ -97,10 +97,7 @@ where
             }
         };
         let cost = shared.config.cost.of(&parts);
-        let refund = shared
-            .refund
-            .as_ref()
-            .map(|refund| Box::new(refund.keep(&limit.limiter, &subject, cost)));
+        let aftercare = Aftercare::keep(shared.refund.as_ref(), &limit.limiter, &subject, cost);
         let mut check = limit.limiter.check(subject, cost);
         let request = Request::from_parts(parts, body);
         if let Some(checked) = check.take_settled() {
@@ -112,7 +109,7 @@ where
                 &mut self.inner,
                 shared,
                 limit,
-                refund,
+                aftercare,
             );
         }
         // Otherwise the readied service is taken into the future and called when the
@@ -121,6 +118,6 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let limit = limit.clone();
-        ResponseFuture::checking(check, request, inner, Arc::clone(shared), limit, refund)
+        ResponseFuture::checking(check, request, inner, Arc::clone(shared), limit, aftercare)
     }
 }

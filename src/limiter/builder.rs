@@ -9,6 +9,7 @@ use crate::block_cache::BlockCache;
 use crate::clock::{Clock, MonotonicClock};
 use crate::lease::{LeaseError, LeaseTable, Leases};
 use crate::policy::Policy;
+use crate::slot::SlotTable;
 use crate::store::{LeaseStore, MemoryStore, PolicySet, Store};
 
 /// The settings of a [`Limiter`] before it is built: from [`Limiter::builder`].
@@ -137,7 +138,8 @@ impl<S: Store> LimiterBuilder<S> {
             }
         }
         let set = PolicySet::new(policies);
-        if block_cache.is_none() && fallback.is_none() && leases.is_none() {
+        let slots = SlotTable::of(set.policies());
+        if block_cache.is_none() && fallback.is_none() && leases.is_none() && slots.is_none() {
             // Nothing runs around the store: the plain path, with no guard to consult.
             return Ok(Limiter {
                 store,
@@ -162,6 +164,7 @@ impl<S: Store> LimiterBuilder<S> {
                 blocks: block_cache.map(BlockCache::new),
                 fallback,
                 leases,
+                slots,
             })),
         })
     }

@@ -37,7 +37,9 @@ impl After {
                 if let Some(blocks) = &guard.blocks {
                     if decision.is_allowed() {
                         blocks.forget(&subject);
-                    } else {
+                    } else if !decision.policy().is_in_flight() {
+                        // An in-flight denial lasts until some request ends, not a
+                        // known time: never kept.
                         blocks.insert(subject, cost, &decision, guard.clock.now_ms());
                     }
                 }

@@ -24,6 +24,7 @@ use crate::block_cache::BlockCache;
 use crate::clock::Clock;
 use crate::error::Error;
 use crate::lease::{LeaseTable, Leased};
+use crate::slot::SlotTable;
 use crate::policy::Policy;
 use crate::store::{CheckNow, MemoryStore, PolicySet, Store};
 use crate::subject::Subject;
@@ -59,17 +60,26 @@ struct Guard {
     fallback: Option<MemoryStore>,
     /// This limiter's leases, when on.
     leases: Option<Arc<LeaseTable>>,
+    /// The slots this instance holds, when the set has in-flight policies.
+    slots: Option<SlotTable>,
 }
 
 impl<S: Store> Limiter<S> {
     /// A limiter on `store` with one policy and nothing around it: the shorthand for
     /// `Limiter::builder(store).policy(policy).build()`, which cannot fail.
     pub fn new(store: S, policy: Policy) -> Self {
-        Self {
-            store,
-            set: PolicySet::new(vec![policy]),
-            guard: None,
-        }
+        let set = PolicySet::new(vec![policy]);
+        // Slots need their table; nothing else does.
+        let guard = SlotTable::of(set.policies()).map(|slots| {
+            Arc::new(Guard {
+                clock: Arc::new(crate::clock::MonotonicClock::new()),
+                blocks: None,
+                fallback: None,
+                leases: None,
+                slots: Some(slots),
+            })
+        });
+        Self { store, set, guard }
     }
 
     /// A limiter with several policies, a block cache, a memory fallback, leases or a
@@ -152,6 +162,16 @@ impl<S> Limiter<S> {
     #[cfg(feature = "internals")]
     pub(crate) fn lease_table(&self) -> Option<&LeaseTable> {
         self.guard.as_ref()?.leases.as_deref()
+    }
+
+    /// The slots this instance holds, when the set has in-flight policies.
+    pub(crate) fn slot_table(&self) -> Option<&SlotTable> {
+        self.guard.as_ref()?.slots.as_ref()
+    }
+
+    /// The memory fallback, when set.
+    pub(crate) fn fallback(&self) -> Option<&MemoryStore> {
+        self.guard.as_ref()?.fallback.as_ref()
     }
 
     /// The policies checked, in order.
