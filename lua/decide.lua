@@ -66,6 +66,12 @@ end
 -- redis.call costs more than the read), else a GET.
 local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, raws, batch)
   local all, n, holders = true, #set / 5, set.holders
+  -- A release or renewal carries its holder's count where the cost goes; it
+  -- answers as a peek of 1.
+  local held = cost
+  if op == OP_RELEASE or op == OP_RENEW then
+    cost = 1
+  end
   for i = 1, n do
     local b = 5 * (i - 1)
     local limit, window = set[b + 2], set[b + 3]
@@ -97,13 +103,13 @@ local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, 
       -- In flight: a release or renewal writes at once; the decision takes the
       -- holder where the others take the cost.
       if op == OP_RELEASE or op == OP_RENEW then
-        local held, keep = IN_FLIGHT_HOLD(op, window, now, cost, raw, holder)
-        if held then
-          redis.call("SET", key, held, "PX", math.max(keep, 1))
+        local kept, keep = IN_FLIGHT_HOLD(op, window, now, held, raw, holder)
+        if kept then
+          redis.call("SET", key, kept, "PX", math.max(keep, 1))
         elseif raw then
           redis.call("DEL", key)
         end
-        raw = held or false
+        raw = kept or false
       end
       allowed, remaining, reset, retry, ttl, nxt = set[b + 1](limit, window, now, holder, raw)
     else

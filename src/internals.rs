@@ -25,9 +25,12 @@ pub trait LimiterInternals {
     fn policy_set(&self) -> &PolicySet;
     /// In-flight slots this instance holds of `subject` (unreleased [`Slot`](crate::Slot)s).
     fn held_slots(&self, subject: &Subject) -> u64;
+    /// Renews every slot this instance holds now and waits for the store, as the
+    /// renewal task does every third of the slot lifetime; returns how many subjects.
+    async fn renew_slots(&self) -> usize;
 }
 
-impl<S> LimiterInternals for Limiter<S> {
+impl<S: crate::store::Store> LimiterInternals for Limiter<S> {
     async fn sweep_leases(&self) -> usize {
         match self.lease_table() {
             Some(table) => table.sweep_now().await,
@@ -49,6 +52,10 @@ impl<S> LimiterInternals for Limiter<S> {
 
     fn held_slots(&self, subject: &Subject) -> u64 {
         self.slot_table().map_or(0, |table| table.held(subject))
+    }
+
+    async fn renew_slots(&self) -> usize {
+        Limiter::renew_slots(self, false).await.unwrap_or(0)
     }
 }
 

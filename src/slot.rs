@@ -127,10 +127,12 @@ impl SlotTable {
         }
     }
 
-    /// What to renew now; `None` (and the task stops) when nothing is held.
-    fn to_renew(&self) -> Option<Vec<((bool, Subject), u64)>> {
+    /// What to renew now. With `stop_if_idle`, `None` when nothing is held, and the
+    /// renewal task is then marked stopped (under the same lock as a new slot's
+    /// `take`, so a slot taken meanwhile starts a new task).
+    fn to_renew(&self, stop_if_idle: bool) -> Option<Vec<((bool, Subject), u64)>> {
         let mut held = self.lock();
-        if held.counts.is_empty() {
+        if held.counts.is_empty() && stop_if_idle {
             held.renewing = false;
             return None;
         }
@@ -157,7 +159,11 @@ impl<S: Store> Limiter<S> {
     /// While slots are held, this instance renews them every third of the shortest
     /// slot lifetime (a Tokio task; one store call per subject held). A check that
     /// admitted but whose slot nobody holds frees itself a slot lifetime later.
-    pub fn hold(self: &Arc<Self>, subject: impl Into<Subject>, decision: &Decision) -> Option<Slot> {
+    pub fn hold(
+        self: &Arc<Self>,
+        subject: impl Into<Subject>,
+        decision: &Decision,
+    ) -> Option<Slot> {
         let table = self.slot_table()?;
         let in_fallback = match decision.origin() {
             _ if !decision.is_allowed() => return None,
@@ -189,6 +195,17 @@ impl<S: Store> Limiter<S> {
         runtime.spawn(renew_while_held(limiter, every));
     }
 
+    /// One round of renewals: every subject held, one store call each; how many.
+    /// `None` (with `stop_if_idle`: the task stops) when nothing is held.
+    pub(crate) async fn renew_slots(&self, stop_if_idle: bool) -> Option<usize> {
+        let held = self.slot_table()?.to_renew(stop_if_idle)?;
+        let subjects = held.len();
+        for (key, count) in held {
+            self.renew(key, count).await;
+        }
+        Some(subjects)
+    }
+
     /// One store call per subject held: its count, for another slot lifetime.
     async fn renew(&self, key: (bool, Subject), held: u64) {
         let (in_fallback, subject) = key;
@@ -216,14 +233,8 @@ async fn renew_while_held<S: Store>(limiter: Weak<Limiter<S>>, every: Duration) 
         let Some(limiter) = limiter.upgrade() else {
             return;
         };
-        let Some(table) = limiter.slot_table() else {
+        if limiter.renew_slots(true).await.is_none() {
             return;
-        };
-        let Some(held) = table.to_renew() else {
-            return;
-        };
-        for (key, count) in held {
-            limiter.renew(key, count).await;
         }
     }
 }
@@ -265,10 +276,7 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let mut work = Box::pin(work);
-    if let Poll::Ready(()) = work
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
+    if let Poll::Ready(()) = work.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
         return;
     }
     match tokio::runtime::Handle::try_current() {

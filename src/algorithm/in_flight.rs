@@ -224,7 +224,9 @@ mod tests {
         state = hold(&gone, state.as_ref(), 10_000, Hold::Renew { held: 3 }).map(|(s, _)| s);
         assert!(!decide(&alive, state.as_ref(), 39_999).outcome.allowed);
         assert_eq!(
-            decide(&alive, state.as_ref(), 39_999).outcome.retry_after_ms,
+            decide(&alive, state.as_ref(), 39_999)
+                .outcome
+                .retry_after_ms,
             1
         );
         assert!(decide(&alive, state.as_ref(), 40_000).outcome.allowed);

@@ -200,7 +200,14 @@ where
                         limit,
                         aftercare,
                     } = *waiting;
-                    match next_step(checked, request, &mut inner, &shared.config, &limit, aftercare) {
+                    match next_step(
+                        checked,
+                        request,
+                        &mut inner,
+                        &shared.config,
+                        &limit,
+                        aftercare,
+                    ) {
                         Next::Call {
                             future,
                             headers,

@@ -137,12 +137,16 @@ impl PolicyHeaders {
             // malformed (its entry stays, so indices still match the limiter's).
             let name = StringRef::from_str(policy.name()).ok();
             if let Some(name) = name {
-                list.bare_item(name)
-                    .parameter(KeyRef::constant("q"), sf_integer(policy.limit()))
-                    .parameter(
+                let item = list
+                    .bare_item(name)
+                    .parameter(KeyRef::constant("q"), sf_integer(policy.limit()));
+                // Requests in flight have no window: their quota is requests at once.
+                if !policy.is_in_flight() {
+                    item.parameter(
                         KeyRef::constant("w"),
                         sf_integer(ceil_secs(policy.window_ms())),
                     );
+                }
             }
             parts.push(PolicyParts {
                 item: name.map(|name| {

@@ -36,7 +36,6 @@ impl<S: AdminStore> Refund<S> {
     }
 }
 
-
 impl<S> Clone for Refund<S> {
     fn clone(&self) -> Self {
         Self {

@@ -27,7 +27,8 @@ use crate::layer::{AtEnd, Config};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum BodyStyle {
-    /// A short `text/plain` sentence, e.g. `Too Many Requests: retry after 3 s`.
+    /// A short `text/plain` sentence, e.g. `Too Many Requests: rate limit 'api'
+    /// exceeded; retry after 3 s`.
     #[default]
     PlainText,
     /// `application/problem+json` (RFC 9457) with `type`, `title`, `status`, `detail`
@@ -132,10 +133,7 @@ pub(crate) fn too_many_requests(
     if grpc::is_grpc(head) {
         // The exact wait, at least 1 ms: 0 would tell a retrying client to come straight back.
         let wait_ms = decision.outcome().retry_after_ms.max(1);
-        let message = format!(
-            "rate limit '{}' exceeded; retry after {wait_ms} ms",
-            decision.policy().name()
-        );
+        let message = format!("{}; retry after {wait_ms} ms", what_denied(decision));
         let mut response =
             grpc::trailers_only(head, grpc::RESOURCE_EXHAUSTED, &message, Some(wait_ms));
         policy_headers.write(
@@ -146,22 +144,31 @@ pub(crate) fn too_many_requests(
         return response;
     }
     let retry = retry_after_secs(decision);
+    let detail = format!("{}; retry after {retry} s", what_denied(decision));
     let body = match config.body_style {
-        BodyStyle::PlainText => format!("Too Many Requests: retry after {retry} s"),
-        BodyStyle::ProblemJson => problem_json(
-            StatusCode::TOO_MANY_REQUESTS,
-            &format!(
-                "rate limit '{}' exceeded; retry after {retry} s",
-                decision.policy().name()
-            ),
-            Some(retry),
-        ),
+        BodyStyle::PlainText => format!("Too Many Requests: {detail}"),
+        BodyStyle::ProblemJson => problem_json(StatusCode::TOO_MANY_REQUESTS, &detail, Some(retry)),
     };
     let mut response = answer(StatusCode::TOO_MANY_REQUESTS, config, body);
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, HeaderValue::from(retry));
     policy_headers.write(config.header_style, &Snapshot::of(decision), headers);
     response
+}
+
+/// Which limit denied, in words a client can act on: a rate (come back later) or
+/// requests in flight (finish one first).
+fn what_denied(decision: &Decision) -> String {
+    let policy = decision.policy();
+    if policy.is_in_flight() {
+        format!(
+            "in-flight limit '{}' reached: {} requests already running",
+            policy.name(),
+            policy.limit()
+        )
+    } else {
+        format!("rate limit '{}' exceeded", policy.name())
+    }
 }
 
 /// The 503 of [`FailureMode::Closed`](crate::layer::FailureMode::Closed) when the store
@@ -327,7 +334,10 @@ mod tests {
 
     #[tokio::test]
     async fn inner_body_passes_through() {
-        let body = ResponseBody::inner(http_body_util::Full::new(Bytes::from_static(b"inner")), None);
+        let body = ResponseBody::inner(
+            http_body_util::Full::new(Bytes::from_static(b"inner")),
+            None,
+        );
         assert_eq!(body.size_hint().exact(), Some(5));
         let collected = body.collect().await.unwrap().to_bytes();
         assert_eq!(&collected[..], b"inner");

@@ -24,8 +24,8 @@ use crate::block_cache::BlockCache;
 use crate::clock::Clock;
 use crate::error::Error;
 use crate::lease::{LeaseTable, Leased};
-use crate::slot::SlotTable;
 use crate::policy::Policy;
+use crate::slot::SlotTable;
 use crate::store::{CheckNow, MemoryStore, PolicySet, Store};
 use crate::subject::Subject;
 

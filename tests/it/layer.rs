@@ -47,7 +47,7 @@ async fn denial_is_a_429_with_exact_headers_and_body() {
     assert!(h.get(X_RATELIMIT_LIMIT).is_none());
     assert_eq!(
         body_text(denied).await,
-        "Too Many Requests: retry after 7 s"
+        "Too Many Requests: rate limit 'default' exceeded; retry after 7 s"
     );
 
     // Another subject is untouched.
@@ -550,7 +550,7 @@ async fn a_bare_hyper_connection_serves_the_layer() {
     let denied = sender.send_request(send("a")).await.unwrap();
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
     // The layer's own body has an exact size, so hyper sends a Content-Length.
-    let expected = "Too Many Requests: retry after 1 s";
+    let expected = "Too Many Requests: rate limit 'default' exceeded; retry after 1 s";
     assert_eq!(
         header(denied.headers(), "content-length"),
         Some(expected.len().to_string().as_str())

@@ -17,6 +17,7 @@ mod config;
 mod conformance;
 mod flood;
 mod grpc;
+mod in_flight;
 mod layer;
 mod layer_costs;
 mod layer_promises;

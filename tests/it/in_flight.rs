@@ -1,0 +1,439 @@
+//! In-flight policies: the memory store and the Lua hold slots alike; the layer holds
+//! a slot from admission until the response body ends, is dropped mid-stream or the
+//! handler panics; instances share one count through Redis; a vanished instance's
+//! slots free themselves one slot lifetime after its last renewal, and a flushed
+//! store gets its counts back at the next renewal.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Empty};
+use redlimit::clock::Clock;
+use redlimit::clock::FakeClock;
+use redlimit::internals::{AdminStore, Backend, LimiterInternals, Operation, PolicySet};
+use redlimit::layer::ResponseBody;
+use redlimit::{Decision, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore, Subject};
+use tokio::sync::mpsc;
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+use crate::support::layer::{body_text, header, request, UserHeader, RATELIMIT_POLICY};
+use crate::support::RedisServer;
+
+const SLOT_TTL: Duration = Duration::from_secs(30);
+
+fn in_flight(limit: u32) -> Policy {
+    Policy::in_flight("running", limit, SLOT_TTL).unwrap()
+}
+
+fn redis_store(server: &RedisServer, clock: &FakeClock) -> RedisStore {
+    RedisStore::new(server.pool())
+        .client_clock(clock.clone())
+        .timeout(Duration::from_secs(5))
+}
+
+/// A small deterministic generator (64-bit LCG), so failures replay exactly.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n.max(1)
+    }
+}
+
+/// The parts of a decision both stores must agree on.
+fn seen(d: &Decision) -> (bool, u64, u64, Option<Duration>, String) {
+    (
+        d.is_allowed(),
+        d.remaining(),
+        d.outcome().reset_after_ms,
+        d.retry_after(),
+        d.policy().name().to_owned(),
+    )
+}
+
+#[tokio::test]
+async fn memory_and_redis_hold_slots_alike_for_two_holders() {
+    let server = RedisServer::start();
+    let sets: [Vec<Policy>; 3] = [
+        vec![in_flight(3)],
+        vec![
+            in_flight(2),
+            Policy::fixed_window("rate", 5, Duration::from_secs(60)).unwrap(),
+        ],
+        vec![
+            Policy::sliding_window("rate", 4, Duration::from_secs(60)).unwrap(),
+            in_flight(2).shadow(),
+        ],
+    ];
+    for (n, policies) in sets.iter().enumerate() {
+        // Two instances: two sets of the same policies, each its own holder; the
+        // memory store and Redis get the very same sets.
+        let holders: Vec<PolicySet> = (0..2)
+            .map(|_| {
+                let limiter = policies
+                    .iter()
+                    .cloned()
+                    .fold(Limiter::builder(MemoryStore::new()), |b, p| b.policy(p))
+                    .build()
+                    .unwrap();
+                limiter.policy_set().clone()
+            })
+            .collect();
+        let clock = FakeClock::new(1_700_000_000_000);
+        let memory = MemoryStore::with_clock(clock.clone());
+        let redis = redis_store(&server, &clock);
+        let subject = Subject::new(format!("in-flight-{n}"));
+        let mut rng = Lcg(n as u64 + 7);
+        let mut admitted = 0;
+        for step in 0..300 {
+            let set = &holders[rng.below(2) as usize];
+            let (op, cost) = match rng.below(10) {
+                0..=3 => (Operation::Check, 1 + rng.below(3)),
+                4..=5 => (Operation::Release, 1),
+                6 => (Operation::Renew, rng.below(4)),
+                7 => (Operation::Peek, 1),
+                8 => (Operation::Refund, 1),
+                _ => {
+                    // Up to a third of a slot lifetime, so entries expire now and then.
+                    clock.advance(Duration::from_millis(rng.below(12_000)));
+                    continue;
+                }
+            };
+            let (m, r) = if op == Operation::Check {
+                (
+                    memory.check(subject.clone(), set, cost).await,
+                    redis.check(subject.clone(), set, cost).await,
+                )
+            } else {
+                (
+                    memory.run(op, subject.clone(), set, cost).await,
+                    redis.run(op, subject.clone(), set, cost).await,
+                )
+            };
+            let (m, r) = (m.unwrap(), r.unwrap());
+            assert_eq!(seen(&m), seen(&r), "set {n}, step {step}: {op:?} {cost}");
+            if op == Operation::Check && m.is_allowed() {
+                admitted += 1;
+            }
+        }
+        assert!(admitted >= 10, "set {n}: only {admitted} admitted");
+    }
+}
+
+/// The handlers' side of the requests the tests hold open: each handler's body is fed
+/// through a channel whose sender the test takes.
+/// The handlers' senders, by the number each response carries in `x-feed`.
+#[derive(Clone, Default)]
+struct Bodies(Arc<Mutex<Vec<Option<mpsc::Sender<Bytes>>>>>);
+
+impl Bodies {
+    /// The sender of `response`'s body.
+    fn of(&self, response: &Answer) -> mpsc::Sender<Bytes> {
+        let feed: usize = header(response.headers(), "x-feed")
+            .unwrap()
+            .parse()
+            .unwrap();
+        self.0.lock().unwrap()[feed].take().unwrap()
+    }
+
+    fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    async fn handler(self, _req: Request<Empty<Bytes>>) -> Result<Response<Fed>, Infallible> {
+        let (tx, rx) = mpsc::channel(4);
+        let mut feeds = self.0.lock().unwrap();
+        feeds.push(Some(tx));
+        let mut response = Response::new(Fed(rx));
+        response
+            .headers_mut()
+            .insert("x-feed", (feeds.len() - 1).into());
+        Ok(response)
+    }
+}
+
+/// A body fed through a channel: it ends when its sender is dropped.
+struct Fed(mpsc::Receiver<Bytes>);
+
+impl Body for Fed {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|c| Ok(Frame::data(c))))
+    }
+}
+
+type Answer = Response<ResponseBody<Fed>>;
+
+/// Sends `n` requests of `user` at once through `services` in turn, and sorts the
+/// answers: the allowed responses (bodies still open) and the bodies of the refused.
+async fn at_once<T>(services: &[T], user: &str, n: usize) -> (Vec<Answer>, Vec<String>)
+where
+    T: Service<Request<Empty<Bytes>>, Response = Answer, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    T::Future: Send,
+{
+    let handles: Vec<_> = (0..n)
+        .map(|i| tokio::spawn(services[i % services.len()].clone().oneshot(request(user))))
+        .collect();
+    let mut ok = Vec::new();
+    let mut refused = Vec::new();
+    for handle in handles {
+        let response = handle.await.unwrap().unwrap();
+        if response.status() == StatusCode::OK {
+            ok.push(response);
+        } else {
+            assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(header(response.headers(), "retry-after"), Some("1"));
+            refused.push(body_text(response).await);
+        }
+    }
+    (ok, refused)
+}
+
+/// The number of `user`'s requests in flight, as a check of `limiter` would see it.
+async fn in_flight_now<S: redlimit::store::Store>(
+    limiter: &Limiter<S>,
+    user: &str,
+    limit: u64,
+) -> u64 {
+    let peek = limiter.peek(user, 1).await.unwrap();
+    if peek.is_allowed() {
+        limit - 1 - peek.remaining()
+    } else {
+        limit
+    }
+}
+
+/// Waits (a bounded number of turns of the runtime, no sleep) until `user` has
+/// `expected` requests in flight: a release to Redis runs as a task of its own, off
+/// the response's path.
+async fn settles_to<S: redlimit::store::Store>(
+    limiter: &Limiter<S>,
+    user: &str,
+    limit: u64,
+    expected: u64,
+) {
+    for _ in 0..100 {
+        if in_flight_now(limiter, user, limit).await == expected {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(in_flight_now(limiter, user, limit).await, expected);
+}
+
+/// Three slots, four requests: three pass and hold their slots until their bodies end
+/// one way or another (to the end, dropped mid-stream, dropped unread), the fourth is
+/// refused with a body that says which limit and a `Retry-After` hint of 1 s.
+async fn three_of_four_then_every_slot_comes_back<S>(limiters: Vec<Arc<Limiter<S>>>)
+where
+    S: redlimit::store::Store + Sync,
+{
+    let bodies = Bodies::default();
+    let services: Vec<_> = limiters
+        .iter()
+        .map(|limiter| {
+            let bodies = bodies.clone();
+            ServiceBuilder::new()
+                .layer(RateLimitLayer::from_shared(Arc::clone(limiter), UserHeader))
+                .service_fn(move |req| bodies.clone().handler(req))
+        })
+        .collect();
+    let (mut ok, refused) = at_once(&services, "alice", 4).await;
+    assert_eq!((ok.len(), refused.len()), (3, 1));
+    assert_eq!(
+        refused[0],
+        "Too Many Requests: in-flight limit 'running' reached: 3 requests already running; retry after 1 s"
+    );
+    assert_eq!(
+        header(ok[0].headers(), RATELIMIT_POLICY),
+        Some(r#""running";q=3"#)
+    );
+    assert_eq!(in_flight_now(&limiters[0], "alice", 3).await, 3);
+    assert_eq!(bodies.len(), 3);
+
+    // One to its end.
+    let first = ok.remove(0);
+    let feed = bodies.of(&first);
+    feed.send(Bytes::from_static(b"chunk")).await.unwrap();
+    drop(feed);
+    assert_eq!(
+        first.into_body().collect().await.unwrap().to_bytes(),
+        "chunk"
+    );
+    settles_to(&limiters[0], "alice", 3, 2).await;
+
+    // One dropped mid-stream: the client went away after a chunk.
+    let second = ok.remove(0);
+    let feed = bodies.of(&second);
+    let mut second = second.into_body();
+    feed.send(Bytes::from_static(b"chunk")).await.unwrap();
+    let chunk = second.frame().await.unwrap().unwrap();
+    assert_eq!(chunk.into_data().unwrap(), "chunk");
+    drop(second);
+    settles_to(&limiters[0], "alice", 3, 1).await;
+
+    // One dropped before a byte was read; its handler could still feed it.
+    let third = ok.remove(0);
+    let _feed = bodies.of(&third);
+    drop(third);
+    settles_to(&limiters[0], "alice", 3, 0).await;
+    for limiter in &limiters {
+        assert_eq!(limiter.held_slots(&Subject::new("alice")), 0);
+    }
+
+    // Every slot is back: three run at once again.
+    let (ok, refused) = at_once(&services, "alice", 3).await;
+    assert_eq!((ok.len(), refused.len()), (3, 0));
+}
+
+#[tokio::test]
+async fn memory_store_three_of_four_then_every_slot_comes_back() {
+    let limiter = Arc::new(Limiter::new(MemoryStore::new(), in_flight(3)));
+    three_of_four_then_every_slot_comes_back(vec![limiter]).await;
+}
+
+#[tokio::test]
+async fn two_instances_on_one_redis_share_three_slots() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(1_700_000_000_000);
+    let instances = (0..2)
+        .map(|_| Arc::new(Limiter::new(redis_store(&server, &clock), in_flight(3))))
+        .collect();
+    three_of_four_then_every_slot_comes_back(instances).await;
+    server.assert_every_key_expires().await;
+}
+
+/// A handler that panics: its slot is released as the future unwinds, on both stores.
+#[tokio::test]
+async fn a_handler_that_panics_gives_its_slot_back() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(1_700_000_000_000);
+    let memory = Arc::new(Limiter::new(MemoryStore::new(), in_flight(1)));
+    let redis = Arc::new(Limiter::new(redis_store(&server, &clock), in_flight(1)));
+    async fn panics(_req: Request<Empty<Bytes>>) -> Result<Response<Empty<Bytes>>, Infallible> {
+        panic!("the handler failed");
+    }
+    async fn check_twice<S: redlimit::store::Store + Sync>(limiter: Arc<Limiter<S>>) {
+        for _ in 0..2 {
+            let service = ServiceBuilder::new()
+                .layer(RateLimitLayer::from_shared(
+                    Arc::clone(&limiter),
+                    UserHeader,
+                ))
+                .service_fn(panics);
+            let joined = tokio::spawn(service.oneshot(request("bob"))).await;
+            assert!(joined.unwrap_err().is_panic());
+            settles_to(&limiter, "bob", 1, 0).await;
+        }
+    }
+    check_twice(memory).await;
+    check_twice(redis).await;
+}
+
+/// Instance A takes three slots and renews them once, then vanishes (its slots are
+/// never released, never renewed again). Instance B is refused until one slot
+/// lifetime after A's last renewal, to the millisecond, then admitted.
+#[tokio::test]
+async fn a_vanished_instance_s_slots_free_themselves_one_lifetime_after_its_last_renewal() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(1_700_000_000_000);
+    let a = Arc::new(Limiter::new(redis_store(&server, &clock), in_flight(3)));
+    let b = Arc::new(Limiter::new(redis_store(&server, &clock), in_flight(3)));
+    let mut slots = Vec::new();
+    for _ in 0..3 {
+        let decision = a.check("carol", 1).await.unwrap();
+        slots.push(a.hold("carol", &decision).unwrap());
+    }
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(a.renew_slots().await, 1);
+    let last_renewal = clock.now_ms();
+    // Killed: nothing of A runs any more, and its slots are never given back.
+    std::mem::forget(slots);
+    clock.advance(SLOT_TTL - Duration::from_millis(1));
+    let refused = b.check("carol", 1).await.unwrap();
+    assert!(!refused.is_allowed());
+    assert_eq!(refused.retry_after(), Some(Duration::from_millis(1)));
+    clock.set_ms(last_renewal + SLOT_TTL.as_millis() as u64);
+    let admitted = b.check("carol", 1).await.unwrap();
+    assert!(admitted.is_allowed(), "{admitted:?}");
+    assert_eq!(admitted.remaining(), 2);
+}
+
+/// The store loses every count (a flush, a failover to an empty replica): the holders'
+/// next renewal writes them back, so the over-admission lasts one renewal interval.
+#[tokio::test]
+async fn after_a_flush_the_next_renewal_restores_the_counts() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(1_700_000_000_000);
+    let a = Arc::new(Limiter::new(redis_store(&server, &clock), in_flight(2)));
+    let b = Arc::new(Limiter::new(redis_store(&server, &clock), in_flight(2)));
+    let d = a.check("dave", 1).await.unwrap();
+    let _one = a.hold("dave", &d).unwrap();
+    let d = b.check("dave", 1).await.unwrap();
+    let _two = b.hold("dave", &d).unwrap();
+    assert!(!b.check("dave", 1).await.unwrap().is_allowed());
+    let mut conn = server.conn().await;
+    let () = redlimit::redis::cmd("FLUSHALL")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Lost: one too many is admitted (unheld, it frees itself in a lifetime).
+    assert!(b.check("dave", 1).await.unwrap().is_allowed());
+    assert_eq!(a.renew_slots().await, 1);
+    assert_eq!(b.renew_slots().await, 1);
+    // Each holder wrote back what it holds: two running, none free.
+    let refused = b.check("dave", 1).await.unwrap();
+    assert!(!refused.is_allowed(), "{refused:?}");
+}
+
+/// A clock that follows tokio's (paused) time, so the memory store's slots age as the
+/// renewal task's timer runs.
+#[derive(Debug)]
+struct TokioClock(tokio::time::Instant);
+
+impl redlimit::clock::Clock for TokioClock {
+    fn now_ms(&self) -> u64 {
+        1_000_000 + self.0.elapsed().as_millis() as u64
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn held_slots_are_renewed_past_their_lifetime_and_the_renewal_stops_when_none_are_held() {
+    let store = MemoryStore::with_clock(TokioClock(tokio::time::Instant::now()));
+    let policy = Policy::in_flight("running", 1, Duration::from_secs(3)).unwrap();
+    let a = Arc::new(Limiter::new(store.clone(), policy.clone()));
+    let b = Limiter::new(store, policy);
+    let d = a.check("erin", 1).await.unwrap();
+    let slot = a.hold("erin", &d).unwrap();
+    // Ten lifetimes: renewed every second, it never frees itself.
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!b.check("erin", 1).await.unwrap().is_allowed());
+    }
+    drop(slot);
+    assert!(b.check("erin", 1).await.unwrap().is_allowed());
+    // The renewal task ends with nothing held: its weak hold on the limiter goes.
+    assert_eq!(Arc::weak_count(&a), 1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(Arc::weak_count(&a), 0);
+}
