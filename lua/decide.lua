@@ -46,8 +46,9 @@ end
 -- anything: policy i's key is keys[k0 + i], its reply integers
 -- reply[r0 + REPLY_FIELDS(i-1) + REPLY_ALLOWED..REPLY_RETRY]. Sets writes[i] (the state to write, false for
 -- none) and writes[n + i] (its TTL); raws[i] keeps the state read, when raws is
--- a table. A refund (OP_REFUND) gives the cost back first; a reset (OP_RESET)
--- reads nothing. Without a batch, each state is a GET; a batch's checks read the
+-- a table. A refund (OP_REFUND) gives the cost back first; a charge (OP_CHARGE)
+-- consumes it first whatever the limit, writes it, and decides a cost of 1; a
+-- reset (OP_RESET) reads nothing. Without a batch, each state is a GET; a batch's checks read the
 -- states the batch has written so far, else what its one MGET read (a
 -- redis.call costs more than the read), else a GET.
 local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, raws, batch)
@@ -77,14 +78,20 @@ local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, 
     if raws then
       raws[i] = raw
     end
+    local asked = cost
     if op == OP_REFUND and raw then
       local given_back = REFUND[set[b + 5]](limit, window, now, cost, raw)
       if given_back then
         redis.call("SET", key, given_back, "KEEPTTL")
         raw = given_back
       end
+    elseif op == OP_CHARGE then
+      -- Whatever the limit, shadow or not; the state may be new. Then a peek of 1.
+      local charged, ttl = CHARGE[set[b + 5]](limit, window, now, cost, raw)
+      redis.call("SET", key, charged, "PX", math.max(ttl, 1))
+      raw, asked = charged, 1
     end
-    local allowed, remaining, reset, retry, ttl, nxt = set[b + 1](limit, window, now, cost, raw)
+    local allowed, remaining, reset, retry, ttl, nxt = set[b + 1](limit, window, now, asked, raw)
     local base = r0 + REPLY_FIELDS * (i - 1)
     if allowed then
       reply[base + REPLY_ALLOWED] = 1

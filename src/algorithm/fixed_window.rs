@@ -2,7 +2,7 @@
 //! `lua/fixed_window.lua`; the state is `(window index, count)`, which the script keeps
 //! as the string `"<window>:<count>"`.
 
-use super::{window_ahead, Commit, State, Step};
+use super::{window_ahead, Commit, State, Step, MAX_DEBT};
 use crate::decision::PolicyOutcome;
 use crate::policy::Policy;
 
@@ -64,6 +64,20 @@ pub(super) fn refund(
         window,
         count: count.saturating_sub(cost),
     })
+}
+
+/// The current window's count goes up by `cost` (a new window starts at `cost`), to at
+/// most [`MAX_DEBT`] limits; kept to the window's end (counted from the time asked, as
+/// the check's). The window is the one a check would count in.
+pub(super) fn charge(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> (State, u64) {
+    let (limit, w) = (policy.limit(), policy.window_ms());
+    let (idx, count) = current(state, now, w);
+    let most = MAX_DEBT * limit;
+    let count = count.max(most.min(count.saturating_add(cost)));
+    (
+        State::FixedWindow { window: idx, count },
+        (idx + 1) * w - now,
+    )
 }
 
 #[cfg(test)]

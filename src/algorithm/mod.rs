@@ -15,8 +15,9 @@
 //! it would have: when it admits and the enforced ones do.
 //!
 //! Beside the check, [`refund`] gives back what a check consumed (the admin operation
-//! of [`Limiter::refund`](crate::Limiter::refund)); a peek is a check whose commit is
-//! dropped, and a reset forgets the state.
+//! of [`Limiter::refund`](crate::Limiter::refund)), [`charge`] consumes whatever the
+//! limit (a debt, for a request that cost more than it reserved); a peek is a check
+//! whose commit is dropped, and a reset forgets the state.
 
 use std::collections::VecDeque;
 
@@ -339,6 +340,77 @@ pub(crate) fn refund(policy: &Policy, state: Option<&State>, now: u64, cost: u64
         State::TokenBucket { tat_us } => token_bucket::refund(policy, *tat_us, now, cost),
         State::SlidingLog { stamps } => sliding_log::refund(policy, stamps, now, cost),
     }
+}
+
+/// How much a charge may leave a subject owing, in limits (a token bucket: fill times):
+/// the same [`MAX_CLOCK_BACK`], so that a charged state is never read back as foreign.
+///
+/// A charge consumes `cost` units from a policy whatever its limit, at most up to this
+/// bound, counted with what the subject already holds:
+///
+/// - fixed window: the current window's count is at most `MAX_DEBT` limits; the debt
+///   ends with the window (the next window starts at 0), so the subject is admitted
+///   again at the next window's start at the latest;
+/// - sliding window: the sliding count (the current window's count and the previous
+///   one's weighted) is at most `MAX_DEBT` limits, and every product of a count and the
+///   window stays under 2^53 (the count at most `(2^53 - 1) / window`); the current
+///   count carries into the next window as its previous one, so the subject is admitted
+///   again within the next window at the latest (by the check's own rule);
+/// - token bucket: the arrival time is at most `MAX_DEBT` fill times after now, one
+///   fill time short of what a check reads as foreign (`MAX_CLOCK_BACK + 1` fill
+///   times), so a clock may still go back a fill time after the largest charge; the
+///   subject is admitted again (a cost of 1) at most `MAX_DEBT - 1` fill times and one
+///   emission interval after the charge;
+/// - sliding log: the log keeps its last `limit` stamps, so its debt is at most one
+///   full window: `cost` is at most `limit` stamps, and the subject is admitted again
+///   one window after the charge at the latest.
+///
+/// Each state stays as close to the clock as a check's own: a window index is never
+/// moved ahead of the one a check uses, a token bucket's arrival time stays within
+/// [`MAX_CLOCK_BACK`] fill times of now, a log's newest stamp is the check's clamped
+/// now. Every number is at most `MAX_DEBT` times what a check stores, exact in Lua's
+/// doubles (policies keep limit x window under 2^53, and the sliding window is bounded
+/// apart since it multiplies counts by the window).
+pub(crate) const MAX_DEBT: u64 = MAX_CLOCK_BACK;
+
+/// Largest integer below 2^53: every product the Lua computes must stay at most this.
+pub(crate) const MAX_EXACT: u64 = (1 << 53) - 1;
+
+/// What a charge of `units` can take at most from any policy of `policies`: the units
+/// clamped to the largest [`MAX_DEBT`] bound among them, so that they are exact in the
+/// Lua's doubles. A charge of the clamped units is the same charge.
+pub(crate) fn charge_units(policies: &[Policy], units: u64) -> u64 {
+    let most = policies
+        .iter()
+        .map(|policy| MAX_DEBT * policy.limit())
+        .max()
+        .unwrap_or(0);
+    units.min(most)
+}
+
+/// The state after consuming `cost` units (any number; at most the [`MAX_DEBT`] bound
+/// is taken) whatever the limit, and how long (ms from `now`) it must be kept: a debt
+/// the checks after it see. A charge creates state when there is none; it never lowers
+/// a state. Nothing is denied.
+///
+/// - fixed window: the current window's count goes up by `cost` (a new window starts
+///   at `cost`); kept to the window's end;
+/// - sliding window: the current window's count goes up by `cost`, the windows rolled
+///   as the check rolls them; kept as the check keeps it;
+/// - token bucket: the theoretical arrival time becomes `max(tat, now) + cost` emission
+///   intervals;
+/// - sliding log: `cost` stamps at now (the log keeps its last `limit`).
+///
+/// "Now" is clamped as the check clamps it when the clock went back, and state a check
+/// reads as foreign is charged as fresh state.
+pub(crate) fn charge(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> (State, u64) {
+    let (next, ttl) = match policy.algorithm() {
+        Algorithm::FixedWindow => fixed_window::charge(policy, state, now, cost),
+        Algorithm::SlidingWindow => sliding_window::charge(policy, state, now, cost),
+        Algorithm::TokenBucket => token_bucket::charge(policy, state, now, cost),
+        Algorithm::SlidingLog => sliding_log::charge(policy, state, now, cost),
+    };
+    (next, ttl.max(1))
 }
 
 #[cfg(test)]

@@ -93,6 +93,28 @@ pub(super) fn refund(
     })
 }
 
+/// `cost` stamps at now (clamped to the newest stamp, as the check clamps it), the log
+/// keeping its last `limit`: at most `limit` stamps are pushed, so a sliding log's debt
+/// is at most one full window (the subject is admitted again one window after the
+/// charge at the latest). Kept as the check keeps what it admits. A log a check reads
+/// as foreign is charged as an empty one.
+pub(super) fn charge(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> (State, u64) {
+    let (limit, w) = (policy.limit(), policy.window_ms());
+    let empty = VecDeque::new();
+    let stamps = match state {
+        Some(State::SlidingLog { stamps }) if !ahead(stamps, now, w) => stamps,
+        _ => &empty,
+    };
+    let asked = now;
+    let now = stamps.back().map_or(now, |newest| now.max(*newest));
+    let count = usize::try_from(cost.min(limit)).unwrap_or(usize::MAX);
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let keep = stamps.len().min(limit - count);
+    let mut next: VecDeque<u64> = stamps.range(stamps.len() - keep..).copied().collect();
+    next.extend(std::iter::repeat_n(now, count));
+    (State::SlidingLog { stamps: next }, now + w - asked)
+}
+
 /// Bytes of the ring's header: the slot of its oldest stamp, big-endian.
 #[cfg(any(test, feature = "internals"))]
 const RING_HEAD: usize = 4;

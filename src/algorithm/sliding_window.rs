@@ -2,7 +2,7 @@
 //! one weighted by how much of it the sliding window still covers. The Rust twin of
 //! `lua/sliding_window.lua`; the script keeps the state as `"<window>:<prev>:<cur>"`.
 
-use super::{window_ahead, Commit, State, Step};
+use super::{window_ahead, Commit, State, Step, MAX_DEBT, MAX_EXACT};
 use crate::decision::PolicyOutcome;
 use crate::policy::Policy;
 
@@ -18,11 +18,12 @@ pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64
     if allowed {
         cur += cost;
     }
-    // No division while the previous window is empty (`limit * w / w`).
+    // No division while the previous window is empty (`limit * w / w`). A previous
+    // window charged past the limit (a debt) may weigh more than the limit: no room.
     let room = if weighted == 0 {
         limit
     } else {
-        (limit * w - weighted) / w
+        (limit * w).saturating_sub(weighted) / w
     };
     let remaining = room.saturating_sub(cur);
     // Waits are counted from the time asked, as for the fixed window.
@@ -99,6 +100,32 @@ pub(super) fn refund(
         prev,
         cur: cur.saturating_sub(cost),
     })
+}
+
+/// The current window's count goes up by `cost`, the windows rolled as the check rolls
+/// them, to at most what keeps the sliding count (`cur` and `prev` weighted) within
+/// [`MAX_DEBT`] limits and every count times the window under 2^53; kept as the check
+/// keeps what it admits.
+pub(super) fn charge(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> (State, u64) {
+    let (limit, w) = (policy.limit(), policy.window_ms());
+    let asked = now;
+    let (idx, now, prev, cur) = current(state, now, w);
+    let elapsed = now - idx * w;
+    let weighted = prev * (w - elapsed);
+    // The most counts a state may hold: `most * w` is exact in Lua.
+    let most = (MAX_DEBT * limit).min(MAX_EXACT / w);
+    let room = (most * w).saturating_sub(weighted) / w;
+    let cur = cur.max(room.min(cur.saturating_add(cost)));
+    // As the check's reset with `cur > 0`, from the time asked.
+    let ttl = (now - asked) + 2 * w - elapsed;
+    (
+        State::SlidingWindow {
+            window: idx,
+            prev,
+            cur,
+        },
+        ttl,
+    )
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Token bucket as GCRA: one theoretical arrival time (TAT) in microseconds. The Rust
 //! twin of `lua/token_bucket.lua`; the script keeps the TAT as a decimal integer.
 
-use super::{Commit, State, Step};
+use super::{Commit, State, Step, MAX_DEBT};
 use crate::decision::PolicyOutcome;
 use crate::policy::Policy;
 
@@ -62,6 +62,37 @@ pub(super) fn refund(policy: &Policy, tat_us: u64, now: u64, cost: u64) -> Optio
     let now = (now * 1_000).max(tat_us.saturating_sub(policy.limit() * t));
     let back = tat_us.saturating_sub(cost * t).max(now);
     (back < tat_us).then_some(State::TokenBucket { tat_us: back })
+}
+
+/// The theoretical arrival time becomes `max(tat, now) + cost` emission intervals, at
+/// most [`MAX_DEBT`] fill times after the time asked (a check reads state more than
+/// `MAX_CLOCK_BACK + 1` fill times ahead as foreign); kept until it has passed.
+pub(super) fn charge(
+    policy: &Policy,
+    state: Option<&State>,
+    now_ms: u64,
+    cost: u64,
+) -> (State, u64) {
+    let t = policy.emission_interval_us();
+    let tolerance = policy.limit() * t;
+    let asked = now_ms * 1_000;
+    let mut now = asked;
+    let tat = match state {
+        Some(State::TokenBucket { tat_us }) if !ahead(*tat_us, asked, tolerance) => {
+            // Clamped as the check clamps a clock that went back.
+            now = now.max(tat_us.saturating_sub(tolerance));
+            (*tat_us).max(now)
+        }
+        _ => now,
+    };
+    let most = asked + MAX_DEBT * tolerance;
+    // More than `MAX_DEBT` fills' worth cannot fit: `cost * t` stays small.
+    let cost = cost.min(MAX_DEBT * policy.limit());
+    let charged = tat.max(most.min(tat + cost * t));
+    (
+        State::TokenBucket { tat_us: charged },
+        (charged - asked).div_ceil(1_000),
+    )
 }
 
 #[cfg(test)]
