@@ -82,7 +82,7 @@ pub(super) fn charge(policy: &Policy, state: Option<&State>, now: u64, cost: u64
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{refunded_after, run};
+    use super::super::tests::{charged_after, readmitted_at, refunded_after, run};
     use super::*;
     use std::time::Duration;
 
@@ -139,6 +139,40 @@ mod tests {
             refunded_after(&fw, &[(100, 3)], 1_000, 1),
             None,
             "the window changed"
+        );
+    }
+
+    #[test]
+    fn a_charge_past_the_limit_denies_until_the_window_ends() {
+        let fw = Policy::fixed_window("fw", 5, Duration::from_secs(1)).unwrap();
+        // 3 checked, 4 charged: 7 of 5, two owed until the window ends.
+        let (charged, ttl) = charged_after(&fw, &[(100, 3)], 200, 4);
+        assert_eq!(
+            charged,
+            State::FixedWindow {
+                window: 0,
+                count: 7
+            }
+        );
+        assert_eq!(ttl, 800);
+        assert_eq!(readmitted_at(&fw, &charged, ttl, 300), 1_000);
+        // A new window starts at the cost; the debt is at most MAX_DEBT limits.
+        assert_eq!(
+            charged_after(&fw, &[(100, 3)], 1_500, 9),
+            (
+                State::FixedWindow {
+                    window: 1,
+                    count: 9
+                },
+                500
+            )
+        );
+        assert_eq!(
+            charged_after(&fw, &[], 1_500, u64::MAX).0,
+            State::FixedWindow {
+                window: 1,
+                count: 20
+            }
         );
     }
 }

@@ -454,6 +454,107 @@ pub(crate) mod tests {
         refund(policy, state.as_ref(), now, cost)
     }
 
+    /// The state after `steps` (each `(time_ms, cost)`, checks), then a charge of
+    /// `units` at `at`.
+    pub(crate) fn charged_after(
+        policy: &Policy,
+        steps: &[(u64, u64)],
+        at: u64,
+        units: u64,
+    ) -> (State, u64) {
+        let mut state = None;
+        for &(t, c) in steps {
+            if let Some(commit) = decide(policy, state.as_ref(), t, c).commit {
+                commit.apply(&mut state);
+            }
+        }
+        charge(policy, state.as_ref(), at, units)
+    }
+
+    /// When a check of 1 admits again after `charged` (written at `at` and kept `ttl`
+    /// ms): the time its denial at `at` names, checked exact, every millisecond
+    /// before it denied (never early) and the state kept at least until then.
+    pub(crate) fn readmitted_at(policy: &Policy, charged: &State, ttl: u64, at: u64) -> u64 {
+        let denied = decide(policy, Some(charged), at, 1).outcome;
+        assert!(!denied.allowed, "{policy:?}: a debt denies: {charged:?}");
+        let again = at + denied.retry_after_ms;
+        for t in at..again {
+            let step = decide(policy, Some(charged), t, 1).outcome;
+            assert!(!step.allowed, "{policy:?}: admitted at {t}, before {again}");
+        }
+        assert!(
+            decide(policy, Some(charged), again, 1).outcome.allowed,
+            "{policy:?}: not admitted at {again}, as retry_after said"
+        );
+        assert!(
+            at + ttl >= again,
+            "{policy:?}: dropped at {} before {again}",
+            at + ttl
+        );
+        again
+    }
+
+    #[test]
+    fn a_huge_charge_denies_within_the_debt_bound_and_no_longer() {
+        let s = 1_000;
+        for p in boundary_policies() {
+            let fill = p.window_ms();
+            // Fresh, partly used, and with the clock 1.5 s back of the state.
+            for (steps, at) in [
+                (&[][..], 5_300),
+                (&[(5_000, 3), (5_200, 40)][..], 5_300),
+                (&[(6_700, 10)][..], 5_200),
+            ] {
+                let (charged, ttl) = charged_after(&p, steps, at, u64::MAX);
+                // Twice is the same: the bound is reached.
+                assert_eq!(charge(&p, Some(&charged), at, u64::MAX).0, charged, "{p:?}");
+                let again = readmitted_at(&p, &charged, ttl, at);
+                let latest = match p.algorithm() {
+                    // The next window (of the stored window, when the clock is behind).
+                    Algorithm::FixedWindow => (at.max(steps.last().map_or(0, |s| s.0)) / s + 1) * s,
+                    // Within the next window.
+                    Algorithm::SlidingWindow => {
+                        (at.max(steps.last().map_or(0, |s| s.0)) / s + 2) * s
+                    }
+                    // MAX_DEBT - 1 fill times and an interval after (the clock behind
+                    // the state: the stored time first).
+                    Algorithm::TokenBucket => {
+                        let base = at.max(steps.last().map_or(0, |s| s.0));
+                        base + (MAX_DEBT - 1) * fill + p.emission_interval_us().div_ceil(1_000)
+                    }
+                    // One window.
+                    _ => at.max(steps.last().map_or(0, |s| s.0)) + s,
+                };
+                assert!(again <= latest, "{p:?} after {steps:?}: {again} > {latest}");
+                assert!(again > at, "{p:?}");
+                // Never read as foreign: a clock gone back a fill time (less, for
+                // windows: the state's own window) still sees the debt.
+                let back = match p.algorithm() {
+                    Algorithm::TokenBucket => at - fill,
+                    _ => at - at % s,
+                };
+                assert!(
+                    !decide(&p, Some(&charged), back, 1).outcome.allowed,
+                    "{p:?}: the debt read as foreign at {back}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_charge_never_lowers_a_state_and_answers_fresh_state_of_its_own() {
+        for p in boundary_policies() {
+            // A charge where there is no state makes one; one of 1 then another of 1
+            // is a charge of 2.
+            let (once, _) = charge(&p, None, 7_000, 2);
+            let (one, _) = charge(&p, None, 7_000, 1);
+            assert_eq!(charge(&p, Some(&one), 7_000, 1).0, once, "{p:?}");
+            // Foreign state (far ahead) is charged as fresh state.
+            let (far, _) = charge(&p, None, 900_000, 1);
+            assert_eq!(charge(&p, Some(&far), 7_000, 2).0, once, "{p:?}");
+        }
+    }
+
     fn admitted(outcomes: &[PolicyOutcome]) -> usize {
         outcomes.iter().filter(|o| o.allowed).count()
     }

@@ -155,7 +155,7 @@ pub(crate) fn ring_stamps(raw: &[u8], limit: u64) -> Option<VecDeque<u64>> {
 #[cfg(test)]
 mod tests {
     use super::super::refund as refund_any;
-    use super::super::tests::{refunded_after, run};
+    use super::super::tests::{charged_after, readmitted_at, refunded_after, run};
     use super::*;
     use std::time::Duration;
 
@@ -219,5 +219,37 @@ mod tests {
         );
         assert_eq!(refunded_after(&sl, &[(0, 1)], 1_000, 1), None);
         assert_eq!(refund_any(&sl, None, 0, 1), None);
+    }
+
+    #[test]
+    fn a_charge_past_the_limit_fills_the_log_for_one_window() {
+        let sl = Policy::sliding_log("sl", 3, Duration::from_secs(1)).unwrap();
+        // 5 stamps at 100: the log keeps its last 3, so the debt is one full window.
+        let (charged, ttl) = charged_after(&sl, &[(0, 1)], 100, 5);
+        assert_eq!(
+            charged,
+            State::SlidingLog {
+                stamps: VecDeque::from([100, 100, 100])
+            }
+        );
+        assert_eq!(ttl, 1_000);
+        assert_eq!(readmitted_at(&sl, &charged, ttl, 200), 1_100);
+        // Fewer than the limit keep the stamps before them.
+        assert_eq!(
+            charged_after(&sl, &[(0, 1)], 100, 1).0,
+            State::SlidingLog {
+                stamps: VecDeque::from([0, 100])
+            }
+        );
+        // A clock gone back stamps at the newest stamp, as the check does.
+        assert_eq!(
+            charged_after(&sl, &[(900, 1)], 400, 1),
+            (
+                State::SlidingLog {
+                    stamps: VecDeque::from([900, 900])
+                },
+                1_500
+            )
+        );
     }
 }

@@ -131,7 +131,7 @@ pub(super) fn charge(policy: &Policy, state: Option<&State>, now: u64, cost: u64
 #[cfg(test)]
 mod tests {
     use super::super::decide as decide_any;
-    use super::super::tests::refunded_after;
+    use super::super::tests::{charged_after, readmitted_at, refunded_after};
     use super::*;
     use std::time::Duration;
 
@@ -200,5 +200,56 @@ mod tests {
             })
         );
         assert_eq!(refunded_after(&sw, &[(100, 3)], 1_100, 1), None);
+    }
+
+    #[test]
+    fn a_charge_past_the_limit_carries_into_the_next_window() {
+        let sw = Policy::sliding_window("sw", 10, Duration::from_secs(1)).unwrap();
+        let (charged, ttl) = charged_after(&sw, &[], 500, 15);
+        assert_eq!(
+            charged,
+            State::SlidingWindow {
+                window: 0,
+                prev: 0,
+                cur: 15
+            }
+        );
+        assert_eq!(ttl, 1_500);
+        // Window 1 admits once 15 x (1 - e/1000) + 1 <= 10: e = 400.
+        assert_eq!(readmitted_at(&sw, &charged, ttl, 600), 1_400);
+        // Rolled as the check rolls: a charge in the next window keeps the debt as
+        // the previous count, and its own in the current one.
+        assert_eq!(
+            charged_after(&sw, &[(500, 4)], 1_250, 3).0,
+            State::SlidingWindow {
+                window: 1,
+                prev: 4,
+                cur: 3
+            }
+        );
+        // The sliding count is at most MAX_DEBT limits: at 1 250, 4 x 0.75 = 3 of
+        // them are the previous window's.
+        assert_eq!(
+            charged_after(&sw, &[(500, 4)], 1_250, u64::MAX).0,
+            State::SlidingWindow {
+                window: 1,
+                prev: 4,
+                cur: 37
+            }
+        );
+    }
+
+    #[test]
+    fn a_charged_count_times_the_window_stays_exact_in_lua() {
+        // limit x window just under 2^53: MAX_DEBT limits would not be exact.
+        let sw = Policy::sliding_window("sw", u32::MAX, Duration::from_secs(2_000)).unwrap();
+        let (charged, _) = charged_after(&sw, &[], 0, u64::MAX);
+        let State::SlidingWindow { cur, .. } = charged else {
+            panic!("{charged:?}")
+        };
+        assert!(cur * sw.window_ms() <= super::super::MAX_EXACT, "{cur}");
+        assert!(cur >= sw.limit(), "{cur}");
+        let next = decide_any(&sw, Some(&charged), 2_000_000, 1).outcome;
+        assert!(!next.allowed && next.remaining == 0, "{next:?}");
     }
 }

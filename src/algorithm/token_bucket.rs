@@ -97,7 +97,7 @@ pub(super) fn charge(
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{refunded_after, run};
+    use super::super::tests::{charged_after, readmitted_at, refunded_after, run};
     use super::*;
     use std::time::Duration;
 
@@ -135,5 +135,25 @@ mod tests {
             "not before now"
         );
         assert_eq!(refunded_after(&tb, &[(0, 1)], 2_000, 1), None);
+    }
+
+    #[test]
+    fn a_charge_past_the_limit_moves_the_arrival_time_past_the_tolerance() {
+        let tb = Policy::token_bucket("tb", 4, 1, Duration::from_secs(1)).unwrap();
+        // 6 from a full bucket of 4: 2 owed; one token a second.
+        let (charged, ttl) = charged_after(&tb, &[], 0, 6);
+        assert_eq!(charged, State::TokenBucket { tat_us: 6_000_000 });
+        assert_eq!(ttl, 6_000);
+        assert_eq!(readmitted_at(&tb, &charged, ttl, 0), 3_000);
+        // From max(tat, now): a bucket refilled since is charged from now.
+        assert_eq!(
+            charged_after(&tb, &[(0, 1)], 5_000, 2).0,
+            State::TokenBucket { tat_us: 7_000_000 }
+        );
+        // At most MAX_DEBT fill times ahead.
+        assert_eq!(
+            charged_after(&tb, &[(0, 4)], 1_000, u64::MAX).0,
+            State::TokenBucket { tat_us: 17_000_000 }
+        );
     }
 }
