@@ -423,7 +423,7 @@ enum Op {
 }
 
 /// The model's state as the Lua keeps it: the same text, or for a sliding log the
-/// same stamps (its ring may be turned in another place).
+/// same stamps in a ring of as many (it may be turned in another place).
 fn same_state(policy: &Policy, model: Option<&State>, raw: Option<&[u8]>) -> bool {
     let text = |state: &State| match state {
         State::FixedWindow { window, count } => Some(format!("{window}:{count}")),
@@ -434,7 +434,9 @@ fn same_state(policy: &Policy, model: Option<&State>, raw: Option<&[u8]>) -> boo
     match (model, raw) {
         (None, None) => true,
         (Some(State::SlidingLog { stamps }), Some(raw)) => {
-            crate::algorithm::sliding_log_ring_stamps(raw, policy.limit()).as_ref() == Some(stamps)
+            raw.len() == 4 + 6 * stamps.len()
+                && crate::algorithm::sliding_log_ring_stamps(raw, policy.limit()).as_ref()
+                    == Some(stamps)
         }
         (Some(state), Some(raw)) => text(state).as_deref().map(str::as_bytes) == Some(raw),
         _ => false,
