@@ -48,9 +48,9 @@ end
 -- none) and writes[n + i] (its TTL); raws[i] keeps the state read, when raws is
 -- a table. A refund (OP_REFUND) gives the cost back first; a charge (OP_CHARGE)
 -- consumes it first whatever the limit, writes it, and decides a cost of 1; a
--- reset (OP_RESET) reads nothing. Without a batch, each state is a GET; a batch's checks read the
--- states the batch has written so far, else what its one MGET read (a
--- redis.call costs more than the read), else a GET.
+-- reset (OP_RESET) reads nothing. Without a batch, each state is a GET; a
+-- batch's checks read the states the batch has written so far, else what its
+-- one MGET read (a redis.call costs more than the read), else a GET.
 local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, raws, batch)
   local all, n = true, #set / 5
   for i = 1, n do

@@ -342,8 +342,10 @@ pub(crate) fn refund(policy: &Policy, state: Option<&State>, now: u64, cost: u64
     }
 }
 
-/// How much a charge may leave a subject owing, in limits (a token bucket: fill times):
-/// the same [`MAX_CLOCK_BACK`], so that a charged state is never read back as foreign.
+/// How much a charge may leave a subject owing, in limits (a token bucket: fill times),
+/// all it has consumed and not yet paid back counted (so at most `MAX_DEBT - 1` limits
+/// past the limit): [`MAX_CLOCK_BACK`], so that a charged state is never read back as
+/// foreign (state ahead of the clock by more than that is).
 ///
 /// A charge consumes `cost` units from a policy whatever its limit, at most up to this
 /// bound, counted with what the subject already holds:
@@ -355,7 +357,7 @@ pub(crate) fn refund(policy: &Policy, state: Option<&State>, now: u64, cost: u64
 ///   one's weighted) is at most `MAX_DEBT` limits, and every product of a count and the
 ///   window stays under 2^53 (the count at most `(2^53 - 1) / window`); the current
 ///   count carries into the next window as its previous one, so the subject is admitted
-///   again within the next window at the latest (by the check's own rule);
+///   again by the end of the next window at the latest (by the check's own rule);
 /// - token bucket: the arrival time is at most `MAX_DEBT` fill times after now, one
 ///   fill time short of what a check reads as foreign (`MAX_CLOCK_BACK + 1` fill
 ///   times), so a clock may still go back a fill time after the largest charge; the
