@@ -544,7 +544,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_charge_never_lowers_a_state_and_answers_fresh_state_of_its_own() {
+    fn charges_add_up_and_foreign_state_is_charged_as_fresh() {
         for p in boundary_policies() {
             // A charge where there is no state makes one; one of 1 then another of 1
             // is a charge of 2.
