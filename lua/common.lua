@@ -3,16 +3,17 @@
 -- of src/store/redis/contract by name (the operation letters, argument
 -- positions, reply layout and algorithm codes the Rust side encodes and
 -- decodes with: OP_*, ARG_*, FIRST_*, POLICY_*, REPLY_*, LEASE_*, BATCH_*,
--- ALG_*, MAX_BACK); composed, the code has their values in place of the names
+-- ALG_*, MAX_BACK, MAX_DEBT); composed, the code has their values in place of the names
 -- (read as locals they cost every call instructions), and the library starts
 -- with the preamble generated from them. Then comes this file, then the files of the algorithms
 -- a call shape needs (of fixed_window.lua, sliding_window.lua,
 -- token_bucket.lua and sliding_log.lua, in that order; each followed by its
--- *_refund.lua only where units are given back), then decide.lua and the
--- entry point. Every script call defines the functions of its script, so a
--- limiter pays only for its own algorithms, and a check not for refunds. Each
--- algorithm file registers its decide function in DECIDE, each refund file its
--- refund function in REFUND.
+-- *_refund.lua only where units are given back, and its *_charge.lua only
+-- where units are charged), then decide.lua and the entry point. Every script
+-- call defines the functions of its script, so a limiter pays only for its own
+-- algorithms, and a check not for refunds or charges. Each algorithm file
+-- registers its decide function in DECIDE, each refund file its refund
+-- function in REFUND, each charge file its charge function in CHARGE.
 --
 -- Lua numbers are doubles: every integer below stays under 2^53 (the policies
 -- are checked for that), where doubles are exact.
@@ -28,6 +29,8 @@ local IN_FLIGHT_HOLD
 -- MAX_BACK (the preamble's, MAX_CLOCK_BACK in src/algorithm/mod.rs): how many
 -- windows (a token bucket: fill times) a clock may go back and still decide on
 -- the stored state. State further ahead of the clock is foreign, read as fresh.
+-- MAX_DEBT (MAX_DEBT in src/algorithm/mod.rs): how many limits (fill times) a
+-- charge may leave a subject owing, so that its state is never foreign.
 
 -- Floor division of non-negative integers, exact: fmod is exact in IEEE
 -- arithmetic, so a - fmod(a, b) is an exact multiple of b.

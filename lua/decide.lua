@@ -60,10 +60,11 @@ end
 -- anything: policy i's key is keys[k0 + i], its reply integers
 -- reply[r0 + REPLY_FIELDS(i-1) + REPLY_ALLOWED..REPLY_RETRY]. Sets writes[i] (the state to write, false for
 -- none) and writes[n + i] (its TTL); raws[i] keeps the state read, when raws is
--- a table. A refund (OP_REFUND) gives the cost back first; a reset (OP_RESET)
--- reads nothing. Without a batch, each state is a GET; a batch's checks read the
--- states the batch has written so far, else what its one MGET read (a
--- redis.call costs more than the read), else a GET.
+-- a table. A refund (OP_REFUND) gives the cost back first; a charge (OP_CHARGE)
+-- consumes it first whatever the limit, writes it, and decides a cost of 1; a
+-- reset (OP_RESET) reads nothing. Without a batch, each state is a GET; a
+-- batch's checks read the states the batch has written so far, else what its
+-- one MGET read (a redis.call costs more than the read), else a GET.
 local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, raws, batch)
   local all, n, holders = true, #set / 5, set.holders
   -- A release or renewal carries its holder's count where the cost goes; it
@@ -101,7 +102,8 @@ local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, 
     local allowed, remaining, reset, retry, ttl, nxt
     if holder then
       -- In flight: a release or renewal writes at once; the decision takes the
-      -- holder where the others take the cost.
+      -- holder where the others take the cost (a charge or refund of units
+      -- leaves slots alone).
       if op == OP_RELEASE or op == OP_RENEW then
         local kept, keep = IN_FLIGHT_HOLD(op, window, now, held, raw, holder)
         if kept then
@@ -113,14 +115,20 @@ local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, 
       end
       allowed, remaining, reset, retry, ttl, nxt = set[b + 1](limit, window, now, holder, raw)
     else
+      local asked = cost
       if op == OP_REFUND and raw then
         local given_back = REFUND[set[b + 5]](limit, window, now, cost, raw)
         if given_back then
           redis.call("SET", key, given_back, "KEEPTTL")
           raw = given_back
         end
+      elseif op == OP_CHARGE then
+        -- Whatever the limit, shadow or not; the state may be new. Then a peek of 1.
+        local charged, charged_ttl = CHARGE[set[b + 5]](limit, window, now, cost, raw)
+        redis.call("SET", key, charged, "PX", math.max(charged_ttl, 1))
+        raw, asked = charged, 1
       end
-      allowed, remaining, reset, retry, ttl, nxt = set[b + 1](limit, window, now, cost, raw)
+      allowed, remaining, reset, retry, ttl, nxt = set[b + 1](limit, window, now, asked, raw)
     end
     local base = r0 + REPLY_FIELDS * (i - 1)
     if allowed then

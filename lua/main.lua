@@ -12,7 +12,7 @@
 --                      lease generation key ("<TIME s><TIME us, 6 digits>", made by
 --                      the first grant, kept as long as the states, deleted by a reset)
 -- ARGV[ARG_COST]       the cost of the request
--- ARGV[ARG_OP]         admin only: OP_PEEK, OP_REFUND or OP_RESET
+-- ARGV[ARG_OP]         admin only: OP_PEEK, OP_REFUND, OP_RESET or OP_CHARGE
 -- ARGV[ARG_WANT]       leasing check only: the units wanted as a lease
 -- ARGV[ARG_BATCH]      leasing check only: the batch: the check admits only if
 --                      the cost and this many more units fit (0: the cost alone),
@@ -49,7 +49,11 @@
 -- The admin operations run the same per-algorithm code: a peek decides and
 -- writes nothing; a refund gives back the cost (the algorithm's refund
 -- function; the state only shrinks, so its key keeps its TTL) then answers as a
--- peek; a reset deletes the keys then answers as a peek on fresh state.
+-- peek; a reset deletes the keys then answers as a peek on fresh state; a
+-- charge consumes the cost from every policy whatever its limit (the algorithm's
+-- charge function, bounded by MAX_DEBT; a debt the checks after it see), writes
+-- each state with its TTL (it may be new), then answers as a peek of 1. The
+-- crate clamps a charge's cost to that bound, so it is exact too.
 --
 -- The crate is this script's only caller and builds every policy and cost
 -- valid (positive integers whose products stay below 2^53, a cost no policy
@@ -100,10 +104,10 @@ if op == OP_GIVE_BACK then
     op = OP_PEEK
   end
 end
-if not (now and cost) or not (op == OP_CHECK or op == OP_PEEK or op == OP_REFUND or op == OP_RESET or op == OP_LEASE or op == OP_RELEASE or op == OP_RENEW) then
+if not (now and cost) or not (op == OP_CHECK or op == OP_PEEK or op == OP_REFUND or op == OP_RESET or op == OP_LEASE or op == OP_CHARGE or op == OP_RELEASE or op == OP_RENEW) then
   return redis.error_reply(string.format(
-    "ERR redlimit: expected the cost, an operation (%s, %s, %s, %s or %s) and the clock in ms, got %q, %q and %q",
-    OP_PEEK, OP_REFUND, OP_RESET, OP_RELEASE, OP_RENEW, string.sub(ARGV[ARG_COST], 1, 24), string.sub(tostring(op), 1, 8),
+    "ERR redlimit: expected the cost, an operation (%s, %s, %s, %s, %s or %s) and the clock in ms, got %q, %q and %q",
+    OP_PEEK, OP_REFUND, OP_RESET, OP_CHARGE, OP_RELEASE, OP_RENEW, string.sub(ARGV[ARG_COST], 1, 24), string.sub(tostring(op), 1, 8),
     string.sub(ARGV[clock_at] or "(Redis TIME)", 1, 24)))
 end
 

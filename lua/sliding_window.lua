@@ -37,7 +37,9 @@ local function sliding_window(limit, w, now, cost, raw)
   if allowed then
     cur = cur + cost
   end
-  local remaining = idiv(limit * w - weighted, w) - cur
+  -- A previous window charged past the limit (a debt) may weigh more than the
+  -- limit: no room.
+  local remaining = idiv(math.max(limit * w - weighted, 0), w) - cur
   if remaining < 0 then
     remaining = 0
   end

@@ -2,7 +2,7 @@
 //! `lua/fixed_window.lua`; the state is `(window index, count)`, which the script keeps
 //! as the string `"<window>:<count>"`.
 
-use super::{window_ahead, Commit, State, Step};
+use super::{window_ahead, Commit, State, Step, MAX_DEBT};
 use crate::decision::PolicyOutcome;
 use crate::policy::Policy;
 
@@ -66,9 +66,23 @@ pub(super) fn refund(
     })
 }
 
+/// The current window's count goes up by `cost` (a new window starts at `cost`), to at
+/// most [`MAX_DEBT`] limits; kept to the window's end (counted from the time asked, as
+/// the check's). The window is the one a check would count in.
+pub(super) fn charge(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> (State, u64) {
+    let (limit, w) = (policy.limit(), policy.window_ms());
+    let (idx, count) = current(state, now, w);
+    let most = MAX_DEBT * limit;
+    let count = count.max(most.min(count.saturating_add(cost)));
+    (
+        State::FixedWindow { window: idx, count },
+        (idx + 1) * w - now,
+    )
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{refunded_after, run};
+    use super::super::tests::{charged_after, readmitted_at, refunded_after, run};
     use super::*;
     use std::time::Duration;
 
@@ -125,6 +139,40 @@ mod tests {
             refunded_after(&fw, &[(100, 3)], 1_000, 1),
             None,
             "the window changed"
+        );
+    }
+
+    #[test]
+    fn a_charge_past_the_limit_denies_until_the_window_ends() {
+        let fw = Policy::fixed_window("fw", 5, Duration::from_secs(1)).unwrap();
+        // 3 checked, 4 charged: 7 of 5, two owed until the window ends.
+        let (charged, ttl) = charged_after(&fw, &[(100, 3)], 200, 4);
+        assert_eq!(
+            charged,
+            State::FixedWindow {
+                window: 0,
+                count: 7
+            }
+        );
+        assert_eq!(ttl, 800);
+        assert_eq!(readmitted_at(&fw, &charged, ttl, 300), 1_000);
+        // A new window starts at the cost; the debt is at most MAX_DEBT limits.
+        assert_eq!(
+            charged_after(&fw, &[(100, 3)], 1_500, 9),
+            (
+                State::FixedWindow {
+                    window: 1,
+                    count: 9
+                },
+                500
+            )
+        );
+        assert_eq!(
+            charged_after(&fw, &[], 1_500, u64::MAX).0,
+            State::FixedWindow {
+                window: 1,
+                count: 20
+            }
         );
     }
 }

@@ -15,8 +15,9 @@
 //! it would have: when it admits and the enforced ones do.
 //!
 //! Beside the check, [`refund`] gives back what a check consumed (the admin operation
-//! of [`Limiter::refund`](crate::Limiter::refund)); a peek is a check whose commit is
-//! dropped, and a reset forgets the state.
+//! of [`Limiter::refund`](crate::Limiter::refund)), [`charge`] consumes whatever the
+//! limit (a debt, for a request that cost more than it reserved); a peek is a check
+//! whose commit is dropped, and a reset forgets the state.
 
 use std::collections::VecDeque;
 
@@ -348,6 +349,87 @@ pub(crate) fn refund(policy: &Policy, state: Option<&State>, now: u64, cost: u64
     }
 }
 
+/// How much a charge may leave a subject owing, in limits (a token bucket: fill times),
+/// all it has consumed and not yet paid back counted (so at most `MAX_DEBT - 1` limits
+/// past the limit): [`MAX_CLOCK_BACK`], so that a charged state is never read back as
+/// foreign (state ahead of the clock by more than that is).
+///
+/// A charge consumes `cost` units from a policy whatever its limit, at most up to this
+/// bound, counted with what the subject already holds:
+///
+/// - fixed window: the current window's count is at most `MAX_DEBT` limits; the debt
+///   ends with the window (the next window starts at 0), so the subject is admitted
+///   again at the next window's start at the latest;
+/// - sliding window: the sliding count (the current window's count and the previous
+///   one's weighted) is at most `MAX_DEBT` limits, and every product of a count and the
+///   window stays under 2^53 (the count at most `(2^53 - 1) / window`); the current
+///   count carries into the next window as its previous one, so the subject is admitted
+///   again by the end of the next window at the latest (by the check's own rule);
+/// - token bucket: the arrival time is at most `MAX_DEBT` fill times after now, one
+///   fill time short of what a check reads as foreign (`MAX_CLOCK_BACK + 1` fill
+///   times), so a clock may still go back a fill time after the largest charge; the
+///   subject is admitted again (a cost of 1) at most `MAX_DEBT - 1` fill times and one
+///   emission interval after the charge;
+/// - sliding log: the log keeps its last `limit` stamps, so its debt is at most one
+///   full window: `cost` is at most `limit` stamps, and the subject is admitted again
+///   one window after the charge at the latest.
+///
+/// Each state stays as close to the clock as a check's own: a window index is never
+/// moved ahead of the one a check uses, a token bucket's arrival time stays within
+/// [`MAX_CLOCK_BACK`] fill times of now, a log's newest stamp is the check's clamped
+/// now. Every number is at most `MAX_DEBT` times what a check stores, exact in Lua's
+/// doubles (policies keep limit x window under 2^53, and the sliding window is bounded
+/// apart since it multiplies counts by the window).
+pub(crate) const MAX_DEBT: u64 = MAX_CLOCK_BACK;
+
+/// Largest integer below 2^53: every product the Lua computes must stay at most this.
+pub(crate) const MAX_EXACT: u64 = (1 << 53) - 1;
+
+/// What a charge of `units` can take at most from any policy of `policies`: the units
+/// clamped to the largest [`MAX_DEBT`] bound among them, so that they are exact in the
+/// Lua's doubles. A charge of the clamped units is the same charge.
+pub(crate) fn charge_units(policies: &[Policy], units: u64) -> u64 {
+    let most = policies
+        .iter()
+        .filter(|policy| !policy.is_in_flight())
+        .map(|policy| MAX_DEBT * policy.limit())
+        .max()
+        .unwrap_or(0);
+    units.min(most)
+}
+
+/// The state after consuming `cost` units (any number; at most the [`MAX_DEBT`] bound
+/// is taken) whatever the limit, and how long (ms from `now`) it must be kept: a debt
+/// the checks after it see. A charge creates state when there is none; it never lowers
+/// a state. Nothing is denied.
+///
+/// - fixed window: the current window's count goes up by `cost` (a new window starts
+///   at `cost`); kept to the window's end;
+/// - sliding window: the current window's count goes up by `cost`, the windows rolled
+///   as the check rolls them; kept as the check keeps it;
+/// - token bucket: the theoretical arrival time becomes `max(tat, now) + cost` emission
+///   intervals;
+/// - sliding log: `cost` stamps at now (the log keeps its last `limit`).
+///
+/// "Now" is clamped as the check clamps it when the clock went back, and state a check
+/// reads as foreign is charged as fresh state.
+pub(crate) fn charge(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> (State, u64) {
+    let (next, ttl) = match policy.algorithm() {
+        Algorithm::FixedWindow => fixed_window::charge(policy, state, now, cost),
+        Algorithm::SlidingWindow => sliding_window::charge(policy, state, now, cost),
+        Algorithm::TokenBucket => token_bucket::charge(policy, state, now, cost),
+        Algorithm::SlidingLog => sliding_log::charge(policy, state, now, cost),
+        // Slots are never charged (the stores leave in-flight policies out): as it was.
+        Algorithm::InFlight => (
+            state.cloned().unwrap_or(State::InFlight {
+                holders: Vec::new(),
+            }),
+            0,
+        ),
+    };
+    (next, ttl.max(1))
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -387,6 +469,107 @@ pub(crate) mod tests {
             }
         }
         refund(policy, state.as_ref(), now, cost)
+    }
+
+    /// The state after `steps` (each `(time_ms, cost)`, checks), then a charge of
+    /// `units` at `at`.
+    pub(crate) fn charged_after(
+        policy: &Policy,
+        steps: &[(u64, u64)],
+        at: u64,
+        units: u64,
+    ) -> (State, u64) {
+        let mut state = None;
+        for &(t, c) in steps {
+            if let Some(commit) = decide(policy, state.as_ref(), t, c).commit {
+                commit.apply(&mut state);
+            }
+        }
+        charge(policy, state.as_ref(), at, units)
+    }
+
+    /// When a check of 1 admits again after `charged` (written at `at` and kept `ttl`
+    /// ms): the time its denial at `at` names, checked exact, every millisecond
+    /// before it denied (never early) and the state kept at least until then.
+    pub(crate) fn readmitted_at(policy: &Policy, charged: &State, ttl: u64, at: u64) -> u64 {
+        let denied = decide(policy, Some(charged), at, 1).outcome;
+        assert!(!denied.allowed, "{policy:?}: a debt denies: {charged:?}");
+        let again = at + denied.retry_after_ms;
+        for t in at..again {
+            let step = decide(policy, Some(charged), t, 1).outcome;
+            assert!(!step.allowed, "{policy:?}: admitted at {t}, before {again}");
+        }
+        assert!(
+            decide(policy, Some(charged), again, 1).outcome.allowed,
+            "{policy:?}: not admitted at {again}, as retry_after said"
+        );
+        assert!(
+            at + ttl >= again,
+            "{policy:?}: dropped at {} before {again}",
+            at + ttl
+        );
+        again
+    }
+
+    #[test]
+    fn a_huge_charge_denies_within_the_debt_bound_and_no_longer() {
+        let s = 1_000;
+        for p in boundary_policies() {
+            let fill = p.window_ms();
+            // Fresh, partly used, and with the clock 1.5 s back of the state.
+            for (steps, at) in [
+                (&[][..], 5_300),
+                (&[(5_000, 3), (5_200, 40)][..], 5_300),
+                (&[(6_700, 10)][..], 5_200),
+            ] {
+                let (charged, ttl) = charged_after(&p, steps, at, u64::MAX);
+                // Twice is the same: the bound is reached.
+                assert_eq!(charge(&p, Some(&charged), at, u64::MAX).0, charged, "{p:?}");
+                let again = readmitted_at(&p, &charged, ttl, at);
+                let latest = match p.algorithm() {
+                    // The next window (of the stored window, when the clock is behind).
+                    Algorithm::FixedWindow => (at.max(steps.last().map_or(0, |s| s.0)) / s + 1) * s,
+                    // Within the next window.
+                    Algorithm::SlidingWindow => {
+                        (at.max(steps.last().map_or(0, |s| s.0)) / s + 2) * s
+                    }
+                    // MAX_DEBT - 1 fill times and an interval after (the clock behind
+                    // the state: the stored time first).
+                    Algorithm::TokenBucket => {
+                        let base = at.max(steps.last().map_or(0, |s| s.0));
+                        base + (MAX_DEBT - 1) * fill + p.emission_interval_us().div_ceil(1_000)
+                    }
+                    // One window.
+                    _ => at.max(steps.last().map_or(0, |s| s.0)) + s,
+                };
+                assert!(again <= latest, "{p:?} after {steps:?}: {again} > {latest}");
+                assert!(again > at, "{p:?}");
+                // Never read as foreign: a clock gone back a fill time (less, for
+                // windows: the state's own window) still sees the debt.
+                let back = match p.algorithm() {
+                    Algorithm::TokenBucket => at - fill,
+                    _ => at - at % s,
+                };
+                assert!(
+                    !decide(&p, Some(&charged), back, 1).outcome.allowed,
+                    "{p:?}: the debt read as foreign at {back}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn charges_add_up_and_foreign_state_is_charged_as_fresh() {
+        for p in boundary_policies() {
+            // A charge where there is no state makes one; one of 1 then another of 1
+            // is a charge of 2.
+            let (once, _) = charge(&p, None, 7_000, 2);
+            let (one, _) = charge(&p, None, 7_000, 1);
+            assert_eq!(charge(&p, Some(&one), 7_000, 1).0, once, "{p:?}");
+            // Foreign state (far ahead) is charged as fresh state.
+            let (far, _) = charge(&p, None, 900_000, 1);
+            assert_eq!(charge(&p, Some(&far), 7_000, 2).0, once, "{p:?}");
+        }
     }
 
     fn admitted(outcomes: &[PolicyOutcome]) -> usize {

@@ -93,6 +93,28 @@ pub(super) fn refund(
     })
 }
 
+/// `cost` stamps at now (clamped to the newest stamp, as the check clamps it), the log
+/// keeping its last `limit`: at most `limit` stamps are pushed, so a sliding log's debt
+/// is at most one full window (the subject is admitted again one window after the
+/// charge at the latest). Kept as the check keeps what it admits. A log a check reads
+/// as foreign is charged as an empty one.
+pub(super) fn charge(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> (State, u64) {
+    let (limit, w) = (policy.limit(), policy.window_ms());
+    let empty = VecDeque::new();
+    let stamps = match state {
+        Some(State::SlidingLog { stamps }) if !ahead(stamps, now, w) => stamps,
+        _ => &empty,
+    };
+    let asked = now;
+    let now = stamps.back().map_or(now, |newest| now.max(*newest));
+    let count = usize::try_from(cost.min(limit)).unwrap_or(usize::MAX);
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let keep = stamps.len().min(limit - count);
+    let mut next: VecDeque<u64> = stamps.range(stamps.len() - keep..).copied().collect();
+    next.extend(std::iter::repeat_n(now, count));
+    (State::SlidingLog { stamps: next }, now + w - asked)
+}
+
 /// Bytes of the ring's header: the slot of its oldest stamp, big-endian.
 #[cfg(any(test, feature = "internals"))]
 const RING_HEAD: usize = 4;
@@ -133,7 +155,7 @@ pub(crate) fn ring_stamps(raw: &[u8], limit: u64) -> Option<VecDeque<u64>> {
 #[cfg(test)]
 mod tests {
     use super::super::refund as refund_any;
-    use super::super::tests::{refunded_after, run};
+    use super::super::tests::{charged_after, readmitted_at, refunded_after, run};
     use super::*;
     use std::time::Duration;
 
@@ -197,5 +219,37 @@ mod tests {
         );
         assert_eq!(refunded_after(&sl, &[(0, 1)], 1_000, 1), None);
         assert_eq!(refund_any(&sl, None, 0, 1), None);
+    }
+
+    #[test]
+    fn a_charge_past_the_limit_fills_the_log_for_one_window() {
+        let sl = Policy::sliding_log("sl", 3, Duration::from_secs(1)).unwrap();
+        // 5 stamps at 100: the log keeps its last 3, so the debt is one full window.
+        let (charged, ttl) = charged_after(&sl, &[(0, 1)], 100, 5);
+        assert_eq!(
+            charged,
+            State::SlidingLog {
+                stamps: VecDeque::from([100, 100, 100])
+            }
+        );
+        assert_eq!(ttl, 1_000);
+        assert_eq!(readmitted_at(&sl, &charged, ttl, 200), 1_100);
+        // Fewer than the limit keep the stamps before them.
+        assert_eq!(
+            charged_after(&sl, &[(0, 1)], 100, 1).0,
+            State::SlidingLog {
+                stamps: VecDeque::from([0, 100])
+            }
+        );
+        // A clock gone back stamps at the newest stamp, as the check does.
+        assert_eq!(
+            charged_after(&sl, &[(900, 1)], 400, 1),
+            (
+                State::SlidingLog {
+                    stamps: VecDeque::from([900, 900])
+                },
+                1_500
+            )
+        );
     }
 }

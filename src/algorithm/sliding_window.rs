@@ -2,7 +2,7 @@
 //! one weighted by how much of it the sliding window still covers. The Rust twin of
 //! `lua/sliding_window.lua`; the script keeps the state as `"<window>:<prev>:<cur>"`.
 
-use super::{window_ahead, Commit, State, Step};
+use super::{window_ahead, Commit, State, Step, MAX_DEBT, MAX_EXACT};
 use crate::decision::PolicyOutcome;
 use crate::policy::Policy;
 
@@ -18,11 +18,12 @@ pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64
     if allowed {
         cur += cost;
     }
-    // No division while the previous window is empty (`limit * w / w`).
+    // No division while the previous window is empty (`limit * w / w`). A previous
+    // window charged past the limit (a debt) may weigh more than the limit: no room.
     let room = if weighted == 0 {
         limit
     } else {
-        (limit * w - weighted) / w
+        (limit * w).saturating_sub(weighted) / w
     };
     let remaining = room.saturating_sub(cur);
     // Waits are counted from the time asked, as for the fixed window.
@@ -101,10 +102,36 @@ pub(super) fn refund(
     })
 }
 
+/// The current window's count goes up by `cost`, the windows rolled as the check rolls
+/// them, to at most what keeps the sliding count (`cur` and `prev` weighted) within
+/// [`MAX_DEBT`] limits and every count times the window under 2^53; kept as the check
+/// keeps what it admits.
+pub(super) fn charge(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> (State, u64) {
+    let (limit, w) = (policy.limit(), policy.window_ms());
+    let asked = now;
+    let (idx, now, prev, cur) = current(state, now, w);
+    let elapsed = now - idx * w;
+    let weighted = prev * (w - elapsed);
+    // The most counts a state may hold: `most * w` is exact in Lua.
+    let most = (MAX_DEBT * limit).min(MAX_EXACT / w);
+    let room = (most * w).saturating_sub(weighted) / w;
+    let cur = cur.max(room.min(cur.saturating_add(cost)));
+    // As the check's reset with `cur > 0`, from the time asked.
+    let ttl = (now - asked) + 2 * w - elapsed;
+    (
+        State::SlidingWindow {
+            window: idx,
+            prev,
+            cur,
+        },
+        ttl,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::decide as decide_any;
-    use super::super::tests::refunded_after;
+    use super::super::tests::{charged_after, readmitted_at, refunded_after};
     use super::*;
     use std::time::Duration;
 
@@ -173,5 +200,56 @@ mod tests {
             })
         );
         assert_eq!(refunded_after(&sw, &[(100, 3)], 1_100, 1), None);
+    }
+
+    #[test]
+    fn a_charge_past_the_limit_carries_into_the_next_window() {
+        let sw = Policy::sliding_window("sw", 10, Duration::from_secs(1)).unwrap();
+        let (charged, ttl) = charged_after(&sw, &[], 500, 15);
+        assert_eq!(
+            charged,
+            State::SlidingWindow {
+                window: 0,
+                prev: 0,
+                cur: 15
+            }
+        );
+        assert_eq!(ttl, 1_500);
+        // Window 1 admits once 15 x (1 - e/1000) + 1 <= 10: e = 400.
+        assert_eq!(readmitted_at(&sw, &charged, ttl, 600), 1_400);
+        // Rolled as the check rolls: a charge in the next window keeps the debt as
+        // the previous count, and its own in the current one.
+        assert_eq!(
+            charged_after(&sw, &[(500, 4)], 1_250, 3).0,
+            State::SlidingWindow {
+                window: 1,
+                prev: 4,
+                cur: 3
+            }
+        );
+        // The sliding count is at most MAX_DEBT limits: at 1 250, 4 x 0.75 = 3 of
+        // them are the previous window's.
+        assert_eq!(
+            charged_after(&sw, &[(500, 4)], 1_250, u64::MAX).0,
+            State::SlidingWindow {
+                window: 1,
+                prev: 4,
+                cur: 37
+            }
+        );
+    }
+
+    #[test]
+    fn a_charged_count_times_the_window_stays_exact_in_lua() {
+        // limit x window just under 2^53: MAX_DEBT limits would not be exact.
+        let sw = Policy::sliding_window("sw", u32::MAX, Duration::from_secs(2_000)).unwrap();
+        let (charged, _) = charged_after(&sw, &[], 0, u64::MAX);
+        let State::SlidingWindow { cur, .. } = charged else {
+            panic!("{charged:?}")
+        };
+        assert!(cur * sw.window_ms() <= super::super::MAX_EXACT, "{cur}");
+        assert!(cur >= sw.limit(), "{cur}");
+        let next = decide_any(&sw, Some(&charged), 2_000_000, 1).outcome;
+        assert!(!next.allowed && next.remaining == 0, "{next:?}");
     }
 }

@@ -1,7 +1,7 @@
 //! Token bucket as GCRA: one theoretical arrival time (TAT) in microseconds. The Rust
 //! twin of `lua/token_bucket.lua`; the script keeps the TAT as a decimal integer.
 
-use super::{Commit, State, Step};
+use super::{Commit, State, Step, MAX_DEBT};
 use crate::decision::PolicyOutcome;
 use crate::policy::Policy;
 
@@ -64,9 +64,40 @@ pub(super) fn refund(policy: &Policy, tat_us: u64, now: u64, cost: u64) -> Optio
     (back < tat_us).then_some(State::TokenBucket { tat_us: back })
 }
 
+/// The theoretical arrival time becomes `max(tat, now) + cost` emission intervals, at
+/// most [`MAX_DEBT`] fill times after the time asked (a check reads state more than
+/// `MAX_CLOCK_BACK + 1` fill times ahead as foreign); kept until it has passed.
+pub(super) fn charge(
+    policy: &Policy,
+    state: Option<&State>,
+    now_ms: u64,
+    cost: u64,
+) -> (State, u64) {
+    let t = policy.emission_interval_us();
+    let tolerance = policy.limit() * t;
+    let asked = now_ms * 1_000;
+    let mut now = asked;
+    let tat = match state {
+        Some(State::TokenBucket { tat_us }) if !ahead(*tat_us, asked, tolerance) => {
+            // Clamped as the check clamps a clock that went back.
+            now = now.max(tat_us.saturating_sub(tolerance));
+            (*tat_us).max(now)
+        }
+        _ => now,
+    };
+    let most = asked + MAX_DEBT * tolerance;
+    // More than `MAX_DEBT` fills' worth cannot fit: `cost * t` stays small.
+    let cost = cost.min(MAX_DEBT * policy.limit());
+    let charged = tat.max(most.min(tat + cost * t));
+    (
+        State::TokenBucket { tat_us: charged },
+        (charged - asked).div_ceil(1_000),
+    )
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{refunded_after, run};
+    use super::super::tests::{charged_after, readmitted_at, refunded_after, run};
     use super::*;
     use std::time::Duration;
 
@@ -104,5 +135,25 @@ mod tests {
             "not before now"
         );
         assert_eq!(refunded_after(&tb, &[(0, 1)], 2_000, 1), None);
+    }
+
+    #[test]
+    fn a_charge_past_the_limit_moves_the_arrival_time_past_the_tolerance() {
+        let tb = Policy::token_bucket("tb", 4, 1, Duration::from_secs(1)).unwrap();
+        // 6 from a full bucket of 4: 2 owed; one token a second.
+        let (charged, ttl) = charged_after(&tb, &[], 0, 6);
+        assert_eq!(charged, State::TokenBucket { tat_us: 6_000_000 });
+        assert_eq!(ttl, 6_000);
+        assert_eq!(readmitted_at(&tb, &charged, ttl, 0), 3_000);
+        // From max(tat, now): a bucket refilled since is charged from now.
+        assert_eq!(
+            charged_after(&tb, &[(0, 1)], 5_000, 2).0,
+            State::TokenBucket { tat_us: 7_000_000 }
+        );
+        // At most MAX_DEBT fill times ahead.
+        assert_eq!(
+            charged_after(&tb, &[(0, 4)], 1_000, u64::MAX).0,
+            State::TokenBucket { tat_us: 17_000_000 }
+        );
     }
 }

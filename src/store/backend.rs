@@ -164,6 +164,13 @@ pub enum Operation {
     /// Forget the subject's state for every policy of the set, then answer as a peek
     /// of `cost` would (on fresh state).
     Reset,
+    /// Consume `cost` units from every policy of the set (shadow ones too) whatever
+    /// the limit, a debt the checks after it see, then answer as a peek of 1 would.
+    /// Nothing is denied. `cost` is any number from 1: what a policy may owe is
+    /// bounded (`MAX_DEBT` in the algorithms' module), and more is not taken. Made
+    /// for settling a request that cost more than it reserved; state is created when
+    /// there is none.
+    Charge,
     /// In-flight policies only: one of this instance's requests ended, so its entry
     /// counts one fewer; then answer as a peek of 1. Rate policies are untouched.
     Release,
@@ -180,19 +187,21 @@ impl Operation {
             Operation::Peek => "peek",
             Operation::Refund => "refund",
             Operation::Reset => "reset",
+            Operation::Charge => "charge",
             Operation::Release => "release",
             Operation::Renew => "renew",
         }
     }
 }
 
-/// A store that also runs the admin operations (peek, refund, reset).
+/// A store that also runs the admin operations (peek, refund, reset, charge).
 ///
 /// Apart from [`Backend`] so that a store written for checks alone (a test double, a
 /// wrapper) needs nothing more.
 pub trait AdminStore: Backend {
     /// Runs `op` for `subject` under every policy of `set`. `cost` is validated as for
-    /// [`Backend::check`]; `run(Operation::Check, ..)` is `check`.
+    /// [`Backend::check`], except for [`Operation::Charge`], which takes any cost from
+    /// 1; `run(Operation::Check, ..)` is `check`.
     fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future;
 }
 

@@ -464,7 +464,7 @@ async fn bad_arguments_fail_with_an_error_that_names_them() {
     let one = ["rl:{s}:p:fw"];
     let two = ["rl:{s}:p:fw", "rl:{s}:q:sl"];
     let arguments = "expected one key per policy, then";
-    let numbers = "expected the cost, an operation (p, r, x, d or n) and the clock in ms";
+    let numbers = "expected the cost, an operation (p, r, x, o, d or n) and the clock in ms";
     let cases: &[(&[&str], &[&str], &str)] = &[
         (&[], &["1"], arguments),
         (&one, &["1", "fw", "10"], arguments),

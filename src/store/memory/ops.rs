@@ -1,5 +1,6 @@
 //! The store's operations on one entry each, under its shard's lock: the check (the
-//! request path), peek, refund and reset, and the leasing check with its give-back.
+//! request path), peek, refund, reset and charge, and the leasing check with its
+//! give-back.
 
 use std::collections::HashMap;
 use std::future::{ready, Ready};
@@ -87,7 +88,23 @@ impl MemoryStore {
             entry.keep(now, keep);
             return peek(policies, entry.states.as_slice(), now, 1);
         }
-        // Only a check creates an entry.
+        if op == Operation::Charge {
+            // A charge creates the entry too: its debt is state the checks after it see.
+            let entry = shard.find_or_insert(policies.len(), now);
+            let mut keep = 1;
+            for (policy, state) in policies.iter().zip(entry.states.as_mut_slice()) {
+                // Units, never slots.
+                if policy.is_in_flight() {
+                    continue;
+                }
+                let (next, ttl) = algorithm::charge(policy, state.as_ref(), now, cost);
+                *state = Some(next);
+                keep = keep.max(ttl);
+            }
+            entry.keep(now, Some(keep));
+            return peek(policies, entry.states.as_slice(), now, 1);
+        }
+        // Only a check and a charge create an entry.
         let Some(entry) = shard.find(policies.len(), now) else {
             drop(shard);
             let states: SmallVec<[Option<State>; 1]> = SmallVec::from_elem(None, policies.len());

@@ -29,6 +29,11 @@ impl RedisStoreInternals for RedisStore {
         let via = if script { Via::Script } else { Via::Function };
         match AdminOp::of(op) {
             None => self.call(subject, set, cost, Check).command(via),
+            Some(AdminOp::Charge) => {
+                let cost = crate::algorithm::charge_units(set.policies(), cost);
+                self.call(subject, set, cost, Admin(AdminOp::Charge))
+                    .command(via)
+            }
             Some(admin) => self.call(subject, set, cost, Admin(admin)).command(via),
         }
     }

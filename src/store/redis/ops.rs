@@ -14,6 +14,7 @@ use super::contract::reply::{decode, Reply};
 use super::link::{self, Link};
 use super::script;
 use super::RedisStore;
+use crate::algorithm;
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::store::{
@@ -81,6 +82,12 @@ impl AdminStore for RedisStore {
         let Some(admin) = AdminOp::of(op) else {
             let call = self.call(&subject, set, cost, Check);
             return Box::pin(one(Arc::clone(&self.link), call, self.settings.timeout));
+        };
+        // A charge of any size: more than its bound takes nothing more, and the Lua's
+        // numbers stay exact.
+        let cost = match admin {
+            AdminOp::Charge => algorithm::charge_units(set.policies(), cost),
+            _ => cost,
         };
         let call = self.call(&subject, set, cost, Admin(admin));
         Box::pin(one(Arc::clone(&self.link), call, self.settings.timeout))

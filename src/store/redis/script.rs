@@ -24,45 +24,58 @@ const MAIN: &str = include_str!("../../../lua/main.lua");
 const BATCH: &str = include_str!("../../../lua/batch.lua");
 
 /// Each algorithm's Lua, in the order of [`Algorithm::ALL`]: its decide function,
-/// and its refund function, composed only where units are given back.
+/// its refund function, composed only where units are given back, and its charge
+/// function, composed only where units are charged (the admin operations).
 const ALGORITHMS: [AlgorithmLua; 5] = [
     AlgorithmLua {
         check: include_str!("../../../lua/fixed_window.lua"),
         refund: include_str!("../../../lua/fixed_window_refund.lua"),
+        charge: include_str!("../../../lua/fixed_window_charge.lua"),
     },
     AlgorithmLua {
         check: include_str!("../../../lua/sliding_window.lua"),
         refund: include_str!("../../../lua/sliding_window_refund.lua"),
+        charge: include_str!("../../../lua/sliding_window_charge.lua"),
     },
     AlgorithmLua {
         check: include_str!("../../../lua/token_bucket.lua"),
         refund: include_str!("../../../lua/token_bucket_refund.lua"),
+        charge: include_str!("../../../lua/token_bucket_charge.lua"),
     },
     AlgorithmLua {
         check: include_str!("../../../lua/sliding_log.lua"),
         refund: include_str!("../../../lua/sliding_log_refund.lua"),
+        charge: include_str!("../../../lua/sliding_log_charge.lua"),
     },
     AlgorithmLua {
         check: include_str!("../../../lua/in_flight.lua"),
         // A slot's release and renewal: what in-flight policies give back.
         refund: include_str!("../../../lua/in_flight_release.lua"),
+        // Units are charged, never slots: decide.lua leaves in-flight policies out.
+        charge: "",
     },
 ];
 
 struct AlgorithmLua {
     check: &'static str,
     refund: &'static str,
+    charge: &'static str,
 }
 
 /// What the refund functions register in: declared only where they are composed.
 const REFUND_TABLE: &str = "local REFUND = {}\n";
+/// What the charge functions register in: declared only where they are composed.
+const CHARGE_TABLE: &str = "local CHARGE = {}\n";
 
-/// `common.lua`, and with `refunds` the refund table: what every composition starts
-/// with (the library after its preamble).
-fn head(refunds: bool) -> String {
+/// `common.lua`, and the refund and charge tables of an entry point that gives back
+/// or charges: what every composition starts with (the library after its preamble).
+fn head(entry: Option<Entry>) -> String {
     let mut source = String::from(COMMON);
-    if refunds {
+    if entry.is_none_or(Entry::refunds) {
         source.push_str(REFUND_TABLE);
+    }
+    if entry.is_none_or(Entry::charges) {
+        source.push_str(CHARGE_TABLE);
     }
     source
 }
@@ -137,12 +150,15 @@ impl ShapeScript {
 
     fn compose(shape: Shape) -> Self {
         let entry = shape.entry();
-        let mut source = head(entry.refunds());
+        let mut source = head(Some(entry));
         for (i, algorithm) in ALGORITHMS.iter().enumerate() {
             if shape.0 & (1 << i) != 0 {
                 source.push_str(algorithm.check);
                 if entry.refunds() {
                     source.push_str(algorithm.refund);
+                }
+                if entry.charges() {
+                    source.push_str(algorithm.charge);
                 }
             }
         }
@@ -168,7 +184,7 @@ impl ShapeScript {
 pub(super) fn batch_script() -> &'static ShapeScript {
     static SCRIPT: OnceLock<ShapeScript> = OnceLock::new();
     SCRIPT.get_or_init(|| {
-        let mut source = head(false);
+        let mut source = head(Some(Entry::Check));
         for algorithm in &ALGORITHMS {
             source.push_str(algorithm.check);
         }
@@ -215,10 +231,12 @@ impl Library {
     }
 
     fn compose() -> Self {
-        let mut code = head(true);
+        // Every entry point's: all of them.
+        let mut code = head(None);
         for algorithm in &ALGORITHMS {
             code.push_str(algorithm.check);
             code.push_str(algorithm.refund);
+            code.push_str(algorithm.charge);
         }
         code.push_str(DECIDE);
         code.push_str("local function run(KEYS, ARGV, op, first)\n");

@@ -12,7 +12,7 @@
 //! just written missing) and reports it in [`Pair::lost_state`], so a caller can tell
 //! that race from a disagreement between the stores.
 
-use redlimit::internals::{LimiterInternals, RedisStoreInternals, Store};
+use redlimit::internals::{AdminStore, LimiterInternals, Operation, RedisStoreInternals, Store};
 use std::time::Duration;
 
 use deadpool_redis::redis;
@@ -58,6 +58,9 @@ pub enum Admin {
     Refund(u32),
     /// `Limiter::reset`.
     Reset,
+    /// `Operation::Charge` of this many units, on the stores themselves (the limiter
+    /// charges only where a decision's cost went).
+    Charge(u64),
 }
 
 /// The memory and Redis stores on one fake clock, deciding for one subject.
@@ -65,6 +68,8 @@ pub struct SideBySide {
     clock: FakeClock,
     memory: Limiter<MemoryStore>,
     redis: Limiter<RedisStore>,
+    memory_store: MemoryStore,
+    redis_store: RedisStore,
     subject: Subject,
     keys: Vec<String>,
     conn: redis::aio::MultiplexedConnection,
@@ -89,8 +94,11 @@ impl SideBySide {
             .iter()
             .map(|p| store.key(&subject, redis.policy_set(), p))
             .collect();
+        let memory_store = MemoryStore::with_clock(clock.clone());
         Self {
-            memory: limiter(MemoryStore::with_clock(clock.clone()), policies),
+            memory: limiter(memory_store.clone(), policies),
+            memory_store,
+            redis_store: store,
             redis,
             clock,
             subject,
@@ -114,14 +122,7 @@ impl SideBySide {
             .check(self.subject.clone(), cost)
             .await
             .map_err(|e| format!("the Redis store failed: {e}"))?;
-        let mut stretch = redis::pipe();
-        for key in &self.keys {
-            stretch.cmd("PEXPIRE").arg(key).arg(600_000);
-        }
-        let stretched: Vec<i64> = stretch
-            .query_async(&mut self.conn)
-            .await
-            .map_err(|e| format!("PEXPIRE failed: {e}"))?;
+        let stretched = self.stretch().await?;
         // An admission (by Redis) writes every key: each must still be there.
         let lost_state = redis.is_allowed() && stretched.contains(&0);
         self.lost_state |= lost_state;
@@ -130,6 +131,19 @@ impl SideBySide {
             redis,
             lost_state,
         })
+    }
+
+    /// Stretches the subject's keys' TTLs (see the module's doc): whether each was
+    /// there (1) or not (0).
+    async fn stretch(&mut self) -> Result<Vec<i64>, String> {
+        let mut stretch = redis::pipe();
+        for key in &self.keys {
+            stretch.cmd("PEXPIRE").arg(key).arg(600_000);
+        }
+        stretch
+            .query_async(&mut self.conn)
+            .await
+            .map_err(|e| format!("PEXPIRE failed: {e}"))
     }
 
     /// [`SideBySide::step`] that fails the test unless both decisions are identical;
@@ -176,6 +190,27 @@ impl SideBySide {
                 self.memory.reset(subject.clone()).await.map(|()| None),
                 self.redis.reset(subject.clone()).await.map(|()| None),
             ),
+            Admin::Charge(units) => {
+                let set = self.memory.policy_set();
+                let memory = self
+                    .memory_store
+                    .run(Operation::Charge, subject.clone(), set, units)
+                    .await;
+                let redis = self
+                    .redis_store
+                    .run(Operation::Charge, subject.clone(), set, units)
+                    .await;
+                // A charge writes every key: each must be there.
+                match self.stretch().await {
+                    Ok(stretched) if stretched.contains(&0) => self.lost_state = true,
+                    Ok(_) => {}
+                    Err(e) => panic!("{what}: {e}"),
+                }
+                (
+                    memory.map(Some).map_err(redlimit::Error::from),
+                    redis.map(Some).map_err(redlimit::Error::from),
+                )
+            }
         };
         let memory = match memory {
             Ok(d) => d,

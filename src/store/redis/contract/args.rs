@@ -52,6 +52,12 @@ impl Entry {
     pub(crate) fn refunds(self) -> bool {
         matches!(self, Entry::Admin | Entry::GiveBack)
     }
+
+    /// Whether its Lua charges units whatever the limit: the charge functions go only
+    /// there.
+    pub(crate) fn charges(self) -> bool {
+        matches!(self, Entry::Admin)
+    }
 }
 
 /// What one call of one subject carries, whatever its shape: kept whole so the
@@ -98,6 +104,7 @@ pub(crate) enum AdminOp {
     Peek,
     Refund,
     Reset,
+    Charge,
     Release,
     Renew,
 }
@@ -110,6 +117,7 @@ impl AdminOp {
             Operation::Peek => Some(Self::Peek),
             Operation::Refund => Some(Self::Refund),
             Operation::Reset => Some(Self::Reset),
+            Operation::Charge => Some(Self::Charge),
             Operation::Release => Some(Self::Release),
             Operation::Renew => Some(Self::Renew),
         }
@@ -120,13 +128,14 @@ impl AdminOp {
             Self::Peek => OP_PEEK,
             Self::Refund => OP_REFUND,
             Self::Reset => OP_RESET,
+            Self::Charge => OP_CHARGE,
             Self::Release => OP_RELEASE,
             Self::Renew => OP_RENEW,
         }
     }
 }
 
-/// A peek, refund or reset: `cost, op, policies.., [clock]`; a reset names the
+/// A peek, refund, reset or charge: `cost, op, policies.., [clock]`; a reset names the
 /// lease generation key too, to delete it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Admin(pub(crate) AdminOp);

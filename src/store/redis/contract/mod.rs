@@ -26,6 +26,8 @@ pub(super) const OP_PEEK: &str = "p";
 pub(super) const OP_REFUND: &str = "r";
 /// Forget the subject's state, then answer as a peek on fresh state.
 pub(super) const OP_RESET: &str = "x";
+/// Consume the cost whatever the limit (a debt), then answer as a peek of 1.
+pub(super) const OP_CHARGE: &str = "o";
 /// A check that also takes a lease.
 pub(super) const OP_LEASE: &str = "l";
 /// A lease's give-back: a refund while its window and lease generation stand, else
@@ -40,7 +42,8 @@ pub(super) const OP_RENEW: &str = "n";
 
 /// Every single call's first argument: the cost.
 pub(super) const ARG_COST: usize = 1;
-/// An admin call's operation ([`OP_PEEK`], [`OP_REFUND`] or [`OP_RESET`]).
+/// An admin call's operation ([`OP_PEEK`], [`OP_REFUND`], [`OP_RESET`] or
+/// [`OP_CHARGE`]).
 pub(super) const ARG_OP: usize = 2;
 /// A leasing check's units wanted, then its batch.
 pub(super) const ARG_WANT: usize = 2;
@@ -122,6 +125,7 @@ const PREAMBLE: &[(&str, Lua)] = &[
     ("OP_PEEK", Lua::Str(OP_PEEK)),
     ("OP_REFUND", Lua::Str(OP_REFUND)),
     ("OP_RESET", Lua::Str(OP_RESET)),
+    ("OP_CHARGE", Lua::Str(OP_CHARGE)),
     ("OP_LEASE", Lua::Str(OP_LEASE)),
     ("OP_GIVE_BACK", Lua::Str(OP_GIVE_BACK)),
     ("OP_RELEASE", Lua::Str(OP_RELEASE)),
@@ -171,6 +175,7 @@ const PREAMBLE: &[(&str, Lua)] = &[
         Lua::Int(crate::algorithm::in_flight::RETRY_HINT_MS),
     ),
     ("MAX_BACK", Lua::Int(crate::algorithm::MAX_CLOCK_BACK)),
+    ("MAX_DEBT", Lua::Int(crate::algorithm::MAX_DEBT)),
 ];
 
 /// The Lua the function library starts with: [`PREAMBLE`] as locals, read by its

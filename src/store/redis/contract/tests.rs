@@ -14,6 +14,7 @@ use deadpool_redis::redis::{self, aio::MultiplexedConnection, FromRedisValue, Va
 use super::args::{Admin, AdminOp, Batch, Call, Check, GivingBack, Leasing, Request};
 use super::reply::{decode, BatchReply, LeaseReply, PolicyReply, Reply};
 use super::*;
+use crate::algorithm::State;
 use crate::internals::RedisStoreInternals;
 use crate::policy::Policy;
 use crate::store::redis::keys::lease_key_of;
@@ -409,6 +410,177 @@ fn the_preamble_defines_what_the_lua_reads_once_each() {
     for (name, value) in PREAMBLE {
         if let Lua::Str(text) = value {
             assert!(text.bytes().all(|b| b.is_ascii_alphanumeric()), "{name}");
+        }
+    }
+}
+
+/// What a trace step does, for the charge's round trip.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Check,
+    Refund,
+    Charge,
+}
+
+/// The model's state as the Lua keeps it: the same text, or for a sliding log the
+/// same stamps in a ring of as many (it may be turned in another place).
+fn same_state(policy: &Policy, model: Option<&State>, raw: Option<&[u8]>) -> bool {
+    let text = |state: &State| match state {
+        State::FixedWindow { window, count } => Some(format!("{window}:{count}")),
+        State::SlidingWindow { window, prev, cur } => Some(format!("{window}:{prev}:{cur}")),
+        State::TokenBucket { tat_us } => Some(tat_us.to_string()),
+        State::SlidingLog { .. } => None,
+        State::InFlight { holders } => Some(crate::algorithm::in_flight::encode(holders)),
+    };
+    match (model, raw) {
+        (None, None) => true,
+        (Some(State::SlidingLog { stamps }), Some(raw)) => {
+            raw.len() == 4 + 6 * stamps.len()
+                && crate::algorithm::sliding_log_ring_stamps(raw, policy.limit()).as_ref()
+                    == Some(stamps)
+        }
+        (Some(state), Some(raw)) => text(state).as_deref().map(str::as_bytes) == Some(raw),
+        _ => false,
+    }
+}
+
+#[tokio::test]
+async fn a_charge_round_trips_and_writes_the_model_s_state() {
+    use crate::algorithm::{self, charge_units};
+    let server = Server::start();
+    let mut conn = server.conn().await;
+    let ms = Duration::from_millis;
+    let sets: Vec<Arc<[Policy]>> = vec![
+        policies(),
+        vec![Policy::sliding_window("sw", 10, ms(1_000)).unwrap()].into(),
+        vec![Policy::sliding_log("sl", 4, ms(1_000)).unwrap()].into(),
+        vec![
+            Policy::fixed_window("fw", 6, ms(500)).unwrap(),
+            Policy::sliding_log("sl", 3, ms(1_000)).unwrap().shadow(),
+        ]
+        .into(),
+    ];
+    // (time, what, cost): charges fresh, past the limit, huge, after a refund, with
+    // the clock gone back, and on foreign state far ahead.
+    let steps: [(u64, Op, u64); 9] = [
+        (NOW, Op::Charge, 3),
+        (NOW, Op::Check, 2),
+        (NOW + 10, Op::Charge, 25),
+        (NOW + 20, Op::Refund, 2),
+        (NOW + 300, Op::Charge, u64::MAX),
+        (NOW + 1_200, Op::Charge, 1),
+        (NOW + 700, Op::Charge, 4),
+        (NOW + 9_000_000, Op::Check, 1),
+        (NOW + 9_000, Op::Charge, 2),
+    ];
+    for via in VIAS {
+        for (s, p) in sets.iter().enumerate() {
+            let base = format!("rt:{{charge-{via:?}-{s}}}:t:");
+            let keys: Vec<String> = p
+                .iter()
+                .map(|policy| {
+                    let mut key = base.clone();
+                    crate::store::redis::keys::push_policy_suffix(&mut key, policy);
+                    key
+                })
+                .collect();
+            let mut model: Vec<Option<State>> = vec![None; p.len()];
+            for (i, &(at, op, cost)) in steps.iter().enumerate() {
+                let what = format!("{via:?} set {s} step {i} ({op:?} {cost} at {at})");
+                let cost = match op {
+                    Op::Charge => charge_units(p, cost),
+                    _ => cost.min(p.iter().map(Policy::max_cost).min().unwrap()),
+                };
+                let shape = match op {
+                    Op::Check => None,
+                    Op::Refund => Some(AdminOp::Refund),
+                    Op::Charge => Some(AdminOp::Charge),
+                };
+                let mut ttls = vec![0; p.len()];
+                let expected: Vec<PolicyReply> = match op {
+                    Op::Check => {
+                        let (outcomes, _) = algorithm::decide_all(p, &mut model, at, cost);
+                        outcomes
+                            .iter()
+                            .map(|o| {
+                                outcome(o.allowed, o.remaining, o.reset_after_ms, o.retry_after_ms)
+                            })
+                            .collect()
+                    }
+                    Op::Refund | Op::Charge => p
+                        .iter()
+                        .zip(model.iter_mut())
+                        .zip(ttls.iter_mut())
+                        .map(|((policy, state), ttl)| {
+                            let peek = if let Op::Charge = op {
+                                let (next, keep) =
+                                    algorithm::charge(policy, state.as_ref(), at, cost);
+                                *state = Some(next);
+                                *ttl = keep;
+                                1
+                            } else {
+                                if let Some(next) =
+                                    algorithm::refund(policy, state.as_ref(), at, cost)
+                                {
+                                    *state = Some(next);
+                                }
+                                cost
+                            };
+                            let o = algorithm::decide(policy, state.as_ref(), at, peek).outcome;
+                            outcome(o.allowed, o.remaining, o.reset_after_ms, o.retry_after_ms)
+                        })
+                        .collect(),
+                };
+                let reply = match shape {
+                    None => {
+                        let mut c = call(&base, p, cost, Check);
+                        c.now_ms = Some(at);
+                        round_trip(&mut conn, &c, via).await
+                    }
+                    Some(admin) => {
+                        let mut c = call(&base, p, cost, Admin(admin));
+                        c.now_ms = Some(at);
+                        round_trip(&mut conn, &c, via).await
+                    }
+                };
+                assert_eq!(reply.0.as_slice(), expected.as_slice(), "{what}");
+                for (j, key) in keys.iter().enumerate() {
+                    if let Op::Charge = op {
+                        // Written with the model's TTL (Redis counts it in real time).
+                        let pttl: i64 = redis::cmd("PTTL")
+                            .arg(key)
+                            .query_async(&mut conn)
+                            .await
+                            .unwrap();
+                        let ttl = i64::try_from(ttls[j]).unwrap();
+                        assert!(
+                            pttl <= ttl && pttl > ttl - 1_000,
+                            "{what}: {key}: {pttl} of {ttl}"
+                        );
+                    }
+                    // Then kept as long as the model keeps it: Redis counts TTLs in
+                    // real time, the trace runs on its own clock.
+                    let _: i64 = redis::cmd("PEXPIRE")
+                        .arg(key)
+                        .arg(600_000)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                }
+                for (j, (policy, key)) in p.iter().zip(&keys).enumerate() {
+                    let raw: Option<Vec<u8>> = redis::cmd("GET")
+                        .arg(key)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    assert!(
+                        same_state(policy, model[j].as_ref(), raw.as_deref()),
+                        "{what}: {key}: the model's {:?}, Redis {:?}",
+                        model[j],
+                        raw.map(|raw| String::from_utf8_lossy(&raw).into_owned())
+                    );
+                }
+            }
         }
     }
 }

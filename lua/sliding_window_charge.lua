@@ -1,0 +1,43 @@
+-- redlimit: the sliding window's charge, composed after sliding_window.lua (and
+-- its refund) only into what charges units (the admin operations, the library).
+
+-- Charge: the current window's count goes up by cost whatever the limit, the
+-- windows rolled as the check rolls them, to at most what keeps the sliding count
+-- within MAX_DEBT limits and every count times the window under 2^53; kept as the
+-- check keeps what it admits. Translation of charge in
+-- src/algorithm/sliding_window.rs. Returns the new state and its TTL.
+local function sliding_window_charge(limit, w, now, cost, raw)
+  local idx = idiv(now, w)
+  local asked = now
+  local prev, cur = 0, 0
+  local window, p, c
+  if raw then
+    local a, b, d = string.match(raw, "^(%d+):(%d+):(%d+)$")
+    window, p, c = field(a), field(b), field(d)
+  end
+  -- The windows a check would read (see sliding_window.lua).
+  if window and window > idx + MAX_BACK then
+    window = nil
+  end
+  if window and p and c then
+    if window > idx then
+      idx = window
+      now = idx * w
+    end
+    if window == idx then
+      prev, cur = p, c
+    elseif window + 1 == idx then
+      prev = c
+    end
+  end
+  local elapsed = now - idx * w
+  local weighted = prev * (w - elapsed)
+  -- The most counts a state may hold: most * w is exact.
+  local most = math.min(MAX_DEBT * limit, idiv(9007199254740991, w))
+  local room = idiv(math.max(most * w - weighted, 0), w)
+  cur = math.max(cur, math.min(room, cur + cost))
+  -- As the check's reset with cur > 0, from the time asked.
+  return ints(idx, prev, cur), (now - asked) + 2 * w - elapsed
+end
+
+CHARGE[ALG_SLIDING_WINDOW] = sliding_window_charge
