@@ -15,6 +15,7 @@ use crate::decision::Decision;
 use crate::error::Error;
 use crate::layer::headers::{HeaderStyle, PolicyHeaders, Snapshot};
 use crate::layer::response::{self, Answer, ResponseBody};
+use crate::layer::wait::{self, Held, Settled, Start};
 use crate::layer::{Config, FailureMode, Limit, OverLimit, PendingRefund, Plan, Shared};
 use crate::limiter::CheckFuture;
 use crate::store::Store;
@@ -70,6 +71,11 @@ pin_project! {
             headers: Option<Headers>,
             refund: Option<Box<PendingRefund<S>>>,
         },
+        /// Over its limit on a layer that waits ([`OverLimit::Wait`]): held until its
+        /// time, then checked, then readying a clone of the inner service. Boxed: only
+        /// a denied request of a waiting layer gets here, and the other states stay as
+        /// small as they were.
+        Waiting { held: Box<Held<S, P, Inner, ReqBody>> },
         /// The layer answers by itself: a key rejection, a denial, a 503.
         Answered { answer: Option<Answer> },
         Done,
@@ -88,7 +94,7 @@ struct Waiting<S, P: Plan<S>, Inner, ReqBody> {
 }
 
 /// What to add to an allowed response once the inner service answers.
-struct Headers {
+pub(crate) struct Headers {
     style: HeaderStyle,
     snapshot: Snapshot,
     policies: Arc<PolicyHeaders>,
@@ -130,12 +136,29 @@ where
         checked: Result<Decision, Error>,
         request: Request<ReqBody>,
         inner: &mut Inner,
-        shared: &Shared<S, P>,
+        shared: &Arc<Shared<S, P>>,
         limit: &Limit<S>,
         refund: Option<Box<PendingRefund<S>>>,
-    ) -> Self {
+    ) -> Self
+    where
+        Inner: Clone,
+    {
         let next = next_step(checked, request, inner, &shared.config, limit, refund);
         let state = match next {
+            Next::Wait {
+                decision,
+                request,
+                refund,
+            } => {
+                // The service `poll_ready` readied is dropped, so the waiting request
+                // holds nothing of it (a concurrency permit, a buffer slot); the
+                // service keeps a fresh clone for the next request, and the request a
+                // clone of its own, readied only once it is admitted.
+                let fresh = inner.clone();
+                drop(std::mem::replace(inner, fresh));
+                let mine = inner.clone();
+                Self::held(wait::hold(decision, request, refund, mine, shared, limit))
+            }
             Next::Call {
                 future,
                 headers,
@@ -150,6 +173,15 @@ where
             },
         };
         Self { state }
+    }
+
+    fn held(start: Start<Box<Held<S, P, Inner, ReqBody>>>) -> State<S, P, Inner, ReqBody> {
+        match start {
+            Start::Held(held) => State::Waiting { held },
+            Start::Answer(answer) => State::Answered {
+                answer: Some(answer),
+            },
+        }
     }
 
     /// No limit applies: the inner call, untouched.
@@ -177,7 +209,7 @@ impl<S, P, Inner, ReqBody, ResBody> Future for ResponseFuture<S, P, Inner, ReqBo
 where
     S: Store,
     P: Plan<S>,
-    Inner: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
 {
     type Output = Result<Response<ResponseBody<ResBody>>, Inner::Error>;
 
@@ -214,8 +246,40 @@ where
                         Next::Answer(answer) => {
                             return Poll::Ready(Ok(answer.map(ResponseBody::full)));
                         }
+                        Next::Wait {
+                            decision,
+                            request,
+                            refund,
+                        } => {
+                            // The readied service is dropped here: the request waits
+                            // with an unreadied clone (see `at_once`).
+                            let mine = inner.clone();
+                            drop(inner);
+                            let start =
+                                wait::hold(decision, request, refund, mine, &shared, &limit);
+                            state.set(Self::held(start));
+                        }
                     }
                 }
+                StateProj::Waiting { held } => match ready!(held.poll_settle(cx)) {
+                    Ok(Settled::Call {
+                        future,
+                        headers,
+                        refund,
+                    }) => state.set(State::Calling {
+                        future,
+                        headers,
+                        refund,
+                    }),
+                    Ok(Settled::Answer(answer)) => {
+                        state.set(State::Done);
+                        return Poll::Ready(Ok(answer.map(ResponseBody::full)));
+                    }
+                    Err(error) => {
+                        state.set(State::Done);
+                        return Poll::Ready(Err(error));
+                    }
+                },
                 StateProj::Calling {
                     future,
                     headers,
@@ -250,32 +314,89 @@ where
     }
 }
 
-/// What follows a check: the inner call, or an answer of the layer's own.
-enum Next<F, R> {
+/// What follows a check: the inner call, an answer of the layer's own, or a wait.
+enum Next<F, R, ReqBody> {
     Call {
         future: F,
         headers: Option<Headers>,
         refund: Option<R>,
     },
     Answer(Answer),
+    /// Denied on a layer that waits: the caller holds it ([`wait::hold`]).
+    Wait {
+        decision: Decision,
+        request: Request<ReqBody>,
+        refund: Option<R>,
+    },
 }
 
 /// Acts on the limiter's answer: calls `inner` when allowed or when the store failed and
 /// the failure mode is open, with the [`Decision`] in the request's extensions either
 /// way (so an `Extension<Decision>` handler runs as written during an outage); answers
-/// otherwise. `refund` is kept only for an allowed request, and learns who took its
-/// cost (the store or the fallback); one that failed open consumed nothing.
+/// otherwise, or hands a denial on a layer that waits back to be held. `refund` is kept
+/// only for an allowed request, and learns who took its cost (the store or the
+/// fallback); one that failed open consumed nothing.
 fn next_step<S, Inner, ReqBody>(
     checked: Result<Decision, Error>,
-    mut request: Request<ReqBody>,
+    request: Request<ReqBody>,
     inner: &mut Inner,
     config: &Config,
     limit: &Limit<S>,
-    mut refund: Option<Box<PendingRefund<S>>>,
-) -> Next<Inner::Future, Box<PendingRefund<S>>>
+    refund: Option<Box<PendingRefund<S>>>,
+) -> Next<Inner::Future, Box<PendingRefund<S>>, ReqBody>
 where
     Inner: Service<Request<ReqBody>>,
 {
+    match verdict(checked, request, config, limit, refund, true) {
+        Verdict::Pass {
+            request,
+            headers,
+            refund,
+        } => Next::Call {
+            future: inner.call(request),
+            headers,
+            refund,
+        },
+        Verdict::Answer(answer) => Next::Answer(answer),
+        Verdict::Over {
+            decision,
+            request,
+            refund,
+        } => Next::Wait {
+            decision,
+            request,
+            refund,
+        },
+    }
+}
+
+/// What the layer makes of a check: pass the request on (its [`Decision`] in its
+/// extensions, the headers its response gets, the refund it keeps), answer it, or, on a
+/// layer that waits and when `may_wait`, hand a denial back to be held.
+pub(crate) enum Verdict<ReqBody, R> {
+    Pass {
+        request: Request<ReqBody>,
+        headers: Option<Headers>,
+        refund: Option<R>,
+    },
+    Answer(Answer),
+    Over {
+        decision: Decision,
+        request: Request<ReqBody>,
+        refund: Option<R>,
+    },
+}
+
+/// [`next_step`] up to the inner call: shared with a held request's check at its time
+/// (`may_wait` false there: it places itself again on its own).
+pub(crate) fn verdict<S, ReqBody>(
+    checked: Result<Decision, Error>,
+    mut request: Request<ReqBody>,
+    config: &Config,
+    limit: &Limit<S>,
+    mut refund: Option<Box<PendingRefund<S>>>,
+    may_wait: bool,
+) -> Verdict<ReqBody, Box<PendingRefund<S>>> {
     let policies = &limit.headers;
     let passing = |decision: &Decision| {
         (config.headers_on_allowed && !config.header_style.is_none()).then(|| Headers {
@@ -301,9 +422,16 @@ where
             request.extensions_mut().insert(decision);
             (headers, None)
         }
+        Ok(decision) if may_wait && matches!(config.over_limit, OverLimit::Wait(_)) => {
+            return Verdict::Over {
+                decision,
+                request,
+                refund,
+            };
+        }
         Ok(decision) => {
             let (head, _body) = request.into_parts();
-            return Next::Answer(response::too_many_requests(
+            return Verdict::Answer(response::too_many_requests(
                 &head, &decision, config, policies,
             ));
         }
@@ -312,7 +440,7 @@ where
             crate::telemetry::layer_failed(&error, open);
             if !open {
                 let (head, _body) = request.into_parts();
-                return Next::Answer(response::unavailable(&head, config));
+                return Verdict::Answer(response::unavailable(&head, config));
             }
             // No RateLimit headers: there are no figures to send, and made-up ones
             // would mislead a client.
@@ -327,11 +455,11 @@ where
             // failure mode, and nothing consumed.
             crate::telemetry::impossible_cost(&error);
             let (head, _body) = request.into_parts();
-            return Next::Answer(response::impossible_cost(&head, &error, config, policies));
+            return Verdict::Answer(response::impossible_cost(&head, &error, config, policies));
         }
     };
-    Next::Call {
-        future: inner.call(request),
+    Verdict::Pass {
+        request,
         headers,
         refund,
     }
