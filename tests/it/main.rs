@@ -20,6 +20,7 @@ mod grpc;
 mod layer;
 mod layer_costs;
 mod layer_promises;
+mod layer_wait;
 mod leases;
 mod outages;
 mod properties;
