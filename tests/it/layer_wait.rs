@@ -45,16 +45,7 @@ fn waiting(max_wait_ms: u64) -> OverLimit {
 
 /// The handler: answers 200 with the time it ran (ms of `clock` since it was made) in
 /// `x-at`, and the remaining units of its decision in `x-remaining`.
-fn stamping(
-    clock: TokioClock,
-) -> impl Service<
-    Request<Empty<Bytes>>,
-    Response = Response<Full<Bytes>>,
-    Error = Infallible,
-    Future = Ready<Result<Response<Full<Bytes>>, Infallible>>,
-> + Clone
-       + Send
-       + 'static {
+fn stamping(clock: TokioClock) -> impl Handler {
     tower::service_fn(move |req: Request<Empty<Bytes>>| {
         let decision = req.extensions().get::<Decision>().cloned().unwrap();
         let mut response = Response::new(Full::from("ok"));
@@ -67,6 +58,31 @@ fn stamping(
         assert!(decision.is_allowed(), "the handler only sees admissions");
         std::future::ready(Ok(response))
     })
+}
+
+/// The handler's service type.
+trait Handler:
+    Service<
+        Request<Empty<Bytes>>,
+        Response = Response<Full<Bytes>>,
+        Error = Infallible,
+        Future = Ready<Result<Response<Full<Bytes>>, Infallible>>,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<T> Handler for T where
+    T: Service<
+            Request<Empty<Bytes>>,
+            Response = Response<Full<Bytes>>,
+            Error = Infallible,
+            Future = Ready<Result<Response<Full<Bytes>>, Infallible>>,
+        > + Clone
+        + Send
+        + 'static
+{
 }
 
 /// What one request came to: its status, when it was admitted (the handler's time) or
@@ -443,91 +459,48 @@ async fn a_waiting_request_holds_nothing_of_the_inner_service() {
         readied: false,
         clock: clock.clone(),
     };
-    let mut memory = ServiceBuilder::new()
+    let memory = ServiceBuilder::new()
         .layer(RateLimitLayer::new(memory, UserHeader).over_limit(waiting(500)))
         .service(inner.clone());
-    let mut slow = ServiceBuilder::new()
+    let slow = ServiceBuilder::new()
         .layer(RateLimitLayer::new(slow, UserHeader).over_limit(waiting(500)))
         .service(inner);
-    for (name, svc) in [
-        ("memory", &mut memory as &mut dyn AnyService),
-        ("slow", &mut slow as &mut dyn AnyService),
-    ] {
-        let start = clock.elapsed_ms();
-        let first = svc.send(request(name)).await;
-        assert_eq!(first.status(), StatusCode::OK);
-        // The second waits; the service that readied for it is still alive here.
-        let mut second = svc.start(request(name)).await;
-        for _ in 0..3 {
-            assert!(poll_once(&mut second).is_none(), "{name}: still waiting");
-            tokio::task::yield_now().await;
-        }
-        assert_eq!(
-            held.load(Ordering::SeqCst),
-            0,
-            "{name}: a readiness is held"
-        );
-        let second = second.await.unwrap();
-        assert_eq!(second.status(), StatusCode::OK, "{name}");
-        assert_eq!(
-            header(second.headers(), "x-at")
-                .unwrap()
-                .parse::<u64>()
-                .unwrap()
-                - start,
-            100,
-            "{name}"
-        );
-        assert_eq!(held.load(Ordering::SeqCst), 0, "{name}");
-    }
+    holds_nothing_while_waiting("memory", memory, &held, &clock).await;
+    holds_nothing_while_waiting("slow", slow, &held, &clock).await;
 }
 
-type BoxedResponse = std::pin::Pin<
-    Box<
-        dyn Future<
-                Output = Result<Response<redlimit::layer::ResponseBody<Full<Bytes>>>, Infallible>,
-            > + Send,
-    >,
->;
-
-/// Both services of the test above behind one face.
-trait AnyService {
-    /// Readies the service and calls it; the future is the caller's.
-    fn start(
-        &mut self,
-        request: Request<Empty<Bytes>>,
-    ) -> std::pin::Pin<Box<dyn Future<Output = BoxedResponse> + '_>>;
-
-    fn send(
-        &mut self,
-        request: Request<Empty<Bytes>>,
-    ) -> std::pin::Pin<
-        Box<dyn Future<Output = Response<redlimit::layer::ResponseBody<Full<Bytes>>>> + '_>,
-    > {
-        Box::pin(async move { self.start(request).await.await.unwrap() })
-    }
-}
-
-impl<Svc> AnyService for Svc
-where
-    Svc: Service<
-        Request<Empty<Bytes>>,
-        Response = Response<redlimit::layer::ResponseBody<Full<Bytes>>>,
-        Error = Infallible,
-    >,
-    Svc::Future: Send + 'static,
+/// The second of two requests waits on `svc`, kept alive meanwhile: no instance of the
+/// inner service holds a readiness until it is admitted at 100 ms.
+async fn holds_nothing_while_waiting<Svc, B>(
+    name: &str,
+    mut svc: Svc,
+    held: &AtomicUsize,
+    clock: &TokioClock,
+) where
+    Svc: Service<Request<Empty<Bytes>>, Response = Response<B>, Error = Infallible>,
+    Svc::Future: Unpin,
 {
-    fn start(
-        &mut self,
-        request: Request<Empty<Bytes>>,
-    ) -> std::pin::Pin<Box<dyn Future<Output = BoxedResponse> + '_>> {
-        Box::pin(async move {
-            std::future::poll_fn(|cx| self.poll_ready(cx))
-                .await
-                .unwrap();
-            Box::pin(self.call(request)) as BoxedResponse
-        })
+    let start = clock.elapsed_ms();
+    svc.ready().await.unwrap();
+    let first = svc.call(request(name)).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    svc.ready().await.unwrap();
+    let mut second = svc.call(request(name));
+    for _ in 0..3 {
+        assert!(poll_once(&mut second).is_none(), "{name}: still waiting");
+        tokio::task::yield_now().await;
     }
+    assert_eq!(
+        held.load(Ordering::SeqCst),
+        0,
+        "{name}: a readiness is held"
+    );
+    let second = second.await.unwrap();
+    assert_eq!(second.status(), StatusCode::OK, "{name}");
+    let at: u64 = header(second.headers(), "x-at").unwrap().parse().unwrap();
+    assert_eq!(at - start, 100, "{name}");
+    assert_eq!(held.load(Ordering::SeqCst), 0, "{name}");
+    drop(svc);
 }
 
 /// Polls a future once with a waker that does nothing; `Some` if it completed.
