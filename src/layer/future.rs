@@ -336,6 +336,7 @@ enum Next<F, R, ReqBody> {
 /// otherwise, or hands a denial on a layer that waits back to be held. `refund` is kept
 /// only for an allowed request, and learns who took its cost (the store or the
 /// fallback); one that failed open consumed nothing.
+#[inline]
 fn next_step<S, Inner, ReqBody>(
     checked: Result<Decision, Error>,
     request: Request<ReqBody>,
@@ -389,6 +390,7 @@ pub(crate) enum Verdict<ReqBody, R> {
 
 /// [`next_step`] up to the inner call: shared with a held request's check at its time
 /// (`may_wait` false there: it places itself again on its own).
+#[inline]
 pub(crate) fn verdict<S, ReqBody>(
     checked: Result<Decision, Error>,
     mut request: Request<ReqBody>,

@@ -478,9 +478,11 @@ where
                     let peeked = ready!(peek.as_mut().poll(cx));
                     match peeked {
                         Ok(decision) => {
-                            let wait_ms = decision
-                                .retry_after()
-                                .map_or(0, |_| decision.outcome().retry_after_ms);
+                            let wait_ms = if decision.is_allowed() {
+                                0
+                            } else {
+                                decision.outcome().retry_after_ms
+                            };
                             if !decision.is_allowed() {
                                 // Its 429 names the time its place would have come.
                                 self.denial = decision;
