@@ -424,7 +424,7 @@ pub(crate) fn verdict<S, ReqBody>(
             request.extensions_mut().insert(decision);
             (headers, None)
         }
-        Ok(decision) if may_wait && matches!(config.over_limit, OverLimit::Wait(_)) => {
+        Ok(decision) if may_wait && wait::may_wait(config, &decision) => {
             return Verdict::Over {
                 decision,
                 request,
@@ -432,6 +432,12 @@ pub(crate) fn verdict<S, ReqBody>(
             };
         }
         Ok(decision) => {
+            if may_wait && matches!(config.over_limit, OverLimit::Wait(_)) {
+                // Its time is past `max_wait` already: refused before anything is made
+                // for a wait (a flood over the limit costs what it costs a refusing
+                // layer).
+                crate::telemetry::waited(&decision, crate::layer::WaitOutcome::Refused);
+            }
             let (head, _body) = request.into_parts();
             return Verdict::Answer(response::too_many_requests(
                 &head, &decision, config, policies,

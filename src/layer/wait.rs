@@ -25,7 +25,7 @@ use crate::decision::Decision;
 use crate::error::Error;
 use crate::layer::future::{verdict, Headers, Verdict};
 use crate::layer::response::{self, Answer};
-use crate::layer::{Limit, PendingRefund, Pick, Plan, Shared};
+use crate::layer::{Config, Limit, OverLimit, PendingRefund, Pick, Plan, Shared};
 use crate::limiter::{CheckFuture, Limiter};
 use crate::store::{AdminStore, Store};
 use crate::subject::Subject;
@@ -334,6 +334,18 @@ type SettleResult<Inner, ReqBody, S> = Result<
     Settled<<Inner as Service<Request<ReqBody>>>::Future, S>,
     <Inner as Service<Request<ReqBody>>>::Error,
 >;
+
+/// Whether a denial on this layer may wait at all: the layer waits and the denial's own
+/// time comes within `max_wait` (a waiter's place is never earlier than that).
+#[inline]
+pub(crate) fn may_wait(config: &Config, denial: &Decision) -> bool {
+    match config.over_limit {
+        OverLimit::Wait(wait) => {
+            Duration::from_millis(denial.outcome().retry_after_ms) <= wait.max_wait
+        }
+        OverLimit::Refuse | OverLimit::Degrade => false,
+    }
+}
 
 /// What becomes of a request denied on a layer that waits: held, or answered at once.
 pub(crate) enum Start<H> {
