@@ -72,6 +72,7 @@ pub(crate) mod response;
 mod rules;
 pub(crate) mod service;
 mod tiers;
+mod wait;
 
 pub(crate) use middleware::{Config, Shared};
 pub use middleware::{FailureMode, OverLimit};
@@ -80,6 +81,8 @@ pub(crate) use plan::{Limit, Pick, Sealed};
 pub(crate) use refund::{Aftercare, AtEnd, Refund};
 pub use rules::{RuleError, Rules, RulesBuilder};
 pub use tiers::Tiers;
+pub(crate) use wait::Outcome as WaitOutcome;
+pub use wait::Wait;
 
 pub use crate::layer::future::ResponseFuture;
 pub use crate::layer::headers::HeaderStyle;

@@ -16,6 +16,7 @@
 //! | `redlimit_refused_costs_total` | counter | `reason` (zero, too_high): requests the layer refused because no policy can take their cost |
 //! | `redlimit_refunds_total` | counter | `outcome` (done, failed): refunds the layer made for [`refund_on`](crate::RateLimitLayer::refund_on) |
 //! | `redlimit_degraded_total` | counter | `policy` (the one that denied): requests over their limit the layer let through for a lesser answer ([`OverLimit::Degrade`](crate::layer::OverLimit::Degrade)) |
+//! | `redlimit_waited_total` | counter | `policy` (the one that first denied), `outcome` (admitted, refused, failed, cancelled): requests over their limit on a layer that waits ([`OverLimit::Wait`](crate::layer::OverLimit::Wait)), once each |
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -149,6 +150,25 @@ pub(crate) fn degraded(decision: &Decision) {
     metrics::counter!(
         "redlimit_degraded_total",
         "policy" => decision.denied_by().unwrap_or_default().to_owned(),
+    )
+    .increment(1);
+}
+
+/// A request over its limit on a layer that waits (`OverLimit::Wait`) came to
+/// `outcome`: admitted at its time, refused (at once or at its deadline), decided by the
+/// failure mode (the store failed while it waited), or cancelled (its client left).
+pub(crate) fn waited(denial: &Decision, outcome: crate::layer::WaitOutcome) {
+    tracing::debug!(
+        policy = denial.policy().name(),
+        outcome = outcome.as_str(),
+        retry_after_ms = denial.outcome().retry_after_ms,
+        "rate-limit exceeded; waited"
+    );
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "redlimit_waited_total",
+        "policy" => denial.policy().name().to_owned(),
+        "outcome" => outcome.as_str(),
     )
     .increment(1);
 }

@@ -15,6 +15,7 @@ use crate::decision::Decision;
 use crate::error::Error;
 use crate::layer::headers::{HeaderStyle, PolicyHeaders, Snapshot};
 use crate::layer::response::{self, Answer, ResponseBody};
+use crate::layer::wait::{self, Held, Settled, Start};
 use crate::layer::{Aftercare, Config, FailureMode, Limit, OverLimit, Plan, Shared};
 use crate::limiter::CheckFuture;
 use crate::store::Store;
@@ -71,6 +72,11 @@ pin_project! {
             headers: Option<Headers>,
             aftercare: Option<Box<Aftercare<S>>>,
         },
+        /// Over its limit on a layer that waits ([`OverLimit::Wait`]): held until its
+        /// time, then checked, then readying a clone of the inner service. Boxed: only
+        /// a denied request of a waiting layer gets here, and the other states stay as
+        /// small as they were.
+        Waiting { held: Box<Held<S, P, Inner, ReqBody>> },
         /// The layer answers by itself: a key rejection, a denial, a 503.
         Answered { answer: Option<Answer> },
         Done,
@@ -89,7 +95,7 @@ struct Waiting<S, P: Plan<S>, Inner, ReqBody> {
 }
 
 /// What to add to an allowed response once the inner service answers.
-struct Headers {
+pub(crate) struct Headers {
     style: HeaderStyle,
     snapshot: Snapshot,
     policies: Arc<PolicyHeaders>,
@@ -131,12 +137,31 @@ where
         checked: Result<Decision, Error>,
         request: Request<ReqBody>,
         inner: &mut Inner,
-        shared: &Shared<S, P>,
+        shared: &Arc<Shared<S, P>>,
         limit: &Limit<S>,
         aftercare: Option<Box<Aftercare<S>>>,
-    ) -> Self {
+    ) -> Self
+    where
+        Inner: Clone,
+    {
         let next = next_step(checked, request, inner, &shared.config, limit, aftercare);
         let state = match next {
+            Next::Wait {
+                decision,
+                request,
+                aftercare,
+            } => {
+                // The service `poll_ready` readied is dropped, so the waiting request
+                // holds nothing of it (a concurrency permit, a buffer slot); the
+                // service keeps a fresh clone for the next request, and the request a
+                // clone of its own, readied only once it is admitted.
+                let fresh = inner.clone();
+                drop(std::mem::replace(inner, fresh));
+                let mine = inner.clone();
+                Self::held(wait::hold(
+                    decision, request, aftercare, mine, shared, limit,
+                ))
+            }
             Next::Call {
                 future,
                 headers,
@@ -151,6 +176,15 @@ where
             },
         };
         Self { state }
+    }
+
+    fn held(start: Start<Box<Held<S, P, Inner, ReqBody>>>) -> State<S, P, Inner, ReqBody> {
+        match start {
+            Start::Held(held) => State::Waiting { held },
+            Start::Answer(answer) => State::Answered {
+                answer: Some(answer),
+            },
+        }
     }
 
     /// No limit applies: the inner call, untouched.
@@ -178,7 +212,7 @@ impl<S, P, Inner, ReqBody, ResBody> Future for ResponseFuture<S, P, Inner, ReqBo
 where
     S: Store,
     P: Plan<S>,
-    Inner: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
 {
     type Output = Result<Response<ResponseBody<ResBody>>, Inner::Error>;
 
@@ -222,8 +256,40 @@ where
                         Next::Answer(answer) => {
                             return Poll::Ready(Ok(answer.map(ResponseBody::full)));
                         }
+                        Next::Wait {
+                            decision,
+                            request,
+                            aftercare,
+                        } => {
+                            // The readied service is dropped here: the request waits
+                            // with an unreadied clone (see `at_once`).
+                            let mine = inner.clone();
+                            drop(inner);
+                            let start =
+                                wait::hold(decision, request, aftercare, mine, &shared, &limit);
+                            state.set(Self::held(start));
+                        }
                     }
                 }
+                StateProj::Waiting { held } => match ready!(held.poll_settle(cx)) {
+                    Ok(Settled::Call {
+                        future,
+                        headers,
+                        aftercare,
+                    }) => state.set(State::Calling {
+                        future,
+                        headers,
+                        aftercare,
+                    }),
+                    Ok(Settled::Answer(answer)) => {
+                        state.set(State::Done);
+                        return Poll::Ready(Ok(answer.map(ResponseBody::full)));
+                    }
+                    Err(error) => {
+                        state.set(State::Done);
+                        return Poll::Ready(Err(error));
+                    }
+                },
                 StateProj::Calling {
                     future,
                     headers,
@@ -258,32 +324,94 @@ where
     }
 }
 
-/// What follows a check: the inner call, or an answer of the layer's own.
-enum Next<F, R> {
+/// What follows a check: the inner call, an answer of the layer's own, or a wait.
+enum Next<F, R, ReqBody> {
     Call {
         future: F,
         headers: Option<Headers>,
         aftercare: Option<R>,
     },
     Answer(Answer),
+    /// Denied on a layer that waits: the caller holds it ([`wait::hold`]).
+    Wait {
+        decision: Decision,
+        request: Request<ReqBody>,
+        aftercare: Option<R>,
+    },
 }
 
 /// Acts on the limiter's answer: calls `inner` when allowed or when the store failed and
 /// the failure mode is open, with the [`Decision`] in the request's extensions either
 /// way (so an `Extension<Decision>` handler runs as written during an outage); answers
-/// otherwise. `aftercare` is kept only for an allowed request, and learns who took its
-/// cost (the store or the fallback); one that failed open consumed nothing.
+/// otherwise, or hands a denial on a layer that waits back to be held. `aftercare` is kept
+/// only for an allowed request, and learns who took its cost (the store or the
+/// fallback); one that failed open consumed nothing.
+#[inline]
 fn next_step<S, Inner, ReqBody>(
     checked: Result<Decision, Error>,
-    mut request: Request<ReqBody>,
+    request: Request<ReqBody>,
     inner: &mut Inner,
     config: &Config,
     limit: &Limit<S>,
-    mut aftercare: Option<Box<Aftercare<S>>>,
-) -> Next<Inner::Future, Box<Aftercare<S>>>
+    aftercare: Option<Box<Aftercare<S>>>,
+) -> Next<Inner::Future, Box<Aftercare<S>>, ReqBody>
 where
     S: Store,
     Inner: Service<Request<ReqBody>>,
+{
+    match verdict(checked, request, config, limit, aftercare, true) {
+        Verdict::Pass {
+            request,
+            headers,
+            aftercare,
+        } => Next::Call {
+            future: inner.call(request),
+            headers,
+            aftercare,
+        },
+        Verdict::Answer(answer) => Next::Answer(answer),
+        Verdict::Over {
+            decision,
+            request,
+            aftercare,
+        } => Next::Wait {
+            decision,
+            request,
+            aftercare,
+        },
+    }
+}
+
+/// What the layer makes of a check: pass the request on (its [`Decision`] in its
+/// extensions, the headers its response gets, what follows it), answer it, or, on a
+/// layer that waits and when `may_wait`, hand a denial back to be held.
+pub(crate) enum Verdict<ReqBody, R> {
+    Pass {
+        request: Request<ReqBody>,
+        headers: Option<Headers>,
+        aftercare: Option<R>,
+    },
+    Answer(Answer),
+    Over {
+        decision: Decision,
+        request: Request<ReqBody>,
+        aftercare: Option<R>,
+    },
+}
+
+/// [`next_step`] up to the inner call: shared with a held request's check at its time
+/// (`may_wait` false there: it places itself again on its own).
+#[inline]
+pub(crate) fn verdict<S, ReqBody>(
+    checked: Result<Decision, Error>,
+    mut request: Request<ReqBody>,
+    config: &Config,
+    limit: &Limit<S>,
+    mut aftercare: Option<Box<Aftercare<S>>>,
+    may_wait: bool,
+) -> Verdict<ReqBody, Box<Aftercare<S>>>
+where
+    S: Store,
 {
     let policies = &limit.headers;
     let passing = |decision: &Decision| {
@@ -310,9 +438,22 @@ where
             request.extensions_mut().insert(decision);
             (headers, None)
         }
+        Ok(decision) if may_wait && wait::may_wait(config, &decision) => {
+            return Verdict::Over {
+                decision,
+                request,
+                aftercare,
+            };
+        }
         Ok(decision) => {
+            if may_wait && matches!(config.over_limit, OverLimit::Wait(_)) {
+                // Its time is past `max_wait` already: refused before anything is made
+                // for a wait (a flood over the limit costs what it costs a refusing
+                // layer).
+                crate::telemetry::waited(&decision, crate::layer::WaitOutcome::Refused);
+            }
             let (head, _body) = request.into_parts();
-            return Next::Answer(response::too_many_requests(
+            return Verdict::Answer(response::too_many_requests(
                 &head, &decision, config, policies,
             ));
         }
@@ -321,7 +462,7 @@ where
             crate::telemetry::layer_failed(&error, open);
             if !open {
                 let (head, _body) = request.into_parts();
-                return Next::Answer(response::unavailable(&head, config));
+                return Verdict::Answer(response::unavailable(&head, config));
             }
             // No RateLimit headers: there are no figures to send, and made-up ones
             // would mislead a client.
@@ -336,11 +477,11 @@ where
             // failure mode, and nothing consumed.
             crate::telemetry::impossible_cost(&error);
             let (head, _body) = request.into_parts();
-            return Next::Answer(response::impossible_cost(&head, &error, config, policies));
+            return Verdict::Answer(response::impossible_cost(&head, &error, config, policies));
         }
     };
-    Next::Call {
-        future: inner.call(request),
+    Verdict::Pass {
+        request,
         headers,
         aftercare,
     }

@@ -9,7 +9,8 @@ use tower_layer::Layer;
 
 use crate::error::Error;
 use crate::key::KeyExtractor;
-use crate::layer::{BodyStyle, HeaderStyle, Keyed, Plan, RateLimit, Refund, Rules, Tiers};
+use crate::layer::wait::Waits;
+use crate::layer::{BodyStyle, HeaderStyle, Keyed, Plan, RateLimit, Refund, Rules, Tiers, Wait};
 use crate::limiter::Limiter;
 use crate::store::{AdminStore, Store};
 
@@ -43,6 +44,42 @@ pub enum OverLimit {
     /// admitted; the response carries the rate-limit headers as an allowed one does,
     /// never `Retry-After`. Counted as `redlimit_degraded_total` (feature `metrics`).
     Degrade,
+    /// Hold the request until the limiter admits it, within [`Wait::max_wait`] of its
+    /// denial; refuse (429, as [`OverLimit::Refuse`]) what cannot be admitted by then.
+    ///
+    /// The promise, per layer (its clones share it):
+    ///
+    /// - A denied request waits when its time comes within `max_wait` of its first
+    ///   denial and fewer than [`Wait::per_subject`] requests of its subject (for that
+    ///   limiter) and fewer than [`Wait::per_instance`] in all wait; the others get the
+    ///   429 at once, their `Retry-After` never earlier than the denial's.
+    /// - Its place is counted when it starts to wait: with `k` requests of its subject
+    ///   already waiting, its time is when the limiter says their costs and its own
+    ///   (`cost × (k+1)` when every request costs the same) would fit, from
+    ///   [`Limiter::peek`] of that total, not the first waiter's time. So waiting
+    ///   requests neither all wake at once nor exceed the limit when they do. A total
+    ///   that can never fit (above what a policy admits at once), or a time past
+    ///   `max_wait`, is refused at once.
+    /// - At its time it is checked for real: admitted, the inner service runs with that
+    ///   [`Decision`](crate::Decision) in the extensions; denied again (another instance
+    ///   took the room), it takes its place again behind the others waiting if its new
+    ///   time is still within its deadline (first denial + `max_wait`), else 429 with
+    ///   that denial. The store decides every admission: never one past the limit.
+    /// - While it waits it holds nothing of the inner service: the service
+    ///   `poll_ready` readied is dropped when it starts to wait, and a clone of it is
+    ///   readied only once the request is admitted, then called.
+    /// - A store failure while it waits takes the [`FailureMode`] path exactly as a
+    ///   first check's would (never a 429); a gRPC request waits the same way.
+    /// - It sleeps on Tokio's timer (`tokio::time`: paused time in tests moves it).
+    ///   Outside a Tokio runtime nothing can wait: the request is refused (429). A
+    ///   response future dropped while it waits (the client left) frees its place at
+    ///   once.
+    ///
+    /// A waiting request costs the store a peek when others of its subject wait ahead
+    /// of it (none when it is the first), and a check at each of its times (one, unless
+    /// another instance takes the room). Counted as `redlimit_waited_total` by outcome
+    /// (feature `metrics`). Needs a store with admin operations (both stores have them).
+    Wait(Wait),
 }
 
 /// Middleware that limits requests by a key taken from each request.
@@ -66,6 +103,9 @@ pub(crate) struct Shared<S, P: Plan<S>> {
     pub(crate) config: Config,
     /// When to give back an allowed request's cost ([`RateLimitLayer::refund_on`]).
     pub(crate) refund: Option<Refund<S>>,
+    /// The waiting places and the peek, when over-limit requests wait
+    /// ([`OverLimit::Wait`]).
+    pub(crate) wait: Option<Waits<S>>,
 }
 
 /// The layer's options, with the headers that depend only on the policies precomputed.
@@ -124,6 +164,7 @@ impl<S, P: Plan<S>> Clone for Shared<S, P> {
             plan: Arc::clone(&self.plan),
             config: self.config.clone(),
             refund: self.refund.clone(),
+            wait: self.wait.clone(),
         }
     }
 }
@@ -196,6 +237,7 @@ impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
                     cost: Cost::Fixed(1),
                 },
                 refund: None,
+                wait: None,
             }),
         }
     }
@@ -222,12 +264,6 @@ impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
     /// What to answer when the store cannot decide ([`FailureMode::Open`] by default).
     pub fn failure_mode(mut self, mode: FailureMode) -> Self {
         self.config_mut().failure_mode = mode;
-        self
-    }
-
-    /// What to do with a request over its limit ([`OverLimit::Refuse`] by default).
-    pub fn over_limit(mut self, over: OverLimit) -> Self {
-        self.config_mut().over_limit = over;
         self
     }
 
@@ -274,6 +310,20 @@ impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
 }
 
 impl<S: AdminStore, P: Plan<S>> RateLimitLayer<S, P> {
+    /// What to do with a request over its limit ([`OverLimit::Refuse`] by default).
+    ///
+    /// Each call with [`OverLimit::Wait`] gives the layer places of its own to wait in;
+    /// its clones (and the services made of them) share them.
+    pub fn over_limit(mut self, over: OverLimit) -> Self {
+        let shared = Arc::make_mut(&mut self.shared);
+        shared.config.over_limit = over;
+        shared.wait = match over {
+            OverLimit::Wait(wait) => Some(Waits::new(wait)),
+            OverLimit::Refuse | OverLimit::Degrade => None,
+        };
+        self
+    }
+
     /// Gives back an allowed request's cost when the inner service answers with a
     /// status `when` picks: a client should not lose its budget to the server's own
     /// failures.

@@ -22,6 +22,7 @@ mod in_flight;
 mod layer;
 mod layer_costs;
 mod layer_promises;
+mod layer_wait;
 mod leases;
 mod outages;
 mod properties;

@@ -207,3 +207,101 @@ pub fn answered_with(user: &str, header: &str, value: &str) -> Request<Empty<Byt
     );
     request
 }
+
+/// A store clock that follows Tokio's time (paused in tests): `base_ms` when made, then
+/// as far on as `tokio::time::Instant` has moved since, so `tokio::time::advance` moves
+/// the store and the layer's waiting requests together.
+#[derive(Debug, Clone)]
+pub struct TokioClock {
+    start: tokio::time::Instant,
+    base_ms: u64,
+}
+
+impl TokioClock {
+    /// Reads `base_ms` now (call it inside the runtime whose time it follows).
+    pub fn at(base_ms: u64) -> Self {
+        Self {
+            start: tokio::time::Instant::now(),
+            base_ms,
+        }
+    }
+
+    /// Milliseconds of Tokio's time since this clock was made.
+    pub fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap()
+    }
+}
+
+impl redlimit::clock::Clock for TokioClock {
+    fn now_ms(&self) -> u64 {
+        self.base_ms + self.elapsed_ms()
+    }
+}
+
+/// A store that counts its checks and peeks, deciding as the store it wraps does (at
+/// once when that one does).
+pub struct Counting<S> {
+    pub store: S,
+    pub checks: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    pub peeks: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<S> Counting<S> {
+    pub fn new(store: S) -> Self {
+        Self {
+            store,
+            checks: Default::default(),
+            peeks: Default::default(),
+        }
+    }
+
+    pub fn checks(&self) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+        std::sync::Arc::clone(&self.checks)
+    }
+
+    pub fn peeks(&self) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+        std::sync::Arc::clone(&self.peeks)
+    }
+}
+
+impl<S: Store> Backend for Counting<S> {
+    type Future = S::Future;
+
+    fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        self.checks
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.store.check(subject, set, cost)
+    }
+
+    fn check_now(
+        &self,
+        subject: Subject,
+        set: &PolicySet,
+        cost: u64,
+    ) -> redlimit::internals::CheckNow {
+        use redlimit::internals::CheckNow;
+        match self.store.check_now(subject, set, cost) {
+            CheckNow::Decided(result) => {
+                self.checks
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                CheckNow::Decided(result)
+            }
+            later => later,
+        }
+    }
+}
+
+impl<S: redlimit::internals::AdminStore> redlimit::internals::AdminStore for Counting<S> {
+    fn run(
+        &self,
+        op: redlimit::internals::Operation,
+        subject: Subject,
+        set: &PolicySet,
+        cost: u64,
+    ) -> Self::Future {
+        if op == redlimit::internals::Operation::Peek {
+            self.peeks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.store.run(op, subject, set, cost)
+    }
+}
