@@ -62,23 +62,24 @@
 //! ([`Decision::is_checked`](crate::Decision::is_checked) is then `false`); only a
 //! request that a [`Rules`] or [`Tiers`] plan leaves unlimited carries none.
 
+mod aftercare;
 pub(crate) mod future;
 mod grpc;
 mod headers;
 pub(crate) mod middleware;
 mod plan;
-mod refund;
 pub(crate) mod response;
 mod rules;
 pub(crate) mod service;
 mod tiers;
 mod wait;
 
+pub use aftercare::Usage;
+pub(crate) use aftercare::{Aftercare, AtEnd, Refund};
 pub(crate) use middleware::{Config, Shared};
 pub use middleware::{FailureMode, OverLimit};
 pub use plan::{Keyed, Plan};
 pub(crate) use plan::{Limit, Pick, Sealed};
-pub(crate) use refund::{Aftercare, AtEnd, Refund};
 pub use rules::{RuleError, Rules, RulesBuilder};
 pub use tiers::Tiers;
 pub(crate) use wait::Outcome as WaitOutcome;

@@ -124,6 +124,29 @@ pub(crate) fn layer_refunded(result: &Result<Option<Decision>, Error>) {
     .increment(1);
 }
 
+/// A reservation settled on its reported cost: `refunded` when less was used than
+/// reserved (the rest given back), else the excess charged.
+pub(crate) fn layer_settled(result: &Result<Option<Decision>, Error>, refunded: bool) {
+    let direction = if refunded { "refund" } else { "charge" };
+    match result {
+        Ok(None) => return,
+        Ok(Some(decision)) => tracing::debug!(
+            remaining = decision.remaining(),
+            policy = decision.policy().name(),
+            direction,
+            "rate-limit reservation settled"
+        ),
+        Err(error) => tracing::warn!(%error, direction, "rate-limit settlement failed"),
+    }
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "redlimit_settlements_total",
+        "direction" => direction,
+        "outcome" => if result.is_ok() { "done" } else { "failed" },
+    )
+    .increment(1);
+}
+
 /// The store could not decide a request the layer checked: the operator's concern
 /// (warn, at most a line a second), never the client's fault. `let_through` says
 /// whether the request passed (fail open) or was answered 503.

@@ -425,7 +425,7 @@ where
         Ok(decision) if decision.is_allowed() => {
             let headers = passing(&decision);
             if let Some(after) = &mut aftercare {
-                after.allowed(&decision);
+                after.allowed(&decision, request.extensions_mut());
             }
             request.extensions_mut().insert(decision);
             (headers, aftercare)

@@ -117,6 +117,8 @@ pub(crate) struct Config {
     pub(crate) failure_mode: FailureMode,
     pub(crate) over_limit: OverLimit,
     pub(crate) cost: Cost,
+    /// Whether the cost is a reservation settled on the reported actual.
+    pub(crate) settles: bool,
 }
 
 /// What one request costs.
@@ -153,6 +155,7 @@ impl fmt::Debug for Config {
             .field("failure_mode", &self.failure_mode)
             .field("over_limit", &self.over_limit)
             .field("cost", &self.cost)
+            .field("settles", &self.settles)
             .finish_non_exhaustive()
     }
 }
@@ -235,6 +238,7 @@ impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
                     failure_mode: FailureMode::default(),
                     over_limit: OverLimit::default(),
                     cost: Cost::Fixed(1),
+                    settles: false,
                 },
                 refund: None,
                 wait: None,
@@ -301,6 +305,31 @@ impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
     /// [`Error::CostTooHigh`] to callers outside HTTP.
     pub fn cost_fn(mut self, cost: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
         self.config_mut().cost = Cost::PerRequest(Arc::new(cost));
+        self
+    }
+
+    /// Treats each request's cost ([`cost`](Self::cost) or [`cost_fn`](Self::cost_fn))
+    /// as a reservation, settled on the actual cost the inner service reports: the
+    /// most a request may use is taken before it runs, so concurrent requests cannot
+    /// overshoot the limit by their number times their cost, and the client pays what
+    /// it used, not the estimate.
+    ///
+    /// An allowed request finds a [`Usage`](crate::layer::Usage) in its extensions
+    /// (beside its [`Decision`](crate::Decision)); the handler, or the body it
+    /// streams, reports the actual on it. When the response body ends or is dropped
+    /// (the client went away, the handler panicked), the layer settles in one store
+    /// call, off the response's path, where the check took the reservation (the
+    /// store, or the fallback): less than reserved gives the rest back (which also
+    /// lifts this instance's cached denial of the subject), more charges the excess
+    /// even past the limit, a debt the next requests wait out (bounded: at most four
+    /// limits in all, after which more is not taken). Nothing reported settles at the
+    /// reserved cost, with no call. A response the [`refund_on`](Self::refund_on) rule
+    /// refunds gives back the whole reservation instead.
+    ///
+    /// A request let through unchecked ([`FailureMode::Open`]) or over its limit
+    /// ([`OverLimit::Degrade`]) reserved nothing and settles nothing.
+    pub fn settle(mut self) -> Self {
+        self.config_mut().settles = true;
         self
     }
 

@@ -97,7 +97,13 @@ where
             }
         };
         let cost = shared.config.cost.of(&parts);
-        let aftercare = Aftercare::keep(shared.refund.as_ref(), &limit.limiter, &subject, cost);
+        let aftercare = Aftercare::keep(
+            shared.refund.as_ref(),
+            shared.config.settles,
+            &limit.limiter,
+            &subject,
+            cost,
+        );
         let mut check = limit.limiter.check(subject, cost);
         let request = Request::from_parts(parts, body);
         if let Some(checked) = check.take_settled() {

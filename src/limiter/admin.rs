@@ -119,10 +119,6 @@ impl<S: AdminStore> Limiter<S> {
     /// (`MAX_DEBT` in the algorithms' module: at most `MAX_CLOCK_BACK` limits, or one
     /// window of a sliding log), more is not taken. Shadow policies are charged too.
     /// The block cache forgets nothing: a charge can only deny more.
-    #[allow(
-        dead_code,
-        reason = "the layer's reserve-then-settle calls it; until then, its tests"
-    )]
     pub(crate) async fn charge_from(
         &self,
         origin: Origin,

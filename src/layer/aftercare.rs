@@ -1,0 +1,310 @@
+//! What follows an allowed request's check in the layer: giving its cost back when
+//! the inner service answered with a failure
+//! ([`RateLimitLayer::refund_on`](crate::RateLimitLayer::refund_on)), holding its
+//! in-flight slot until its response body ends, and settling its reservation on the
+//! actual cost the inner service reports ([`RateLimitLayer::settle`](crate::RateLimitLayer::settle)).
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use http::{HeaderMap, StatusCode};
+
+use crate::decision::{Decision, Origin};
+use crate::limiter::Limiter;
+use crate::slot::{run_off_path, Slot};
+use crate::store::{AdminStore, Store};
+use crate::subject::Subject;
+
+/// The application's rule: does this response head mean the server failed?
+type When = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
+
+/// Which responses are refunded, and how.
+pub(crate) struct Refund<S> {
+    when: Arc<When>,
+    /// `refund_now::<S>`, made where `S: AdminStore` is known: the service and its
+    /// future need only `S: Store`, and layers without refunds stay as they were.
+    run: fn(Arc<Limiter<S>>, Subject, u32, Origin),
+}
+
+impl<S: AdminStore> Refund<S> {
+    pub(crate) fn new(
+        when: impl Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            when: Arc::new(when),
+            run: refund_now::<S>,
+        }
+    }
+}
+
+impl<S> Clone for Refund<S> {
+    fn clone(&self) -> Self {
+        Self {
+            when: Arc::clone(&self.when),
+            run: self.run,
+        }
+    }
+}
+
+impl<S> fmt::Debug for Refund<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Refund(..)")
+    }
+}
+
+/// What an allowed request's check leaves to do once its response comes: give its
+/// cost back if the response matches the layer's refund rule, and hold its slot in
+/// the limiter's in-flight policies until its body ends. Made only by layers and
+/// limiters that need it: the others keep no clone of the subject.
+pub(crate) struct Aftercare<S> {
+    refund: Option<Refund<S>>,
+    limiter: Arc<Limiter<S>>,
+    subject: Subject,
+    cost: u32,
+    /// Who took the cost; nobody ([`Origin::FailOpen`]) until the check allows.
+    origin: Origin,
+    /// The request's slot, once allowed.
+    slot: Option<Slot>,
+    /// Whether the cost is a reservation to settle on the actual.
+    settles: bool,
+    /// The reservation, once allowed: settled when dropped.
+    settlement: Option<Settlement>,
+}
+
+impl<S: Store> Aftercare<S> {
+    /// What a request checked by `limiter` keeps, when anything: a refund rule, or
+    /// in-flight policies whose slot it will hold.
+    pub(crate) fn keep(
+        refund: Option<&Refund<S>>,
+        settles: bool,
+        limiter: &Arc<Limiter<S>>,
+        subject: &Subject,
+        cost: u32,
+    ) -> Option<Box<Self>> {
+        if refund.is_none() && !settles && limiter.slot_table().is_none() {
+            return None;
+        }
+        Some(Box::new(Self {
+            refund: refund.cloned(),
+            limiter: Arc::clone(limiter),
+            subject: subject.clone(),
+            cost,
+            origin: Origin::FailOpen,
+            slot: None,
+            settles,
+            settlement: None,
+        }))
+    }
+
+    /// The check allowed the request: `decision`'s origin took its cost, its slot is
+    /// held from now, and a reservation's [`Usage`] goes into `extensions` for the
+    /// inner service to report on.
+    pub(crate) fn allowed(&mut self, decision: &Decision, extensions: &mut http::Extensions) {
+        self.origin = decision.origin();
+        self.slot = self.limiter.hold(self.subject.clone(), decision);
+        if self.settles && self.origin != Origin::FailOpen {
+            let usage = Usage::new(u64::from(self.cost));
+            extensions.insert(usage.clone());
+            let limiter: Arc<dyn Settles> = Arc::clone(&self.limiter) as Arc<dyn Settles>;
+            self.settlement = Some(Settlement {
+                limiter,
+                subject: self.subject.clone(),
+                origin: self.origin,
+                usage,
+            });
+        }
+    }
+}
+
+impl<S> Aftercare<S> {
+    /// The response head is known: refunds if it matches the layer's rule, and
+    /// returns what lasts until the body ends.
+    ///
+    /// A refunded response gives back its whole reservation: there is nothing left to
+    /// settle.
+    pub(crate) fn at_head(self, status: StatusCode, headers: &HeaderMap) -> Option<AtEnd> {
+        let mut settlement = self.settlement;
+        if let Some(refund) = &self.refund {
+            if (refund.when)(status, headers) {
+                if let Some(settled) = &mut settlement {
+                    settled.usage.report(settled.usage.reserved());
+                }
+                (refund.run)(self.limiter, self.subject, self.cost, self.origin);
+            }
+        }
+        if self.slot.is_none() && settlement.is_none() {
+            return None;
+        }
+        Some(AtEnd {
+            _slot: self.slot,
+            _settlement: settlement,
+        })
+    }
+}
+
+/// What an allowed response's body holds until it ends or is dropped: the request's
+/// slot, given back then, and its reservation, settled then.
+#[derive(Debug)]
+pub(crate) struct AtEnd {
+    _slot: Option<Slot>,
+    _settlement: Option<Settlement>,
+}
+
+/// The actual cost of an allowed request, reported by the inner service, against the
+/// cost the layer reserved before calling it
+/// ([`RateLimitLayer::settle`](crate::RateLimitLayer::settle)).
+///
+/// The layer puts one in the request's extensions; clone it into whatever produces
+/// the response (a handler, a streaming body) and [`report`](Usage::report) or
+/// [`add`](Usage::add) as the cost becomes known. The layer reads it once, when the
+/// response body ends or is dropped, and settles: less than reserved is given back,
+/// more is charged (past the limit, as a debt the next requests see), nothing
+/// reported settles at the reserved cost.
+///
+/// ```
+/// use axum::{routing::post, Extension, Router};
+/// use redlimit::layer::Usage;
+///
+/// async fn complete(Extension(usage): Extension<Usage>) -> &'static str {
+///     // The upstream said how many tokens the answer took.
+///     usage.report(120);
+///     "..."
+/// }
+/// let app: Router = Router::new().route("/v1/complete", post(complete));
+/// ```
+#[derive(Clone)]
+pub struct Usage(Arc<UsageCell>);
+
+struct UsageCell {
+    reserved: u64,
+    /// `UNREPORTED` until the inner service reports.
+    used: AtomicU64,
+}
+
+/// Not reported: settles at the reserved cost.
+const UNREPORTED: u64 = u64::MAX;
+
+impl Usage {
+    fn new(reserved: u64) -> Self {
+        Self(Arc::new(UsageCell {
+            reserved,
+            used: AtomicU64::new(UNREPORTED),
+        }))
+    }
+
+    /// The cost the layer reserved before calling the inner service.
+    pub fn reserved(&self) -> u64 {
+        self.0.reserved
+    }
+
+    /// The request's actual cost, replacing what was reported before. Values from
+    /// `u64::MAX - 1` up are read as `u64::MAX - 1` (a charge is bounded anyway).
+    pub fn report(&self, used: u64) {
+        self.0
+            .used
+            .store(used.min(UNREPORTED - 1), Ordering::Relaxed);
+    }
+
+    /// Adds `used` to what was reported (to 0 when nothing was): for a cost counted
+    /// as a streamed response goes.
+    pub fn add(&self, used: u64) {
+        let _ = self
+            .0
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+                let base = if now == UNREPORTED { 0 } else { now };
+                Some(base.saturating_add(used).min(UNREPORTED - 1))
+            });
+    }
+
+    /// What has been reported so far; `None` when nothing has.
+    pub fn reported(&self) -> Option<u64> {
+        let used = self.0.used.load(Ordering::Relaxed);
+        (used != UNREPORTED).then_some(used)
+    }
+}
+
+impl fmt::Debug for Usage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Usage")
+            .field("reserved", &self.reserved())
+            .field("reported", &self.reported())
+            .finish()
+    }
+}
+
+/// An allowed request's reservation: settled on its reported cost when dropped (the
+/// body ended, the response or its future was dropped), one store call off the
+/// response's path, where its check took the cost.
+struct Settlement {
+    limiter: Arc<dyn Settles>,
+    subject: Subject,
+    origin: Origin,
+    usage: Usage,
+}
+
+impl fmt::Debug for Settlement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settlement")
+            .field("subject", &self.subject)
+            .field("origin", &self.origin)
+            .field("usage", &self.usage)
+            .finish()
+    }
+}
+
+impl Drop for Settlement {
+    fn drop(&mut self) {
+        let Some(used) = self.usage.reported() else {
+            return;
+        };
+        let reserved = self.usage.reserved();
+        if used != reserved {
+            let subject = self.subject.clone();
+            Arc::clone(&self.limiter).settle(self.origin, subject, reserved, used);
+        }
+    }
+}
+
+/// What a settlement calls: its limiter, whatever its store.
+trait Settles: Send + Sync + 'static {
+    fn settle(self: Arc<Self>, origin: Origin, subject: Subject, reserved: u64, used: u64);
+}
+
+impl<S: Store> Settles for Limiter<S> {
+    fn settle(self: Arc<Self>, origin: Origin, subject: Subject, reserved: u64, used: u64) {
+        run_off_path(
+            async move {
+                let settled = if used < reserved {
+                    // At most the reservation, which was a valid cost.
+                    let back = u32::try_from(reserved - used).unwrap_or(u32::MAX);
+                    self.refund_from(origin, subject, back).await
+                } else {
+                    self.charge_from(origin, subject, used - reserved).await
+                };
+                crate::telemetry::layer_settled(&settled, used < reserved);
+            },
+            "rate-limit settlement",
+        );
+    }
+}
+
+/// Refunds without holding up the response (see [`run_off_path`]).
+fn refund_now<S: AdminStore>(
+    limiter: Arc<Limiter<S>>,
+    subject: Subject,
+    cost: u32,
+    origin: Origin,
+) {
+    if origin == Origin::FailOpen {
+        return;
+    }
+    run_off_path(
+        async move {
+            let refunded = limiter.refund_from(origin, subject, cost).await;
+            crate::telemetry::layer_refunded(&refunded);
+        },
+        "rate-limit refund",
+    );
+}
