@@ -74,6 +74,9 @@ pub struct Decision {
     /// wait among them), if any.
     shadow_denier: Option<usize>,
     policies: Arc<[Policy]>,
+    /// Every policy's outcome, for the admin operations' answers only: a check keeps
+    /// the binding one alone, so it stays small.
+    each: Option<Arc<[PolicyOutcome]>>,
 }
 
 impl Decision {
@@ -148,6 +151,7 @@ impl Decision {
                 None
             },
             policies: Arc::clone(policies),
+            each: None,
         }
     }
 
@@ -170,6 +174,7 @@ impl Decision {
             outcome,
             shadow_denier,
             policies: Arc::clone(policies),
+            each: None,
         }
     }
 
@@ -206,7 +211,14 @@ impl Decision {
             },
             shadow_denier: None,
             policies: Arc::clone(policies),
+            each: None,
         }
+    }
+
+    /// This decision with every policy's outcome (an admin operation's answer).
+    pub(crate) fn with_each(mut self, outcomes: Arc<[PolicyOutcome]>) -> Self {
+        self.each = Some(outcomes);
+        self
     }
 
     pub(crate) fn with_origin(mut self, origin: Origin) -> Self {
@@ -263,6 +275,15 @@ impl Decision {
     /// The binding policy's verdict as raw integers.
     pub fn outcome(&self) -> &PolicyOutcome {
         &self.outcome
+    }
+
+    /// Every policy's verdict, in the order of [`policies`](Decision::policies), for
+    /// the answers of [`Limiter::peek`](crate::Limiter::peek),
+    /// [`refund`](crate::Limiter::refund) and the other admin operations (a usage
+    /// page showing each budget); `None` for a check's, which keeps the binding one
+    /// alone to stay small.
+    pub fn each_policy(&self) -> Option<&[PolicyOutcome]> {
+        self.each.as_deref()
     }
 
     /// The binding policy's limit.

@@ -51,13 +51,25 @@ impl Lcg {
 }
 
 /// The parts of a decision both stores must agree on.
-fn seen(d: &Decision) -> (bool, u64, u64, Option<Duration>, String) {
+#[allow(clippy::type_complexity)]
+fn seen(
+    d: &Decision,
+) -> (
+    bool,
+    u64,
+    u64,
+    Option<Duration>,
+    String,
+    Option<Vec<redlimit::PolicyOutcome>>,
+) {
     (
         d.is_allowed(),
         d.remaining(),
         d.outcome().reset_after_ms,
         d.retry_after(),
         d.policy().name().to_owned(),
+        // Every policy's, for the admin operations' answers.
+        d.each_policy().map(<[_]>::to_vec),
     )
 }
 

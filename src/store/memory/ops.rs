@@ -176,11 +176,12 @@ fn hold_of(op: Operation, cost: u64) -> Option<Hold> {
 
 /// The decision a check would make on `states`, changing nothing.
 fn peek(policies: &Arc<[Policy]>, states: &[Option<State>], now: u64, cost: u64) -> Decision {
-    let outcomes = policies
+    let outcomes: Arc<[_]> = policies
         .iter()
         .zip(states)
-        .map(|(policy, state)| algorithm::decide(policy, state.as_ref(), now, cost).outcome);
-    Decision::from_outcomes(policies, outcomes)
+        .map(|(policy, state)| algorithm::decide(policy, state.as_ref(), now, cost).outcome)
+        .collect();
+    Decision::from_outcomes(policies, outcomes.iter().copied()).with_each(outcomes)
 }
 
 /// One policy set's subjects: each one's generation and when it expires (ms).

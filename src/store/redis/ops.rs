@@ -9,7 +9,9 @@ use std::time::Duration;
 use deadpool_redis::redis::Value;
 
 use super::batch;
-use super::contract::args::{Admin, AdminOp, Call, CallShape, Check, GivingBack, Leasing, Request};
+use super::contract::args::{
+    Admin, AdminOp, Call, CallShape, Check, Entry, GivingBack, Leasing, Request,
+};
 use super::contract::reply::{decode, Reply};
 use super::link::{self, Link};
 use super::script;
@@ -102,6 +104,9 @@ async fn one<S: CallShape<Reply = Reply>>(
     timeout: Duration,
 ) -> Result<Decision, StoreError> {
     let reply: Reply = decode(exchange(&link, &call, timeout, None, 1).await?)?;
+    if call.shape.entry() == Entry::Admin {
+        return reply.decision_each(&call.policies);
+    }
     reply.decision(&call.policies)
 }
 

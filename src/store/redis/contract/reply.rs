@@ -116,6 +116,19 @@ impl Reply {
         let outcomes = policies.iter().zip(self.0).map(|(p, r)| r.outcome(p));
         Ok(Decision::from_outcomes(policies, outcomes))
     }
+
+    /// [`Reply::decision`] with every policy's outcome kept (an admin operation's).
+    pub(crate) fn decision_each(self, policies: &Arc<[Policy]>) -> Result<Decision, StoreError> {
+        if self.0.len() != policies.len() {
+            return Err(count_error(policies.len(), self.0.len()));
+        }
+        let outcomes: Arc<[_]> = policies
+            .iter()
+            .zip(self.0)
+            .map(|(p, r)| r.outcome(p))
+            .collect();
+        Ok(Decision::from_outcomes(policies, outcomes.iter().copied()).with_each(outcomes))
+    }
 }
 
 /// The reply of a leasing check: the policies' outcomes, then the lease.
