@@ -135,7 +135,11 @@ fn process_secret() -> Vec<u8> {
 
 /// The two routes on one limiter: the tokens and the in-flight slots of a key are
 /// checked in one store call, all or nothing.
-fn app<S: Store>(store: S, policies: [Policy; 2], secret: &Secret) -> Result<Router, BoxError> {
+pub(crate) fn app<S: Store>(
+    store: S,
+    policies: [Policy; 2],
+    secret: &Secret,
+) -> Result<Router, BoxError> {
     let limiter = Arc::new(
         policies
             .into_iter()

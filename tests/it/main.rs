@@ -17,6 +17,7 @@ mod charges;
 mod config;
 mod conformance;
 mod flood;
+mod gateway;
 mod grpc;
 mod in_flight;
 mod layer;
