@@ -130,6 +130,7 @@ mod docs_doctests {
     page!(Config, "../docs/config.md");
     page!(Failures, "../docs/failures.md");
     page!(Grpc, "../docs/grpc.md");
+    page!(InFlight, "../docs/in_flight.md");
     page!(Keys, "../docs/keys.md");
     page!(Leases, "../docs/leases.md");
     page!(Redis, "../docs/redis.md");
