@@ -121,7 +121,7 @@ pub enum PolicyError {
 ///
 /// Cheap to clone. Built only through the checked constructors, so every `Policy` that
 /// exists can be computed exactly in Rust and in Lua.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Eq)]
 pub struct Policy {
     name: Arc<str>,
     algorithm: Algorithm,
@@ -137,6 +137,19 @@ pub struct Policy {
     /// checks the policy (0 until then). Not part of the fingerprint: every instance
     /// counts into the same state.
     holder: u64,
+}
+
+/// Equal when configured alike: the holder a limiter gives an in-flight policy is not
+/// part of what the policy is.
+impl PartialEq for Policy {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+            && self.algorithm == other.algorithm
+            && self.limit == other.limit
+            && self.window_ms == other.window_ms
+            && self.emission_us == other.emission_us
+            && self.shadow == other.shadow
+    }
 }
 
 /// Hashes what keys the state (name, algorithm, numbers), not the shadow flag: a
@@ -210,7 +223,7 @@ impl Policy {
     /// At most `limit` requests of a subject running at once, across every instance
     /// that shares the store: the check takes a slot (whatever the request's cost),
     /// and the slot is given back when the response's body ends or is dropped (the
-    /// layer does this; outside it, [`Limiter::release`](crate::Limiter::release)).
+    /// layer does this; outside it, the [`Slot`](crate::Slot) of [`Limiter::hold`](crate::Limiter::hold)).
     ///
     /// `slot_ttl` bounds what a vanished instance (killed, partitioned away) can hold:
     /// each instance renews its slots every third of it while its requests run, so
