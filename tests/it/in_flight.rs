@@ -449,3 +449,74 @@ async fn held_slots_are_renewed_past_their_lifetime_and_the_renewal_stops_when_n
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(Arc::weak_count(&a), 0);
 }
+
+/// A request refused by either the rate or the slots takes nothing from the other.
+#[tokio::test]
+async fn slots_and_rates_are_all_or_nothing() {
+    let limiter = Arc::new(
+        Limiter::builder(MemoryStore::with_clock(FakeClock::new(1_000_000)))
+            .policy(Policy::fixed_window("rate", 2, Duration::from_secs(60)).unwrap())
+            .policy(in_flight(1))
+            .build()
+            .unwrap(),
+    );
+    let first = limiter.check("f", 1).await.unwrap();
+    let slot = limiter.hold("f", &first).unwrap();
+    // No slot: refused by the in-flight policy, and the rate keeps its unit.
+    let refused = limiter.check("f", 1).await.unwrap();
+    assert_eq!(refused.denied_by(), Some("running"));
+    drop(slot);
+    let second = limiter.check("f", 1).await.unwrap();
+    assert!(second.is_allowed());
+    let peek = limiter.peek("f", 1).await.unwrap();
+    let each = peek.each_policy().unwrap();
+    assert_eq!(
+        (each[0].allowed, each[0].remaining),
+        (false, 0),
+        "rate: two taken"
+    );
+    // Second's slot is unheld (nobody holds it): refused by the rate now, which takes
+    // no slot either: still the one.
+    let by_rate = limiter.check("f", 1).await.unwrap();
+    assert_eq!(by_rate.denied_by(), Some("rate"));
+    assert!(!limiter.peek("f", 1).await.unwrap().each_policy().unwrap()[1].allowed);
+}
+
+/// A slot freed on this instance is seen at once: an in-flight denial is never kept in
+/// the block cache (a rate's denial is, until its time).
+#[tokio::test]
+async fn an_in_flight_denial_is_never_kept_by_the_block_cache() {
+    let limiter = Arc::new(
+        Limiter::builder(MemoryStore::new())
+            .policy(in_flight(1))
+            .block_cache(100)
+            .build()
+            .unwrap(),
+    );
+    let first = limiter.check("g", 1).await.unwrap();
+    let slot = limiter.hold("g", &first).unwrap();
+    assert!(!limiter.check("g", 1).await.unwrap().is_allowed());
+    drop(slot);
+    assert!(limiter.check("g", 1).await.unwrap().is_allowed());
+}
+
+/// While the store fails, the fallback takes and gives back the slots, and a slot it
+/// took is given back there, never to the store.
+#[tokio::test]
+async fn while_the_store_fails_the_fallback_holds_the_slots() {
+    let limiter = Arc::new(
+        Limiter::builder(crate::support::layer::BrokenStore)
+            .policy(in_flight(1))
+            .fallback(MemoryStore::new())
+            .build()
+            .unwrap(),
+    );
+    let first = limiter.check("h", 1).await.unwrap();
+    assert_eq!(first.origin(), redlimit::Origin::Fallback);
+    let slot = limiter.hold("h", &first).unwrap();
+    assert_eq!(limiter.held_slots(&Subject::new("h")), 1);
+    assert!(!limiter.check("h", 1).await.unwrap().is_allowed());
+    drop(slot);
+    assert_eq!(limiter.held_slots(&Subject::new("h")), 0);
+    assert!(limiter.check("h", 1).await.unwrap().is_allowed());
+}
