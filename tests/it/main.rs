@@ -31,3 +31,4 @@ mod redis_outage;
 mod redis_store;
 mod refunds;
 mod rules;
+mod settle;
