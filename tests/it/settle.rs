@@ -114,7 +114,14 @@ async fn handler(
     if wants("x-stream").is_some() {
         streams.0.lock().unwrap().push(tx);
     }
+    let origin = req.extensions().get::<Decision>().map(|d| d.origin());
     let mut response = Response::new(Metered { amounts, usage });
+    if let Some(origin) = origin {
+        let origin = format!("{origin:?}");
+        response
+            .headers_mut()
+            .insert("x-origin", origin.parse().unwrap());
+    }
     if let Some(status) = wants("x-status") {
         *response.status_mut() = StatusCode::from_bytes(status.as_bytes()).unwrap();
     }
@@ -617,9 +624,15 @@ impl Lcg {
 /// What one policy may count in one window, debts included: `MAX_DEBT` limits.
 const MAX_DEBT: u64 = 4;
 
-/// With leases, requests reserving 10 of a limit of 100 a second and using 0 to 120:
-/// in every window, what the admitted requests used never exceeds the limit and the
-/// debt bound; without the settlement (nothing charged) it would, several times over.
+/// With leases (of the default size, a tenth of the limit: one reservation), requests
+/// reserving 10 of a limit of 100 a second and using 0 to 120: in every window, what
+/// the admitted requests used never exceeds the limit and the debt bound; without the
+/// settlement (nothing charged) it would, nearly twice over.
+///
+/// Not a promise for any lease size: a charge puts the subject in debt in the store,
+/// but units this instance already leased are still spent (the lease does not hear of
+/// the debt), so with leases of half the limit the requests still answered from one
+/// can use more than the bound in a window.
 async fn leases_keep_the_totals_within_the_debt_bound<S: Store + Sync>(
     limiter: Arc<Limiter<S>>,
     clock: &FakeClock,
@@ -629,7 +642,7 @@ async fn leases_keep_the_totals_within_the_debt_bound<S: Store + Sync>(
     let svc = service(&limiter, &Streams::default(), false);
     let mut rng = Lcg(seed);
     let mut used_in: std::collections::BTreeMap<u64, u64> = Default::default();
-    let mut admitted = 0;
+    let (mut admitted, mut leased) = (0, 0);
     for _ in 0..600 {
         clock.advance(Duration::from_millis(rng.below(40)));
         let window = clock.now_ms() / 1_000;
@@ -637,6 +650,9 @@ async fn leases_keep_the_totals_within_the_debt_bound<S: Store + Sync>(
         let answer = svc.clone().oneshot(ask("l", 10, Some(used))).await.unwrap();
         if answer.status() == StatusCode::OK {
             admitted += 1;
+            if header(answer.headers(), "x-origin") == Some("Lease") {
+                leased += 1;
+            }
             *used_in.entry(window).or_default() += used;
         } else {
             assert_eq!(answer.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -650,21 +666,66 @@ async fn leases_keep_the_totals_within_the_debt_bound<S: Store + Sync>(
         "used {most} in one window: {used_in:?}"
     );
     assert!(admitted >= 15, "only {admitted} admitted");
+    assert!(leased >= 1, "none of {admitted} admitted from a lease");
+}
+
+/// A hot subject's request answered from this instance's lease settles in the store
+/// all the same: what it used beyond its reservation is charged there, what it did not
+/// use is given back there (the store counted the lease's units when it granted them).
+async fn a_leased_request_settles_in_the_store<S: Store + Sync>(
+    limiter: Arc<Limiter<S>>,
+    clock: &FakeClock,
+) {
+    let svc = service(&limiter, &Streams::default(), false);
+    let leased = |used| {
+        let svc = svc.clone();
+        async move {
+            let answer = svc.oneshot(ask("k", 10, Some(used))).await.unwrap();
+            assert_eq!(answer.status(), StatusCode::OK);
+            let origin = header(answer.headers(), "x-origin").unwrap().to_owned();
+            read_to_end(answer).await;
+            origin
+        }
+    };
+    // Hot: used as reserved (no settlement). The leasing checks grant more each time
+    // (store, lease, store with a lease of 30): the next three are the lease's.
+    let mut origins = Vec::new();
+    for _ in 0..3 {
+        clock.advance(Duration::from_millis(1));
+        origins.push(leased(10).await);
+    }
+    assert_eq!(origins, ["Store", "Lease", "Store"]);
+    quiesce(&limiter).await;
+    let before = left(&limiter, "k").await;
+    assert_eq!(before, 40, "20, then 40 taken");
+    let mut expected = before;
+    for (used, now) in [(30, before - 20), (2, before - 20 + 8), (10, before - 12)] {
+        assert_eq!(leased(used).await, "Lease", "used {used}");
+        settles_to(&limiter, "k", now).await;
+        expected = now;
+    }
+    stays_at(&limiter, "k", expected).await;
 }
 
 fn leasing<S: Store + Clone + redlimit::internals::LeaseStore>(
     store: S,
     clock: &FakeClock,
     policy: Policy,
+    leases: Leases,
 ) -> Arc<Limiter<S>> {
     Arc::new(
         Limiter::builder(store)
             .policy(policy)
             .local_clock(clock.clone())
-            .leases(Leases::new().min_rate(1))
+            .leases(leases)
             .build()
             .unwrap(),
     )
+}
+
+/// Leases of up to half the limit: a hot subject is answered from them for a while.
+fn big_leases() -> Leases {
+    Leases::new().min_rate(1).max_units(50)
 }
 
 fn per_second(sliding: bool) -> Policy {
@@ -677,22 +738,44 @@ fn per_second(sliding: bool) -> Policy {
 }
 
 #[tokio::test]
-async fn memory_leases_keep_the_totals_within_the_debt_bound() {
+async fn memory_leases_settle_in_the_store_within_the_debt_bound() {
     for sliding in [false, true] {
         let clock = FakeClock::new(T0);
         let store = MemoryStore::with_clock(clock.clone());
-        let limiter = leasing(store, &clock, per_second(sliding));
+        let limiter = leasing(
+            store,
+            &clock,
+            per_second(sliding),
+            Leases::new().min_rate(1),
+        );
         leases_keep_the_totals_within_the_debt_bound(limiter, &clock, 11).await;
+        let clock = FakeClock::new(T0);
+        let store = MemoryStore::with_clock(clock.clone());
+        let limiter = leasing(store, &clock, per_second(sliding), big_leases());
+        a_leased_request_settles_in_the_store(limiter, &clock).await;
     }
 }
 
 #[tokio::test]
-async fn redis_leases_keep_the_totals_within_the_debt_bound() {
+async fn redis_leases_settle_in_the_store_within_the_debt_bound() {
     let server = RedisServer::start();
     for sliding in [false, true] {
         let clock = FakeClock::new(T0);
-        let limiter = leasing(redis_store(&server, &clock), &clock, per_second(sliding));
+        let limiter = leasing(
+            redis_store(&server, &clock),
+            &clock,
+            per_second(sliding),
+            Leases::new().min_rate(1),
+        );
         leases_keep_the_totals_within_the_debt_bound(limiter, &clock, 12).await;
+        let clock = FakeClock::new(T0);
+        let limiter = leasing(
+            redis_store(&server, &clock),
+            &clock,
+            per_second(sliding),
+            big_leases(),
+        );
+        a_leased_request_settles_in_the_store(limiter, &clock).await;
     }
     server.assert_every_key_expires().await;
 }
