@@ -128,6 +128,7 @@ mod docs_doctests {
     page!(Admin, "../docs/admin.md");
     page!(Algorithms, "../docs/algorithms.md");
     page!(Config, "../docs/config.md");
+    page!(Costs, "../docs/costs.md");
     page!(Failures, "../docs/failures.md");
     page!(Grpc, "../docs/grpc.md");
     page!(InFlight, "../docs/in_flight.md");

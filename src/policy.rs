@@ -223,7 +223,8 @@ impl Policy {
     /// At most `limit` requests of a subject running at once, across every instance
     /// that shares the store: the check takes a slot (whatever the request's cost),
     /// and the slot is given back when the response's body ends or is dropped (the
-    /// layer does this; outside it, the [`Slot`](crate::Slot) of [`Limiter::hold`](crate::Limiter::hold)).
+    /// layer does this; outside it, the [`Slot`](crate::Slot) that
+    /// [`Limiter::hold`](crate::Limiter::hold) gives, dropped).
     ///
     /// `slot_ttl` bounds what a vanished instance (killed, partitioned away) can hold:
     /// each instance renews its slots every third of it while its requests run, so

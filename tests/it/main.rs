@@ -32,3 +32,4 @@ mod redis_outage;
 mod redis_store;
 mod refunds;
 mod rules;
+mod settle;
