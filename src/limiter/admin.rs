@@ -118,7 +118,9 @@ impl<S: AdminStore> Limiter<S> {
     /// cost limit of a check does not apply, and what a policy may owe is bounded
     /// (`MAX_DEBT` in the algorithms' module: at most `MAX_CLOCK_BACK` limits, or one
     /// window of a sliding log), more is not taken. Shadow policies are charged too.
-    /// The block cache forgets nothing: a charge can only deny more.
+    /// The block cache forgets nothing: a charge can only deny more. A charge that
+    /// leaves the subject denied ends this instance's lease of it (its units stay
+    /// counted in the store), so the lease stops admitting what the store denies.
     pub(crate) async fn charge_from(
         &self,
         origin: Origin,
@@ -155,8 +157,21 @@ impl<S: AdminStore> Limiter<S> {
                         blocks.forget(&subject);
                     }
                 }
+                // A charge that leaves the subject in debt ends this instance's lease
+                // of it: the lease would go on admitting what the store now denies.
+                let leases = guard
+                    .and_then(|g| g.leases.as_ref())
+                    .filter(|_| op == Operation::Charge);
+                let leased = leases.map(|_| subject.clone());
                 match self.store.run(op, subject, &self.set, cost).await {
-                    Ok(decision) => Ok(Some(decision)),
+                    Ok(decision) => {
+                        if let (Some(table), Some(subject)) = (leases, leased) {
+                            if !decision.is_allowed() {
+                                table.forget(&subject);
+                            }
+                        }
+                        Ok(Some(decision))
+                    }
                     Err(error) => {
                         crate::telemetry::store_failed(&error, false);
                         Err(Error::Store(error))

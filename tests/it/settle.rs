@@ -624,20 +624,18 @@ impl Lcg {
 /// What one policy may count in one window, debts included: `MAX_DEBT` limits.
 const MAX_DEBT: u64 = 4;
 
-/// With leases (of the default size, a tenth of the limit: one reservation), requests
-/// reserving 10 of a limit of 100 a second and using 0 to 120: in every window, what
-/// the admitted requests used never exceeds the limit and the debt bound; without the
-/// settlement (nothing charged) it would, nearly twice over.
-///
-/// Not a promise for any lease size: a charge puts the subject in debt in the store,
-/// but units this instance already leased are still spent (the lease does not hear of
-/// the debt), so with leases of half the limit the requests still answered from one
-/// can use more than the bound in a window.
+/// With leases (of the default size, and of half the limit), requests reserving 10 of
+/// a limit of 100 a second and using 0 to 120: in every window, what the admitted
+/// requests used never exceeds the limit and the debt bound; without the settlement
+/// (nothing charged) it would, nearly twice over. With leases of half the limit it
+/// also takes the lease's end at a charge that leaves the subject in debt: before,
+/// requests went on being answered from units leased earlier, and used 473 in one
+/// window.
 async fn leases_keep_the_totals_within_the_debt_bound<S: Store + Sync>(
     limiter: Arc<Limiter<S>>,
     clock: &FakeClock,
     seed: u64,
-) {
+) -> usize {
     const LIMIT: u64 = 100;
     let svc = service(&limiter, &Streams::default(), false);
     let mut rng = Lcg(seed);
@@ -665,8 +663,10 @@ async fn leases_keep_the_totals_within_the_debt_bound<S: Store + Sync>(
         most <= MAX_DEBT * LIMIT,
         "used {most} in one window: {used_in:?}"
     );
-    assert!(admitted >= 15, "only {admitted} admitted");
-    assert!(leased >= 1, "none of {admitted} admitted from a lease");
+    assert!(admitted >= 10, "seed {seed}: only {admitted} admitted");
+    // How many a lease answered: a charge into debt ends the lease, so some runs see
+    // none; the callers require some over their runs.
+    leased
 }
 
 /// A hot subject's request answered from this instance's lease settles in the store
@@ -739,6 +739,7 @@ fn per_second(sliding: bool) -> Policy {
 
 #[tokio::test]
 async fn memory_leases_settle_in_the_store_within_the_debt_bound() {
+    let mut leased = 0;
     for sliding in [false, true] {
         let clock = FakeClock::new(T0);
         let store = MemoryStore::with_clock(clock.clone());
@@ -748,17 +749,23 @@ async fn memory_leases_settle_in_the_store_within_the_debt_bound() {
             per_second(sliding),
             Leases::new().min_rate(1),
         );
-        leases_keep_the_totals_within_the_debt_bound(limiter, &clock, 11).await;
+        leased += leases_keep_the_totals_within_the_debt_bound(limiter, &clock, 11).await;
+        let clock = FakeClock::new(T0);
+        let store = MemoryStore::with_clock(clock.clone());
+        let limiter = leasing(store, &clock, per_second(sliding), big_leases());
+        leased += leases_keep_the_totals_within_the_debt_bound(limiter, &clock, 13).await;
         let clock = FakeClock::new(T0);
         let store = MemoryStore::with_clock(clock.clone());
         let limiter = leasing(store, &clock, per_second(sliding), big_leases());
         a_leased_request_settles_in_the_store(limiter, &clock).await;
     }
+    assert!(leased >= 1, "no request was answered from a lease");
 }
 
 #[tokio::test]
 async fn redis_leases_settle_in_the_store_within_the_debt_bound() {
     let server = RedisServer::start();
+    let mut leased = 0;
     for sliding in [false, true] {
         let clock = FakeClock::new(T0);
         let limiter = leasing(
@@ -767,7 +774,21 @@ async fn redis_leases_settle_in_the_store_within_the_debt_bound() {
             per_second(sliding),
             Leases::new().min_rate(1),
         );
-        leases_keep_the_totals_within_the_debt_bound(limiter, &clock, 12).await;
+        leased += leases_keep_the_totals_within_the_debt_bound(limiter, &clock, 12).await;
+        // The same subject again, on a fresh state: the last run's debt is not this one's.
+        let mut conn = server.conn().await;
+        let () = redlimit::redis::cmd("FLUSHALL")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let clock = FakeClock::new(T0);
+        let limiter = leasing(
+            redis_store(&server, &clock),
+            &clock,
+            per_second(sliding),
+            big_leases(),
+        );
+        leased += leases_keep_the_totals_within_the_debt_bound(limiter, &clock, 14).await;
         let clock = FakeClock::new(T0);
         let limiter = leasing(
             redis_store(&server, &clock),
@@ -777,6 +798,7 @@ async fn redis_leases_settle_in_the_store_within_the_debt_bound() {
         );
         a_leased_request_settles_in_the_store(limiter, &clock).await;
     }
+    assert!(leased >= 1, "no request was answered from a lease");
     server.assert_every_key_expires().await;
 }
 
