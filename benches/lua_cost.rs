@@ -15,12 +15,25 @@
 //! per-shape script that a server without functions gets. The commands are rendered
 //! by the crate (`RedisStore::command`), so the bench sends what the store sends.
 //!
+//! Then the in-flight section (`cargo bench --bench lua_cost -- in-flight` runs it
+//! alone, about 5 minutes): a check of a fixed window with an in-flight policy (no
+//! state, 1 holder, 8 holders in the state), the in-flight release and renewal, and
+//! the settlements of a reservation (`Operation::Charge`, `Operation::Refund`), each
+//! beside the plain fixed-window check and the smallest script of the same run. The
+//! states a row's calls find are written for a probe subject by the store's own
+//! commands, then copied to every subject redis-benchmark draws (one Lua loop,
+//! outside the count, with callgrind's instrumentation off). The same rows on a
+//! redis-server without valgrind give Redis CPU per call (`INFO` main-thread CPU
+//! delta over 20,000 calls, 7 rounds in rotation), and the copied states their memory
+//! (`MEMORY USAGE`, and the `used_memory` delta over 100,000 subjects).
+//!
 //! Needs `valgrind` (with `callgrind_control`), `redis-server` and `redis-benchmark`
-//! (Debian: valgrind, redis-server, redis-tools). About a minute and a half.
+//! (Debian: valgrind, redis-server, redis-tools). About a minute and a half, and the
+//! in-flight section.
 
 use redlimit::internals::{LimiterInternals, Operation, RedisStoreInternals};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redlimit::{Limiter, MemoryStore, Policy, RedisStore, Subject};
 
@@ -94,6 +107,12 @@ fn store_args(store: &RedisStore, policies: &[Policy], script: bool) -> Vec<Stri
 }
 
 fn main() {
+    // `cargo bench --bench lua_cost -- in-flight`: that section alone (its references
+    // are measured again inside it).
+    if std::env::args().any(|a| a == "in-flight") {
+        in_flight_and_settlements();
+        return;
+    }
     let server = Server::start("lua-cost");
     let smallest_sha = server.cli(&["SCRIPT", "LOAD", SMALLEST]).trim().to_owned();
     let library = RedisStore::function_library();
@@ -181,6 +200,8 @@ fn main() {
         );
     }
     parts(&server, library);
+    drop(server);
+    in_flight_and_settlements();
 }
 
 /// Where a decision's instructions go: the library with diagnostic functions added,
@@ -328,4 +349,462 @@ fn parts(server: &Server, library: &str) {
         let cost = instructions_per_call(server, &args) / size as f64;
         println!("| {subjects} subjects | {size} | {cost:.0} |");
     }
+}
+
+/// The subject every command is rendered for, replaced by `__rand_int__` (the counted
+/// calls) or by [`PROBE`] (the calls that write the states the counted calls find).
+const MARK: &str = "subjectmark";
+/// A subject outside redis-benchmark's range (12-digit numbers).
+const PROBE: &str = "probe";
+/// The in-flight section's calls per turn on the server without valgrind.
+const CPU_CALLS: u64 = 20_000;
+const CPU_ROUNDS: usize = 7;
+/// Subjects whose states a row finds written: redis-benchmark's `-r`.
+const SUBJECTS: u64 = 100_000;
+/// The in-flight policy's slot lifetime: a row's copied entries must still count
+/// when its last call runs, and copying 100,000 states under valgrind takes tens of
+/// seconds. The figures do not depend on it (an expiry is 13 digits either way).
+const SLOT_TTL: Duration = Duration::from_secs(300);
+/// The window of the rows whose states hold a count (they must not roll over during
+/// a row: an hour; the plain check keeps the first table's minute).
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// `op` of `cost` as `set`'s store sends it, as arguments, for the subject [`MARK`].
+fn render(
+    store: &RedisStore,
+    set: &redlimit::internals::PolicySet,
+    op: Operation,
+    cost: u64,
+) -> Vec<String> {
+    store
+        .command(op, &Subject::new(MARK), set, cost, false)
+        .args_iter()
+        .map(|arg| match arg {
+            redlimit::redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            _ => panic!("a store call has plain arguments only"),
+        })
+        .collect()
+}
+
+fn for_subject(args: &[String], subject: &str) -> Vec<String> {
+    args.iter().map(|a| a.replace(MARK, subject)).collect()
+}
+
+/// One row of the section: the counted command, and what its calls find.
+struct Row {
+    label: String,
+    /// With the subject [`MARK`].
+    args: Vec<String>,
+    /// Commands (subject [`MARK`]) run for the probe before the copy: they write the
+    /// states every subject then holds.
+    prepare: Vec<Vec<String>>,
+    /// The keys (subject [`MARK`]) whose probe state is copied to every subject.
+    copy: Vec<String>,
+    /// Its state holds a window's count: the row runs within one minute's window.
+    windowed_state: bool,
+    /// (policy index, remaining) the command's reply on the probe must show.
+    expect: Option<(usize, i64)>,
+}
+
+/// Copies the probe's state of each of `keys` (subject [`MARK`]) to the subjects
+/// `0..SUBJECTS` as redis-benchmark names them, with the probe key's TTL: one Lua
+/// loop, outside any count.
+const COPY: &str = r#"local n = tonumber(ARGV[1])
+for k = 1, #KEYS do
+  local v = redis.call('GET', KEYS[k])
+  local ttl = redis.call('PTTL', KEYS[k])
+  if not v or ttl <= 0 then return redis.error_reply('no probe state at ' .. KEYS[k]) end
+  local pre, suf = ARGV[2 * k], ARGV[2 * k + 1]
+  for i = 0, n - 1 do
+    redis.call('SET', pre .. string.format('%012d', i) .. suf, v, 'PX', ttl)
+  end
+end
+return n
+"#;
+
+impl Row {
+    /// Writes the probe's states and copies them to every subject.
+    fn setup(&self, server: &Server) {
+        for cmd in &self.prepare {
+            let args = for_subject(cmd, PROBE);
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            server.cli(&refs);
+        }
+        if self.copy.is_empty() {
+            return;
+        }
+        let mut args = vec![
+            "EVAL".to_owned(),
+            COPY.to_owned(),
+            self.copy.len().to_string(),
+        ];
+        args.extend(self.copy.iter().map(|k| k.replace(MARK, PROBE)));
+        args.push(SUBJECTS.to_string());
+        for key in &self.copy {
+            let (pre, suf) = key.split_once(MARK).expect("the subject in the key");
+            args.extend([pre.to_owned(), suf.to_owned()]);
+        }
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = server.cli(&refs);
+        assert_eq!(out.trim(), SUBJECTS.to_string(), "the copy: {out}");
+        // The probe's own states stay: the verify call runs on them.
+    }
+
+    /// The row's command once on the probe (outside redis-benchmark's range): its
+    /// reply, checked against `expect`.
+    fn verify(&self, server: &Server) -> String {
+        let args: Vec<String> = self
+            .args
+            .iter()
+            .map(|a| a.replace("__rand_int__", PROBE))
+            .collect();
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = server.cli(&refs);
+        let fields: Vec<i64> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        if let Some((policy, remaining)) = self.expect {
+            assert_eq!(
+                fields.get(4 * policy + 1),
+                Some(&remaining),
+                "{}: the reply on the probe: {out}",
+                self.label
+            );
+        }
+        fields
+            .iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// A row whose state holds a window's count runs within one window of an hour:
+    /// waits for the next one when less than `need` is left of this one.
+    fn align(&self, need: Duration) {
+        if !self.windowed_state {
+            return;
+        }
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("a clock after 1970");
+        let into = Duration::from_millis((since.as_millis() % HOUR.as_millis()) as u64);
+        if HOUR - into < need {
+            std::thread::sleep(HOUR - into + Duration::from_millis(200));
+        }
+    }
+}
+
+/// `redis-benchmark` sends `args` `calls` times on `server` (as in
+/// [`instructions_per_call`]).
+fn bench_calls(server: &Server, args: &[String], calls: u64) {
+    let out = Command::new("redis-benchmark")
+        .args(["-p", &server.port().to_string(), "-c", "4", "-P", "16"])
+        .args(["-r", &SUBJECTS.to_string(), "-n", &calls.to_string(), "-q"])
+        .args(args)
+        .output()
+        .expect("redis-benchmark must be installed (Debian: redis-tools)");
+    assert!(out.status.success(), "redis-benchmark failed");
+}
+
+fn rows(store: &RedisStore, smallest_sha: &str) -> Vec<Row> {
+    let minute = Duration::from_secs(60);
+    let policy = |p: Result<Policy, redlimit::PolicyError>| p.expect("a valid policy");
+    let limiter = |policies: Vec<Policy>| {
+        policies
+            .into_iter()
+            .fold(Limiter::builder(MemoryStore::new()), |l, p| l.policy(p))
+            .build()
+            .expect("policies named apart")
+    };
+    let fixed = || policy(Policy::fixed_window("p", 1_000_000, HOUR));
+    let sliding = || policy(Policy::sliding_window("p", 1_000_000, HOUR));
+    let in_flight = || policy(Policy::in_flight("q", 100, SLOT_TTL));
+    // Eight instances of one limiter: the same set (one key per policy), each set its
+    // own holder. The first is the one whose calls are counted.
+    let instances: Vec<_> = (0..8)
+        .map(|_| limiter(vec![fixed(), in_flight()]))
+        .collect();
+    let sets: Vec<_> = instances.iter().map(|l| l.policy_set().clone()).collect();
+    assert!(
+        sets.iter().all(|s| s.key_tag() == sets[0].key_tag()),
+        "one set"
+    );
+    let me = &sets[0];
+    let check = |set| render(store, set, Operation::Check, 1);
+    let keys = |set: &redlimit::internals::PolicySet| -> Vec<String> {
+        set.policies()
+            .iter()
+            .map(|p| store.key(&Subject::new(MARK), set, p))
+            .collect()
+    };
+    let in_flight_key = keys(me)[1].clone();
+    // The others' checks first, then this instance's: its entry is the last.
+    let holders =
+        |n: usize| -> Vec<Vec<String>> { sets[1..n].iter().chain([me]).map(check).collect() };
+    let plain = limiter(vec![policy(Policy::fixed_window("p", 1_000_000, minute))]);
+    let fw_limiter = limiter(vec![fixed()]);
+    let fw = fw_limiter.policy_set();
+    let sw_limiter = limiter(vec![sliding()]);
+    let sw = sw_limiter.policy_set();
+    let row = |label: &str, args, prepare, copy, windowed_state, expect| Row {
+        label: label.to_owned(),
+        args,
+        prepare,
+        copy,
+        windowed_state,
+        expect,
+    };
+    let mut out = vec![
+        row(
+            "smallest fixed-window script (TIME + INCR + PEXPIRE), the reference",
+            vec![
+                "EVALSHA".to_owned(),
+                smallest_sha.to_owned(),
+                "1".to_owned(),
+                format!("rl:{{{MARK}}}:p:fw"),
+                "60000".to_owned(),
+            ],
+            vec![],
+            vec![],
+            false,
+            None,
+        ),
+        row(
+            "plain check, fixed window (as in the first table)",
+            check(plain.policy_set()),
+            vec![],
+            vec![],
+            false,
+            Some((0, 999_999)),
+        ),
+        row(
+            "check, fixed window (1 h) + in-flight (100, 5 min): no state (the first request)",
+            check(me),
+            vec![],
+            vec![],
+            false,
+            Some((1, 99)),
+        ),
+        row(
+            "check, fixed window + in-flight: 1 holder in the state (this instance's)",
+            check(me),
+            holders(1),
+            vec![in_flight_key.clone()],
+            false,
+            Some((1, 98)),
+        ),
+        row(
+            "check, fixed window + in-flight: 8 holders in the state (7 instances' and this one's)",
+            check(me),
+            holders(8),
+            vec![in_flight_key.clone()],
+            false,
+            Some((1, 91)),
+        ),
+    ];
+    for (op, name) in [
+        (Operation::Release, "release"),
+        (Operation::Renew, "renewal (holding 1)"),
+    ] {
+        for (n, remaining) in [
+            (1usize, if op == Operation::Release { 99 } else { 98 }),
+            (8, if op == Operation::Release { 92 } else { 91 }),
+        ] {
+            out.push(row(
+                &format!(
+                    "{name}, fixed window + in-flight: {n} holder{} in the state",
+                    if n == 1 { "" } else { "s" }
+                ),
+                render(store, me, op, 1),
+                holders(n),
+                keys(me),
+                true,
+                Some((1, remaining)),
+            ));
+        }
+    }
+    for (set, algorithm) in [(fw, "fixed window"), (sw, "sliding window")] {
+        for (op, name) in [(Operation::Charge, "charge"), (Operation::Refund, "refund")] {
+            out.push(row(
+                &format!("settlement: {name} of 3 after a check of 5, {algorithm}"),
+                render(store, set, op, 3),
+                vec![render(store, set, Operation::Check, 5)],
+                keys(set),
+                true,
+                None,
+            ));
+        }
+    }
+    // The counted calls' subjects: redis-benchmark's random 12-digit numbers.
+    for row in &mut out {
+        row.args = for_subject(&row.args, "__rand_int__");
+    }
+    out
+}
+
+/// The in-flight policy's check, its release and renewal, and the settlements of a
+/// reservation, each beside the plain check and the smallest script: Redis
+/// instructions per call (callgrind), Redis CPU per call (a server without valgrind,
+/// `INFO` deltas over rounds), and the bytes of an in-flight state.
+fn in_flight_and_settlements() {
+    let started = Instant::now();
+    let library = RedisStore::function_library();
+    let load = |server: &Server| -> String {
+        let loaded = server.cli(&["FUNCTION", "LOAD", "REPLACE", library]);
+        assert!(
+            loaded.trim().starts_with("redlimit_"),
+            "FUNCTION LOAD: {loaded}"
+        );
+        server.cli(&["SCRIPT", "LOAD", SMALLEST]).trim().to_owned()
+    };
+    let server = Server::start("lua-cost-in-flight");
+    let sha = load(&server);
+    let pool = redlimit::deadpool_redis::Config::from_url(server.url())
+        .create_pool(Some(redlimit::deadpool_redis::Runtime::Tokio1))
+        .expect("a pool");
+    let store = RedisStore::new(pool);
+    let rows = rows(&store, &sha);
+
+    // Instructions, one turn each (they do not move with the load).
+    let mut instructions = Vec::new();
+    for row in &rows {
+        row.align(Duration::from_secs(240));
+        let at = Instant::now();
+        let mut reply = String::new();
+        let (total, ()) = server.instructions_after(
+            || {
+                row.setup(&server);
+                reply = row.verify(&server);
+            },
+            || bench_calls(&server, &row.args, CALLS),
+        );
+        assert!(
+            at.elapsed() < SLOT_TTL - Duration::from_secs(10),
+            "{}: the copied entries expired during the turn ({:?})",
+            row.label,
+            at.elapsed()
+        );
+        eprintln!(
+            "lua_cost: {} -> reply on the probe: {reply} ({:.0} s)",
+            row.label,
+            at.elapsed().as_secs_f64()
+        );
+        instructions.push(total as f64 / CALLS as f64);
+    }
+    drop(server);
+
+    // CPU seconds, rows in rotation, CPU_ROUNDS rounds.
+    let native = Server::start_native("lua-cost-in-flight");
+    load(&native);
+    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
+    for round in 0..CPU_ROUNDS {
+        let mut order: Vec<usize> = (0..rows.len()).collect();
+        order.rotate_left(round % rows.len());
+        for i in order {
+            let row = &rows[i];
+            row.align(Duration::from_secs(5));
+            let seconds = native.cpu_seconds_after(
+                || {
+                    row.setup(&native);
+                    row.verify(&native);
+                },
+                || bench_calls(&native, &row.args, CPU_CALLS),
+            );
+            cpu[i].push(seconds * 1e6 / CPU_CALLS as f64);
+        }
+    }
+
+    println!(
+        "\nIn-flight policies and settlements: Redis per call (instructions: callgrind, {CALLS} calls; \
+         CPU: redis-server without valgrind, INFO used_cpu_sys_main_thread + used_cpu_user_main_thread \
+         delta over {CPU_CALLS} calls, {CPU_ROUNDS} rounds in rotation, median (min-max)); \
+         redis-benchmark -c 4 -P 16 -r {SUBJECTS}; the states a row finds written for every subject\n"
+    );
+    println!("| call | instructions | / plain check | / smallest script | Redis CPU per call, µs | CPU / smallest, same round |");
+    println!("|---|---|---|---|---|---|");
+    let (smallest, plain) = (instructions[0], instructions[1]);
+    for (i, row) in rows.iter().enumerate() {
+        let ratios: Vec<f64> = cpu[i].iter().zip(&cpu[0]).map(|(a, b)| a / b).collect();
+        let (lo, hi) = spread(&cpu[i]);
+        let (rlo, rhi) = spread(&ratios);
+        println!(
+            "| {} | {:.0} | {:.2}x | {:.2}x | {:.2} ({lo:.2}-{hi:.2}) | {:.2}x ({rlo:.2}-{rhi:.2}) |",
+            row.label,
+            instructions[i],
+            instructions[i] / plain,
+            instructions[i] / smallest,
+            median(&cpu[i]),
+            median(&ratios),
+        );
+    }
+
+    // Memory: one state copied to every subject, `used_memory` delta / subjects, and
+    // `MEMORY USAGE` of the probe's key.
+    println!("\n| key (its state as the store wrote it) | MEMORY USAGE, B | used_memory delta / {SUBJECTS} subjects, B | state bytes (STRLEN) |");
+    println!("|---|---|---|---|");
+    for (label, i, key) in [
+        ("fixed window, one check", 1usize, 0usize),
+        ("in-flight, 1 holder", 3, 0),
+        ("in-flight, 8 holders", 4, 0),
+    ] {
+        let row = &rows[i];
+        native.cli(&["FLUSHALL"]);
+        for cmd in &row.prepare {
+            let args = for_subject(cmd, PROBE);
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            native.cli(&refs);
+        }
+        let copy = if row.copy.is_empty() {
+            // The plain check's only key.
+            let args: Vec<String> = row
+                .args
+                .iter()
+                .map(|a| a.replace("__rand_int__", PROBE))
+                .collect();
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            native.cli(&refs);
+            row.args[3].replace("__rand_int__", MARK)
+        } else {
+            row.copy[key].clone()
+        };
+        let probe_key = copy.replace(MARK, PROBE);
+        let usage = native.cli(&["MEMORY", "USAGE", &probe_key]);
+        let strlen = native.cli(&["STRLEN", &probe_key]);
+        let before = native.used_memory();
+        let only = Row {
+            label: label.to_owned(),
+            args: vec![],
+            prepare: vec![],
+            copy: vec![copy],
+            windowed_state: false,
+            expect: None,
+        };
+        only.setup(&native);
+        let after = native.used_memory();
+        println!(
+            "| {label} (`{}`) | {} | {:.1} | {} |",
+            probe_key,
+            usage.trim(),
+            (after - before) as f64 / SUBJECTS as f64,
+            strlen.trim()
+        );
+    }
+    println!(
+        "\nin-flight section: {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn spread(values: &[f64]) -> (f64, f64) {
+    values
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)))
 }

@@ -17,22 +17,41 @@ pub struct Server {
     child: Child,
     port: u16,
     dir: PathBuf,
+    callgrind: bool,
 }
 
 impl Server {
     /// Starts the server (no persistence), in a temporary directory named after `bench`,
     /// and waits until it answers.
     pub fn start(bench: &str) -> Self {
+        Self::spawn(bench, true)
+    }
+
+    /// The same server without valgrind, for what callgrind cannot measure: Redis's
+    /// CPU seconds ([`Server::cpu_seconds_after`]) and memory.
+    #[allow(dead_code)]
+    pub fn start_native(bench: &str) -> Self {
+        Self::spawn(&format!("{bench}-native"), false)
+    }
+
+    fn spawn(bench: &str, callgrind: bool) -> Self {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free loopback port")
             .port();
         let dir = std::env::temp_dir().join(format!("redlimit-{bench}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a temporary directory");
-        let child = Command::new("valgrind")
-            .arg("--tool=callgrind")
-            .arg(format!("--callgrind-out-file={}/cg.out", dir.display()))
-            .args(["redis-server", "--bind", "127.0.0.1", "--port"])
+        let mut command = if callgrind {
+            let mut c = Command::new("valgrind");
+            c.arg("--tool=callgrind")
+                .arg(format!("--callgrind-out-file={}/cg.out", dir.display()))
+                .arg("redis-server");
+            c
+        } else {
+            Command::new("redis-server")
+        };
+        let child = command
+            .args(["--bind", "127.0.0.1", "--port"])
             .arg(port.to_string())
             .args(["--save", "", "--appendonly", "no", "--dir"])
             .arg(&dir)
@@ -40,13 +59,15 @@ impl Server {
             .stderr(Stdio::null())
             .spawn()
             .expect("valgrind and redis-server must be installed (Debian: valgrind, redis-server)");
-        let server = Self { child, port, dir };
+        let server = Self {
+            child,
+            port,
+            dir,
+            callgrind,
+        };
         let deadline = Instant::now() + Duration::from_secs(60);
         while server.cli(&["PING"]).trim() != "PONG" {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server under callgrind did not start"
-            );
+            assert!(Instant::now() < deadline, "redis-server did not start");
             std::thread::sleep(Duration::from_millis(200));
         }
         server
@@ -92,6 +113,71 @@ impl Server {
         (total, out)
     }
 
+    /// [`Server::instructions`] with `setup` run after the `FLUSHALL` and outside the
+    /// count: state the counted calls find (a subject's state written before). The
+    /// setup runs with callgrind's instrumentation off (`--instr=off`), several times
+    /// faster; instruction counts are the server's own, whatever valgrind translates.
+    #[allow(dead_code)]
+    pub fn instructions_after<T>(
+        &self,
+        setup: impl FnOnce(),
+        work: impl FnOnce() -> T,
+    ) -> (u64, T) {
+        self.cli(&["FLUSHALL"]);
+        self.callgrind("--instr=off");
+        setup();
+        self.callgrind("--instr=on");
+        self.cli(&["CONFIG", "RESETSTAT"]);
+        self.callgrind("--zero");
+        let out = work();
+        self.callgrind("--dump");
+        let total = self.last_dump_total();
+        let errors = self.cli(&["INFO", "errorstats"]);
+        assert!(!errors.contains("errorstat_"), "calls failed: {errors}");
+        (total, out)
+    }
+
+    /// Redis's main-thread CPU seconds (`INFO cpu`: `used_cpu_sys_main_thread` +
+    /// `used_cpu_user_main_thread`, delta) while `work` ran, after a `FLUSHALL` and
+    /// `setup` (outside the delta). No call may have failed, as for the instructions.
+    #[allow(dead_code)]
+    pub fn cpu_seconds_after(&self, setup: impl FnOnce(), work: impl FnOnce()) -> f64 {
+        self.cli(&["FLUSHALL"]);
+        setup();
+        self.cli(&["CONFIG", "RESETSTAT"]);
+        let before = self.main_thread_cpu();
+        work();
+        let after = self.main_thread_cpu();
+        let errors = self.cli(&["INFO", "errorstats"]);
+        assert!(!errors.contains("errorstat_"), "calls failed: {errors}");
+        after - before
+    }
+
+    /// `used_cpu_sys_main_thread` + `used_cpu_user_main_thread`, in seconds.
+    #[allow(dead_code)]
+    fn main_thread_cpu(&self) -> f64 {
+        let info = self.cli(&["INFO", "cpu"]);
+        ["used_cpu_sys_main_thread:", "used_cpu_user_main_thread:"]
+            .iter()
+            .map(|field| {
+                info.lines()
+                    .find_map(|l| l.trim().strip_prefix(field))
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .unwrap_or_else(|| panic!("INFO cpu has {field}"))
+            })
+            .sum()
+    }
+
+    /// `INFO memory`'s `used_memory`, in bytes.
+    #[allow(dead_code)]
+    pub fn used_memory(&self) -> i64 {
+        self.cli(&["INFO", "memory"])
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("used_memory:"))
+            .and_then(|v| v.parse().ok())
+            .expect("INFO memory has used_memory")
+    }
+
     /// The script calls Redis ran since the last [`Server::instructions`] began
     /// (`FCALL`, `FCALL_RO`, `EVALSHA`, `EVAL`, from `INFO commandstats`): the number
     /// of calls as the server counts them.
@@ -116,6 +202,7 @@ impl Server {
     }
 
     fn callgrind(&self, what: &str) {
+        assert!(self.callgrind, "a native server counts no instructions");
         let ok = Command::new("callgrind_control")
             .arg(what)
             .arg(self.child.id().to_string())
