@@ -113,7 +113,7 @@ local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, 
         end
         raw = kept or false
       end
-      allowed, remaining, reset, retry, ttl, nxt = set[b + 1](limit, window, now, holder, raw)
+      allowed, remaining, reset, retry, ttl, nxt = set[b + 1](limit, window, now, holder, raw, op ~= OP_CHECK)
     else
       local asked = cost
       if op == OP_REFUND and raw then

@@ -39,7 +39,9 @@ local function in_flight_state(hs, cs, es, now)
   return table.concat(parts), keep
 end
 
-local function in_flight(limit, ttl, now, holder, raw)
+-- `peek`: nothing will be written (a peek, or the answer after a release or a
+-- renewal), so the next state is not built.
+local function in_flight(limit, ttl, now, holder, raw, peek)
   local hs, cs, es = in_flight_live(raw, now, ttl)
   local count, mine = 0, nil
   for i = 1, #hs do
@@ -64,6 +66,15 @@ local function in_flight(limit, ttl, now, holder, raw)
       soonest = 1
     end
     return false, 0, keep, soonest, 0, nil
+  end
+  if peek then
+    local keep = ttl
+    for i = 1, #es do
+      if i ~= mine and es[i] - now > keep then
+        keep = es[i] - now
+      end
+    end
+    return true, limit - count - 1, keep, 0, keep, nil
   end
   if mine then
     cs[mine], es[mine] = cs[mine] + 1, now + ttl
