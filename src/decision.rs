@@ -62,7 +62,7 @@ pub struct PolicyOutcome {
 /// policies ([`Policy::shadow`]) never deny and never bind (unless every policy is a
 /// shadow): a request only they would deny is allowed, and
 /// [`Decision::would_deny`] says so.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Eq)]
 pub struct Decision {
     allowed: bool,
     origin: Origin,
@@ -77,6 +77,20 @@ pub struct Decision {
     /// Every policy's outcome, for the admin operations' answers only: a check keeps
     /// the binding one alone, so it stays small.
     each: Option<Arc<[PolicyOutcome]>>,
+}
+
+/// Equal when they decide alike: the same verdict, binding policy and figures, origin
+/// and policies. [`Decision::each_policy`], which only the admin operations' answers
+/// carry, is not compared (a peek equals the check it foretells).
+impl PartialEq for Decision {
+    fn eq(&self, other: &Self) -> bool {
+        self.allowed == other.allowed
+            && self.origin == other.origin
+            && self.index == other.index
+            && self.outcome == other.outcome
+            && self.shadow_denier == other.shadow_denier
+            && self.policies == other.policies
+    }
 }
 
 impl Decision {
