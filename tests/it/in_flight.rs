@@ -520,3 +520,64 @@ async fn while_the_store_fails_the_fallback_holds_the_slots() {
     assert_eq!(limiter.held_slots(&Subject::new("h")), 0);
     assert!(limiter.check("h", 1).await.unwrap().is_allowed());
 }
+
+/// A policy changed under the same name (another limit) keys a state of its own: the
+/// new one counts from zero and the old one's slots stay the old one's, never a lockout.
+#[tokio::test]
+async fn a_policy_changed_under_its_name_counts_its_slots_apart() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(1_700_000_000_000);
+    let old = Arc::new(Limiter::new(redis_store(&server, &clock), in_flight(2)));
+    let new = Arc::new(Limiter::new(redis_store(&server, &clock), in_flight(3)));
+    let mut slots = Vec::new();
+    for _ in 0..2 {
+        let d = old.check("i", 1).await.unwrap();
+        slots.push(old.hold("i", &d).unwrap());
+    }
+    assert!(!old.check("i", 1).await.unwrap().is_allowed());
+    // The new policy sees none of the old one's running: up to its limit more may
+    // start while they run (the bound docs/in_flight.md states).
+    for _ in 0..3 {
+        let d = new.check("i", 1).await.unwrap();
+        assert!(d.is_allowed(), "{d:?}");
+        slots.push(new.hold("i", &d).unwrap());
+    }
+    assert!(!new.check("i", 1).await.unwrap().is_allowed());
+    drop(slots);
+    settles_to(&old, "i", 2, 0).await;
+    settles_to(&new, "i", 3, 0).await;
+}
+
+/// Instances whose clocks disagree: the slots of one whose clock runs ahead by less
+/// than the foreign bound count on the other's clock until they expire there (its lead
+/// longer); one further ahead than five slot lifetimes is foreign, and its slots do not
+/// count (at most `limit` more start), never a lockout.
+#[tokio::test]
+async fn slots_written_by_a_clock_ahead_count_its_lead_longer_or_are_foreign() {
+    let server = RedisServer::start();
+    let t0 = 1_700_000_000_000;
+    let lead = Duration::from_secs(10);
+    let (behind, ahead) = (
+        FakeClock::new(t0),
+        FakeClock::new(t0 + lead.as_millis() as u64),
+    );
+    let a = Arc::new(Limiter::new(redis_store(&server, &ahead), in_flight(1)));
+    let b = Arc::new(Limiter::new(redis_store(&server, &behind), in_flight(1)));
+    let d = a.check("j", 1).await.unwrap();
+    std::mem::forget(a.hold("j", &d).unwrap());
+    let until = t0 + (lead + SLOT_TTL).as_millis() as u64;
+    behind.set_ms(until - 1);
+    assert!(!b.check("j", 1).await.unwrap().is_allowed());
+    behind.set_ms(until);
+    assert!(b.check("j", 1).await.unwrap().is_allowed());
+
+    // Ahead by more than five slot lifetimes: state this clock cannot have written.
+    let far = FakeClock::new(t0 + 6 * SLOT_TTL.as_millis() as u64);
+    let c = Arc::new(Limiter::new(redis_store(&server, &far), in_flight(1)));
+    let d = c.check("k", 1).await.unwrap();
+    std::mem::forget(c.hold("k", &d).unwrap());
+    behind.set_ms(t0);
+    let admitted = b.check("k", 1).await.unwrap();
+    assert!(admitted.is_allowed(), "{admitted:?}");
+    assert!(!b.check("k", 1).await.unwrap().is_allowed());
+}
