@@ -13,27 +13,25 @@ use http::{HeaderMap, StatusCode};
 use crate::decision::{Decision, Origin};
 use crate::limiter::Limiter;
 use crate::slot::{run_off_path, Slot};
-use crate::store::{AdminStore, Store};
+use crate::store::Store;
 use crate::subject::Subject;
 
 /// The application's rule: does this response head mean the server failed?
 type When = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
 
-/// Which responses are refunded, and how.
+/// Which responses are refunded: the application's rule.
 pub(crate) struct Refund<S> {
     when: Arc<When>,
-    /// `refund_now::<S>`, made where `S: AdminStore` is known: the service and its
-    /// future need only `S: Store`, and layers without refunds stay as they were.
-    run: fn(Arc<Limiter<S>>, Subject, u32, Origin),
+    store: std::marker::PhantomData<fn() -> S>,
 }
 
-impl<S: AdminStore> Refund<S> {
+impl<S> Refund<S> {
     pub(crate) fn new(
         when: impl Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
     ) -> Self {
         Self {
             when: Arc::new(when),
-            run: refund_now::<S>,
+            store: std::marker::PhantomData,
         }
     }
 }
@@ -42,7 +40,7 @@ impl<S> Clone for Refund<S> {
     fn clone(&self) -> Self {
         Self {
             when: Arc::clone(&self.when),
-            run: self.run,
+            store: std::marker::PhantomData,
         }
     }
 }
@@ -115,9 +113,7 @@ impl<S: Store> Aftercare<S> {
             });
         }
     }
-}
 
-impl<S> Aftercare<S> {
     /// The response head is known: refunds if it matches the layer's rule, and
     /// returns what lasts until the body ends.
     ///
@@ -130,7 +126,7 @@ impl<S> Aftercare<S> {
                 if let Some(settled) = &mut settlement {
                     settled.usage.report(settled.usage.reserved());
                 }
-                (refund.run)(self.limiter, self.subject, self.cost, self.origin);
+                refund_now(self.limiter, self.subject, self.cost, self.origin);
             }
         }
         if self.slot.is_none() && settlement.is_none() {
@@ -291,12 +287,7 @@ impl<S: Store> Settles for Limiter<S> {
 }
 
 /// Refunds without holding up the response (see [`run_off_path`]).
-fn refund_now<S: AdminStore>(
-    limiter: Arc<Limiter<S>>,
-    subject: Subject,
-    cost: u32,
-    origin: Origin,
-) {
+fn refund_now<S: Store>(limiter: Arc<Limiter<S>>, subject: Subject, cost: u32, origin: Origin) {
     if origin == Origin::FailOpen {
         return;
     }

@@ -12,7 +12,7 @@ use crate::key::KeyExtractor;
 use crate::layer::wait::Waits;
 use crate::layer::{BodyStyle, HeaderStyle, Keyed, Plan, RateLimit, Refund, Rules, Tiers, Wait};
 use crate::limiter::Limiter;
-use crate::store::{AdminStore, Store};
+use crate::store::Store;
 
 /// What the layer does when the store cannot decide (it failed or timed out). Never a
 /// 429: that would blame the client for the server's fault.
@@ -338,7 +338,7 @@ impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
     }
 }
 
-impl<S: AdminStore, P: Plan<S>> RateLimitLayer<S, P> {
+impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
     /// What to do with a request over its limit ([`OverLimit::Refuse`] by default).
     ///
     /// Each call with [`OverLimit::Wait`] gives the layer places of its own to wait in;

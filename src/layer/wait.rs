@@ -27,7 +27,7 @@ use crate::layer::future::{verdict, Headers, Verdict};
 use crate::layer::response::{self, Answer};
 use crate::layer::{Aftercare, Config, Limit, OverLimit, Pick, Plan, Shared};
 use crate::limiter::{CheckFuture, Limiter};
-use crate::store::{AdminStore, Store};
+use crate::store::Store;
 use crate::subject::Subject;
 
 /// How long a request over its limit may wait for its turn, and how many may wait at
@@ -113,28 +113,26 @@ impl Wait {
     }
 }
 
-/// A peek of the store, type-erased so that the layer's service and future need only
-/// `S: Store`: made where `S: AdminStore` is known, as refunds are.
-type PeekFn<S> = fn(Arc<Limiter<S>>, Subject, u32) -> PeekFuture;
+/// A peek of the store, boxed: the one future a waiting request's place needs.
 type PeekFuture = Pin<Box<dyn Future<Output = Result<Decision, Error>> + Send>>;
 
-fn peek_now<S: AdminStore>(limiter: Arc<Limiter<S>>, subject: Subject, cost: u32) -> PeekFuture {
+fn peek_now<S: Store>(limiter: Arc<Limiter<S>>, subject: Subject, cost: u32) -> PeekFuture {
     Box::pin(async move { limiter.peek(subject, cost).await })
 }
 
-/// What a waiting layer shares with its services: the settings, the places, the peek.
+/// What a waiting layer shares with its services: the settings and the places.
 pub(crate) struct Waits<S> {
     pub(crate) wait: Wait,
     room: Arc<Room>,
-    peek: PeekFn<S>,
+    store: std::marker::PhantomData<fn() -> S>,
 }
 
-impl<S: AdminStore> Waits<S> {
+impl<S> Waits<S> {
     pub(crate) fn new(wait: Wait) -> Self {
         Self {
             wait,
             room: Arc::new(Room::default()),
-            peek: peek_now::<S>,
+            store: std::marker::PhantomData,
         }
     }
 }
@@ -144,7 +142,7 @@ impl<S> Clone for Waits<S> {
         Self {
             wait: self.wait,
             room: Arc::clone(&self.room),
-            peek: self.peek,
+            store: std::marker::PhantomData,
         }
     }
 }
@@ -438,8 +436,7 @@ where
         // Above what a policy admits at once: its place never comes.
         let total = u32::try_from(total).map_err(drop)?;
         self.limit.limiter.valid_cost(total).map_err(drop)?;
-        let waits = self.shared.wait.as_ref().ok_or(())?;
-        let peek = (waits.peek)(Arc::clone(&self.limit.limiter), self.subject.clone(), total);
+        let peek = peek_now(Arc::clone(&self.limit.limiter), self.subject.clone(), total);
         self.stage = Stage::Placing(peek);
         Ok(())
     }
