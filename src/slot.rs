@@ -195,35 +195,32 @@ impl<S: Store> Limiter<S> {
         runtime.spawn(renew_while_held(limiter, every));
     }
 
-    /// One round of renewals: every subject held, one store call each; how many.
-    /// `None` (with `stop_if_idle`: the task stops) when nothing is held.
+    /// One round of renewals: every subject held, one store call each, all at once
+    /// (a slow store delays the round by one call's time, not by one per subject); how
+    /// many. `None` (with `stop_if_idle`: the task stops) when nothing is held. Runs on
+    /// a Tokio runtime: the renewal task's (or a test's).
     pub(crate) async fn renew_slots(&self, stop_if_idle: bool) -> Option<usize> {
         let held = self.slot_table()?.to_renew(stop_if_idle)?;
         let subjects = held.len();
-        for (key, count) in held {
-            self.renew(key, count).await;
+        let mut calls = tokio::task::JoinSet::new();
+        for ((in_fallback, subject), count) in held {
+            if in_fallback {
+                if let Some(fallback) = self.fallback() {
+                    fallback.run_op(Operation::Renew, subject, self.policy_set(), count);
+                }
+                continue;
+            }
+            let call = self
+                .store()
+                .run(Operation::Renew, subject, self.policy_set(), count);
+            calls.spawn(call);
+        }
+        while let Some(renewed) = calls.join_next().await {
+            if let Ok(Err(error)) = renewed {
+                tracing::warn!(%error, "in-flight slots not renewed; they count until their lifetime ends");
+            }
         }
         Some(subjects)
-    }
-
-    /// One store call per subject held: its count, for another slot lifetime.
-    async fn renew(&self, key: (bool, Subject), held: u64) {
-        let (in_fallback, subject) = key;
-        let result = match (in_fallback, self.fallback()) {
-            (true, Some(fallback)) => {
-                fallback.run_op(Operation::Renew, subject, self.policy_set(), held);
-                Ok(())
-            }
-            (true, None) => Ok(()),
-            (false, _) => self
-                .store()
-                .run(Operation::Renew, subject, self.policy_set(), held)
-                .await
-                .map(drop),
-        };
-        if let Err(error) = result {
-            tracing::warn!(%error, "in-flight slots not renewed; they count until their lifetime ends");
-        }
     }
 }
 
