@@ -105,15 +105,18 @@ local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, 
       -- holder where the others take the cost (a charge or refund of units
       -- leaves slots alone).
       if op == OP_RELEASE or op == OP_RENEW then
-        local kept, keep = IN_FLIGHT_HOLD(op, window, now, held, raw, holder)
+        -- The new entry and the peek of 1 it answers with, from one parse.
+        local kept, keep
+        kept, keep, allowed, remaining, reset, retry = IN_FLIGHT_HOLD(op, limit, window, now, held, raw, holder)
         if kept then
           redis.call("SET", key, kept, "PX", math.max(keep, 1))
         elseif raw then
           redis.call("DEL", key)
         end
-        raw = kept or false
+        ttl, nxt = 0, nil
+      else
+        allowed, remaining, reset, retry, ttl, nxt = set[b + 1](limit, window, now, holder, raw, op ~= OP_CHECK)
       end
-      allowed, remaining, reset, retry, ttl, nxt = set[b + 1](limit, window, now, holder, raw, op ~= OP_CHECK)
     else
       local asked = cost
       if op == OP_REFUND and raw then

@@ -39,27 +39,32 @@ local function in_flight_state(hs, cs, es, now)
   return table.concat(parts), keep
 end
 
--- `peek`: nothing will be written (a peek, or the answer after a release or a
--- renewal), so the next state is not built.
-local function in_flight(limit, ttl, now, holder, raw, peek)
-  local hs, cs, es = in_flight_live(raw, now, ttl)
+-- The decision on parsed entries (in_flight_live's, or a release's or renewal's
+-- result, where an entry may count 0 and then counts as absent). `peek`: nothing
+-- will be written (a peek, or the answer after a release or a renewal), so the next
+-- state is not built.
+local function in_flight_on(limit, ttl, now, holder, hs, cs, es, peek)
   local count, mine = 0, nil
   for i = 1, #hs do
-    count = count + cs[i]
-    if hs[i] == holder and not mine then
-      mine = i
+    if cs[i] > 0 then
+      count = count + cs[i]
+      if hs[i] == holder and not mine then
+        mine = i
+      end
     end
   end
   if count >= limit then
     -- The soonest a slot would free itself if no request ended before: a hint.
     local soonest, keep = IN_FLIGHT_RETRY_HINT, 0
     for i = 1, #es do
-      local left = es[i] - now
-      if left < soonest then
-        soonest = left
-      end
-      if left > keep then
-        keep = left
+      if cs[i] > 0 then
+        local left = es[i] - now
+        if left < soonest then
+          soonest = left
+        end
+        if left > keep then
+          keep = left
+        end
       end
     end
     if soonest < 1 then
@@ -70,7 +75,7 @@ local function in_flight(limit, ttl, now, holder, raw, peek)
   if peek then
     local keep = ttl
     for i = 1, #es do
-      if i ~= mine and es[i] - now > keep then
+      if i ~= mine and cs[i] > 0 and es[i] - now > keep then
         keep = es[i] - now
       end
     end
@@ -84,6 +89,11 @@ local function in_flight(limit, ttl, now, holder, raw, peek)
   end
   local nxt, keep = in_flight_state(hs, cs, es, now)
   return true, limit - count - 1, keep, 0, keep, nxt
+end
+
+local function in_flight(limit, ttl, now, holder, raw, peek)
+  local hs, cs, es = in_flight_live(raw, now, ttl)
+  return in_flight_on(limit, ttl, now, holder, hs, cs, es, peek)
 end
 
 DECIDE[ALG_IN_FLIGHT] = in_flight

@@ -4,9 +4,10 @@
 -- A release (OP_RELEASE): the holder's entry counts one fewer, same expiry. A
 -- renewal (OP_RENEW): it counts `held` (what the holder knows it holds), for
 -- another slot lifetime, written again if the state was lost. Translation of hold
--- in src/algorithm/in_flight.rs. Returns the new state and how long to keep it,
--- or nil when nothing is left.
-IN_FLIGHT_HOLD = function(op, ttl, now, held, raw, holder)
+-- in src/algorithm/in_flight.rs. Returns the new state (nil when nothing is left)
+-- and how long to keep it, then the answer a peek of 1 makes of it, from the same
+-- parse.
+IN_FLIGHT_HOLD = function(op, limit, ttl, now, held, raw, holder)
   local hs, cs, es = in_flight_live(raw, now, ttl)
   local mine
   for i = 1, #hs do
@@ -26,9 +27,10 @@ IN_FLIGHT_HOLD = function(op, ttl, now, held, raw, holder)
   end
   local nxt, keep = in_flight_state(hs, cs, es, now)
   if nxt == "" then
-    return nil, 0
+    nxt = nil
   end
-  return nxt, keep
+  local allowed, remaining, reset, retry = in_flight_on(limit, ttl, now, holder, hs, cs, es, true)
+  return nxt, keep, allowed, remaining, reset, retry
 end
 
 -- Slots are given back by their release, never by a refund of units.
