@@ -12,7 +12,7 @@ use crate::support;
 
 use redlimit::internals::traces::{Spec, TRACES};
 use redlimit::Policy;
-use support::props::{Admin, SideBySide};
+use support::props::{Admin, Lcg, SideBySide};
 use support::RedisServer;
 
 #[tokio::test]
@@ -61,23 +61,6 @@ async fn run_trace(
             trace.would_deny.contains(&i),
             "{what}: {decision:?}"
         );
-    }
-}
-
-/// A small deterministic generator (64-bit LCG), so failures replay exactly.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        self.0 >> 33
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
     }
 }
 

@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 use crate::support::layer::{body_text, header, request, UserHeader, RATELIMIT_POLICY};
+use crate::support::props::Lcg;
 use crate::support::RedisServer;
 
 const SLOT_TTL: Duration = Duration::from_secs(30);
@@ -35,19 +36,6 @@ fn redis_store(server: &RedisServer, clock: &FakeClock) -> RedisStore {
     RedisStore::new(server.pool())
         .client_clock(clock.clone())
         .timeout(Duration::from_secs(5))
-}
-
-/// A small deterministic generator (64-bit LCG), so failures replay exactly.
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n.max(1)
-    }
 }
 
 /// The parts of a decision both stores must agree on.

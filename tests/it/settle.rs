@@ -28,6 +28,7 @@ use tokio::sync::mpsc;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 use crate::support::layer::{header, request, BrokenStore, UserHeader};
+use crate::support::props::Lcg;
 use crate::support::RedisServer;
 
 /// A whole minute, aligned to the window, so every test starts a fresh window.
@@ -606,19 +607,6 @@ async fn redis_a_settled_refund_lifts_the_cached_denial() {
     let clock = FakeClock::new(T0);
     let limiter = cached(redis_store(&server, &clock), &clock);
     a_settled_refund_lifts_the_cached_denial(limiter, &clock).await;
-}
-
-/// A small deterministic generator (64-bit LCG), so failures replay exactly.
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n.max(1)
-    }
 }
 
 /// What one policy may count in one window, debts included: `MAX_DEBT` limits.

@@ -251,3 +251,22 @@ impl SideBySide {
         self.compare(lost_before, &redis, &memory, &format!("{what}: {op:?}"));
     }
 }
+
+/// A small deterministic generator (64-bit LCG), so generated traces replay exactly.
+#[derive(Debug, Clone, Copy)]
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        self.0 >> 33
+    }
+
+    /// Uniform enough below `n` (0 for `n` = 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
