@@ -10,16 +10,7 @@ pub(super) fn decide(policy: &Policy, state: Option<&State>, now_ms: u64, cost: 
     let t = policy.emission_interval_us();
     let tolerance = policy.limit() * t;
     let asked = now_ms * 1_000;
-    let mut now = asked;
-    let tat = match state {
-        Some(State::TokenBucket { tat_us }) if !ahead(*tat_us, asked, tolerance) => {
-            // A clock that went back is clamped to the last moment the stored state
-            // can describe (an empty bucket), so the bucket never looks fuller.
-            now = now.max(tat_us.saturating_sub(tolerance));
-            (*tat_us).max(now)
-        }
-        _ => now,
-    };
+    let (now, tat) = current(state, asked, tolerance);
     let new_tat = tat + cost * t;
     let allowed = new_tat - now <= tolerance;
     let kept = if allowed { new_tat } else { tat };
@@ -40,6 +31,21 @@ pub(super) fn decide(policy: &Policy, state: Option<&State>, now_ms: u64, cost: 
         },
         commit: allowed.then_some(Commit::Set(State::TokenBucket { tat_us: kept })),
         ttl_ms: reset,
+    }
+}
+
+/// The time the bucket decides at and its arrival time, for a check asked at `asked`
+/// (µs): a clock that went back is clamped to the last moment the stored state can
+/// describe (an empty bucket), so the bucket never looks fuller; foreign state reads
+/// as a full bucket. What the check and the charge read alike.
+#[inline(always)]
+fn current(state: Option<&State>, asked: u64, tolerance: u64) -> (u64, u64) {
+    match state {
+        Some(State::TokenBucket { tat_us }) if !ahead(*tat_us, asked, tolerance) => {
+            let now = asked.max(tat_us.saturating_sub(tolerance));
+            (now, (*tat_us).max(now))
+        }
+        _ => (asked, asked),
     }
 }
 
@@ -76,15 +82,7 @@ pub(super) fn charge(
     let t = policy.emission_interval_us();
     let tolerance = policy.limit() * t;
     let asked = now_ms * 1_000;
-    let mut now = asked;
-    let tat = match state {
-        Some(State::TokenBucket { tat_us }) if !ahead(*tat_us, asked, tolerance) => {
-            // Clamped as the check clamps a clock that went back.
-            now = now.max(tat_us.saturating_sub(tolerance));
-            (*tat_us).max(now)
-        }
-        _ => now,
-    };
+    let (_, tat) = current(state, asked, tolerance);
     let most = asked + MAX_DEBT * tolerance;
     // More than `MAX_DEBT` fills' worth cannot fit: `cost * t` stays small.
     let cost = cost.min(MAX_DEBT * policy.limit());

@@ -138,35 +138,50 @@ impl<S: Store> LimiterBuilder<S> {
             }
         }
         let set = PolicySet::new(policies);
-        let slots = SlotTable::of(set.policies());
-        if block_cache.is_none() && fallback.is_none() && leases.is_none() && slots.is_none() {
-            // Nothing runs around the store: the plain path, with no guard to consult.
-            return Ok(Limiter {
-                store,
-                set,
-                guard: None,
-            });
-        }
-        let clock = clock.unwrap_or_else(|| Arc::new(MonotonicClock::new()));
-        let leases = match leases {
+        let (clock, leases) = match leases {
             Some((settings, lease_store)) => {
                 let plan = settings.resolve(&set)?;
+                let clock = clock.unwrap_or_else(|| Arc::new(MonotonicClock::new()));
                 let table = LeaseTable::new(plan, set.clone(), lease_store, Arc::clone(&clock));
-                Some(Arc::new(table))
+                (Some(clock), Some(Arc::new(table)))
             }
-            None => None,
+            None => (clock, None),
         };
-        Ok(Limiter {
+        Ok(assemble(store, set, block_cache, fallback, clock, leases))
+    }
+}
+
+/// The limiter of settings already checked (`clock`: the local clock, when one was
+/// given or leases made one). Without a block cache, a fallback, leases
+/// or in-flight policies nothing runs around the store: the plain path, with no guard
+/// to consult (the one-policy shorthand, [`Limiter::new`], comes here too).
+pub(super) fn assemble<S>(
+    store: S,
+    set: PolicySet,
+    block_cache: Option<usize>,
+    fallback: Option<MemoryStore>,
+    clock: Option<Arc<dyn Clock>>,
+    leases: Option<Arc<LeaseTable>>,
+) -> Limiter<S> {
+    let slots = SlotTable::of(set.policies());
+    if block_cache.is_none() && fallback.is_none() && leases.is_none() && slots.is_none() {
+        return Limiter {
             store,
             set,
-            guard: Some(Arc::new(Guard {
-                clock,
-                blocks: block_cache.map(BlockCache::new),
-                fallback,
-                leases,
-                slots,
-            })),
-        })
+            guard: None,
+        };
+    }
+    let clock = clock.unwrap_or_else(|| Arc::new(MonotonicClock::new()));
+    Limiter {
+        store,
+        set,
+        guard: Some(Arc::new(Guard {
+            clock,
+            blocks: block_cache.map(BlockCache::new),
+            fallback,
+            leases,
+            slots,
+        })),
     }
 }
 

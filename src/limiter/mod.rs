@@ -68,18 +68,7 @@ impl<S: Store> Limiter<S> {
     /// A limiter on `store` with one policy and nothing around it: the shorthand for
     /// `Limiter::builder(store).policy(policy).build()`, which cannot fail.
     pub fn new(store: S, policy: Policy) -> Self {
-        let set = PolicySet::new(vec![policy]);
-        // Slots need their table; nothing else does.
-        let guard = SlotTable::of(set.policies()).map(|slots| {
-            Arc::new(Guard {
-                clock: Arc::new(crate::clock::MonotonicClock::new()),
-                blocks: None,
-                fallback: None,
-                leases: None,
-                slots: Some(slots),
-            })
-        });
-        Self { store, set, guard }
+        builder::assemble(store, PolicySet::new(vec![policy]), None, None, None, None)
     }
 
     /// A limiter with several policies, a block cache, a memory fallback, leases or a
