@@ -83,6 +83,9 @@ pub trait RedisStoreInternals {
     /// The stamps a sliding log's state in Redis holds, oldest first; `None` for bytes
     /// that are not such a state.
     fn sliding_log_stamps(raw: &[u8], limit: u64) -> Option<Vec<u64>>;
+    /// How many checks the store's batch queue holds without allocating: what it
+    /// keeps of its memory after a burst.
+    fn queue_capacity(&self) -> usize;
 }
 
 /// How a subject appears in a Redis key.

@@ -100,7 +100,36 @@ fn kind_name(kind: StoreErrorKind) -> &'static str {
         StoreErrorKind::Timeout => "timeout",
         StoreErrorKind::Unavailable => "unavailable",
         StoreErrorKind::Protocol => "protocol",
+        StoreErrorKind::Overloaded => "overloaded",
     }
+}
+
+/// An attempt to connect to Redis failed: at warn, a line a second at most per store
+/// (`throttle` is its own; with the count left out), naming where it connects.
+pub(crate) fn redis_unreachable(
+    throttle: &LogThrottle,
+    address: &str,
+    error: &str,
+    retry_in: std::time::Duration,
+) {
+    if let Some(suppressed) = throttle.admit(uptime_ms()) {
+        tracing::warn!(
+            address,
+            %error,
+            ?retry_in,
+            suppressed,
+            "cannot connect to Redis at {address}; its checks fail until it answers"
+        );
+    }
+}
+
+/// Redis answered after calls (or attempts to connect) failed: one line at info.
+pub(crate) fn redis_answers_again(address: &str, failing_for: std::time::Duration) {
+    tracing::info!(
+        address,
+        failing_ms = u64::try_from(failing_for.as_millis()).unwrap_or(u64::MAX),
+        "Redis at {address} answers again"
+    );
 }
 
 /// The layer gave back a request's cost (`refund_on`). A failed refund only costs the
@@ -225,7 +254,8 @@ fn uptime_ms() -> u64 {
 }
 
 /// Lets one event a second through, and counts the others.
-struct LogThrottle {
+#[derive(Debug)]
+pub(crate) struct LogThrottle {
     /// When the next event may be logged (ms on `uptime_ms`'s clock).
     next_ms: AtomicU64,
     suppressed: AtomicU64,
@@ -234,7 +264,7 @@ struct LogThrottle {
 impl LogThrottle {
     const INTERVAL_MS: u64 = 1_000;
 
-    const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Self {
             next_ms: AtomicU64::new(0),
             suppressed: AtomicU64::new(0),

@@ -458,7 +458,10 @@ where
             ));
         }
         Err(Error::Store(error)) => {
-            let open = config.failure_mode == FailureMode::Open;
+            // A shed check (the store's queue full) is never let through: shedding
+            // load must not turn into passing it unchecked.
+            let open = config.failure_mode == FailureMode::Open
+                && error.kind() != crate::store::StoreErrorKind::Overloaded;
             crate::telemetry::layer_failed(&error, open);
             if !open {
                 let (head, _body) = request.into_parts();

@@ -22,7 +22,10 @@ pub enum FailureMode {
     /// Let the request through unlimited and log a warning (at most one a second):
     /// availability over limits. The request still carries a [`Decision`](crate::Decision) in its
     /// extensions, of [`Origin::FailOpen`](crate::Origin::FailOpen), so handlers that
-    /// extract it run as written; its response gets no rate-limit headers.
+    /// extract it run as written; its response gets no rate-limit headers. A check
+    /// the store shed because too many waited
+    /// ([`StoreErrorKind::Overloaded`](crate::store::StoreErrorKind::Overloaded)) is
+    /// answered 503 all the same: shedding load never lets requests through.
     #[default]
     Open,
     /// Answer `503 Service Unavailable` with `Retry-After: 1`: for limits that protect

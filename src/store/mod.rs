@@ -18,7 +18,7 @@ pub(crate) mod redis;
 
 pub(crate) use backend::{AdminStore, Backend, CheckNow, Operation, PolicySet};
 
-pub use self::redis::InvalidPrefix;
+pub use self::redis::{InvalidPrefix, InvalidUrl};
 pub(crate) use memory::MemoryStore;
 
 /// FNV-1a: a hash that is the same in every process and release.
@@ -79,6 +79,12 @@ pub enum StoreErrorKind {
     Unavailable,
     /// The store answered with something that is not a decision.
     Protocol,
+    /// The store had more checks waiting than it takes
+    /// ([`RedisStore::max_queue`](crate::RedisStore::max_queue)): this one was
+    /// shed before Redis saw it. The layer answers it with the limiter's fallback,
+    /// or 503 even when failing open: shedding load never lets a request through
+    /// unchecked.
+    Overloaded,
 }
 
 impl StoreError {
@@ -122,6 +128,7 @@ impl fmt::Display for StoreError {
             StoreErrorKind::Timeout => "timed out",
             StoreErrorKind::Unavailable => "is unavailable",
             StoreErrorKind::Protocol => "answered something unexpected",
+            StoreErrorKind::Overloaded => "is overloaded (check shed)",
         };
         write!(f, "rate-limit store {what}")?;
         if let Some(source) = &self.source {

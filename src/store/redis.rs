@@ -263,6 +263,41 @@ struct Settings {
     batching: Batching,
 }
 
+/// A Redis URL that [`RedisStore::from_url`] cannot read; it shows the URL without
+/// its password.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot read the Redis URL {url:?}: {reason}")]
+pub struct InvalidUrl {
+    url: String,
+    reason: String,
+}
+
+impl InvalidUrl {
+    fn new(url: &str, reason: impl fmt::Display) -> Self {
+        Self {
+            url: without_password(url),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// `url` with the password of its user part (`redis://user:password@host`) replaced
+/// by `***`.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    let Some((user, host)) = authority.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match user.split_once(':') {
+        Some((name, _password)) => format!("{scheme}://{name}:***@{host}{path}"),
+        None => url.to_owned(),
+    }
+}
+
 /// A key prefix that is empty, too long, or has characters that could break the
 /// key's layout (`{`, `}`, spaces, control bytes).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -276,6 +311,27 @@ impl RedisStore {
     /// Connects lazily: the first call takes a connection from the pool.
     pub fn new(pool: Pool) -> Self {
         Self::on(Source::Node(pool))
+    }
+
+    /// A store on the Redis server at `url` (`redis://[user:password@]host:port/[db]`,
+    /// or `redis+unix:///path/to/socket`), on a connection of its own, with the same
+    /// defaults as [`RedisStore::new`]. Connects lazily; [`RedisStore::connect`]
+    /// connects now.
+    ///
+    /// Prefer it to a pool: the store then drives its connection itself, so a call
+    /// whose timer fires late (a starved app or host) first reads the replies that
+    /// have arrived, and a reply that arrived is a decision (see
+    /// [`RedisStore::timeout`]). On a pool's connection, replies are read by a task
+    /// of redis's own, which a starved runtime may run too late. No TLS: for
+    /// `rediss://`, give [`RedisStore::new`] a pool built with TLS.
+    ///
+    /// Fails when `url` does not parse; the error shows it without its password.
+    pub fn from_url(url: &str) -> Result<Self, InvalidUrl> {
+        use deadpool_redis::redis::IntoConnectionInfo;
+        let info = url
+            .into_connection_info()
+            .map_err(|e| InvalidUrl::new(url, e))?;
+        Ok(Self::on(Source::Direct(Box::new(info))))
     }
 
     /// A store on a Redis Cluster, through the application's cluster pool, with the
@@ -413,6 +469,23 @@ impl RedisStore {
         self
     }
 
+    /// Sets how many checks may wait for the next batch (default 100,000; `0` sheds
+    /// every check that would wait, `usize::MAX` never sheds).
+    ///
+    /// While Redis answers, a queued check waits for its turn however long the queue
+    /// ahead of it: it is decided, never failed for its place in line (it fails only
+    /// when Redis says nothing for the whole [`RedisStore::timeout`]). A burst of
+    /// 100,000 checks at once is decided at Redis's pace (BENCHMARKS.md). A check
+    /// that finds the queue full is shed at once with
+    /// [`StoreErrorKind::Overloaded`](crate::store::StoreErrorKind::Overloaded),
+    /// which the layer answers with the limiter's fallback, or 503 even when it
+    /// fails open: shedding load never lets a request through unchecked. Counted in
+    /// [`RedisStore::calls_shed`].
+    pub fn max_queue(mut self, max_queue: usize) -> Self {
+        Arc::make_mut(&mut self.settings).batching.max_queue = max_queue;
+        self
+    }
+
     /// How many calls this store and its clones have sent to Redis (each one round
     /// trip, whatever came back): for metrics, and for measuring what leases save.
     pub fn calls_sent(&self) -> u64 {
@@ -433,6 +506,12 @@ impl RedisStore {
     pub fn calls_timed_out(&self) -> u64 {
         self.link.timeouts.load(Ordering::Relaxed)
     }
+
+    /// How many of [`RedisStore::calls_failed`] were checks shed because
+    /// [`RedisStore::max_queue`] checks already waited.
+    pub fn calls_shed(&self) -> u64 {
+        self.link.shed.load(Ordering::Relaxed)
+    }
 }
 
 impl fmt::Debug for RedisStore {
@@ -450,6 +529,7 @@ impl fmt::Debug for RedisStore {
             .field("timeout", &self.settings.timeout)
             .field("max_batch", &self.settings.batching.max_batch)
             .field("max_in_flight", &self.settings.batching.max_in_flight)
+            .field("max_queue", &self.settings.batching.max_queue)
             .field("link", &self.link)
             .finish()
     }

@@ -29,6 +29,7 @@ mod outages;
 mod properties;
 mod redis_cluster;
 mod redis_outage;
+mod redis_start;
 mod redis_store;
 mod refunds;
 mod rules;

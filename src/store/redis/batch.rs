@@ -12,9 +12,14 @@
 //! Each check of a batch is decided as its own call would be (all or nothing
 //! across its own policies, exact), in the order the checks queued; a denial never
 //! touches another check. A check whose caller went away before its batch left is
-//! not sent. A batch's bounds (see [`RedisStore::timeout`](super::RedisStore::timeout))
-//! count from when its first check queued, so being batched never lengthens the
-//! wait for a silent Redis.
+//! not sent. A batch's silence (see [`RedisStore::timeout`](super::RedisStore::timeout))
+//! counts from when its first check queued, so being batched never lengthens the
+//! wait for a silent Redis, and a batch whose Redis has been silent that long is not
+//! sent at all. While Redis answers, a queued check waits for its turn however long
+//! the queue ahead of it: the queue drains at Redis's pace, and a check is failed
+//! for Redis's silence, never for its place in line. Past
+//! [`RedisStore::max_queue`](super::RedisStore::max_queue) checks waiting, a new
+//! check is shed at once ([`StoreErrorKind::Overloaded`]).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -37,12 +42,18 @@ pub(super) const DEFAULT_MAX_BATCH: usize = 32;
 pub(super) const MAX_BATCH: usize = 255;
 /// The calls in flight before checks queue, by default.
 pub(super) const DEFAULT_MAX_IN_FLIGHT: usize = 2;
+/// The most checks that wait for a batch, by default: a burst of this many at once
+/// is decided (a few hundred bytes each while it waits).
+pub(super) const DEFAULT_MAX_QUEUE: usize = 100_000;
+/// A drained queue that held more than this many checks gives its memory back.
+const KEEP_CAPACITY: usize = 1_024;
 
 /// How checks are batched (see [`RedisStore::max_batch`](super::RedisStore::max_batch)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Batching {
     pub(super) max_batch: usize,
     pub(super) max_in_flight: usize,
+    pub(super) max_queue: usize,
 }
 
 impl Default for Batching {
@@ -50,6 +61,7 @@ impl Default for Batching {
         Self {
             max_batch: DEFAULT_MAX_BATCH,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_queue: DEFAULT_MAX_QUEUE,
         }
     }
 }
@@ -81,6 +93,12 @@ impl Queue {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// How many checks the queue holds without allocating.
+    #[cfg(feature = "internals")]
+    pub(super) fn capacity(&self) -> usize {
+        self.lock().waiting.capacity()
+    }
 }
 
 /// Decides one plain check: at once when fewer than `max_in_flight` calls are in
@@ -102,6 +120,18 @@ pub(super) async fn check(
                     ))
                 })
             }
+            Turn::Shed => {
+                let error = StoreError::new(
+                    StoreErrorKind::Overloaded,
+                    format!(
+                        "{} checks already wait for Redis at {} (RedisStore::max_queue)",
+                        batching.max_queue,
+                        link.address()
+                    ),
+                );
+                link.count_failures(&error, 1);
+                return Err(error);
+            }
             Turn::Now(call) => call,
         }
     } else {
@@ -122,15 +152,20 @@ enum Turn {
     Now(Call<Check>),
     /// It waits in the queue; its decision arrives here.
     Queued(oneshot::Receiver<Result<Decision, StoreError>>),
+    /// The queue is full: it is shed, undecided.
+    Shed,
 }
 
 /// Takes a place among the calls in flight for `call` (fewer than `max_in_flight`
-/// are), or queues it for the next batch.
+/// are), or queues it for the next batch, or sheds it when `max_queue` wait already.
 fn enqueue(link: &Link, call: Call<Check>, timeout: Duration, batching: Batching) -> Turn {
     let mut state = link.queue.lock();
     if state.in_flight < batching.max_in_flight.max(1) {
         state.in_flight += 1;
         return Turn::Now(call);
+    }
+    if state.waiting.len() >= batching.max_queue {
+        return Turn::Shed;
     }
     let (answer, decided) = oneshot::channel();
     state.waiting.push_back(Waiting {
@@ -199,6 +234,10 @@ fn next_batch(link: &Link) -> Option<Vec<Waiting>> {
     state.waiting.retain(|w| !w.answer.is_closed());
     let Some(first) = state.waiting.front() else {
         state.in_flight = state.in_flight.saturating_sub(1);
+        // After a burst, the memory it queued in goes back.
+        if state.waiting.capacity() > KEEP_CAPACITY {
+            state.waiting = VecDeque::new();
+        }
         return None;
     };
     let (client_clock, max) = (first.call.now_ms.is_some(), first.max_batch);
@@ -231,6 +270,19 @@ async fn send_batches(mut slot: Slot, mut batch: Vec<Waiting>) {
 
 /// One batch's round trip, each check's decision sent to its caller.
 async fn send(link: &Arc<Link>, mut batch: Vec<Waiting>) {
+    let Some((since, timeout)) = batch.first().map(|w| (w.since, w.timeout)) else {
+        return;
+    };
+    if link.silent_since(since, timeout) {
+        // Redis has said nothing since these checks queued: sending them now would
+        // only add calls that may run after their callers gave up.
+        let error = link.silent_error(timeout);
+        link.count_failures(&error, batch.len() as u64);
+        for w in batch {
+            let _ = w.answer.send(Err(error.duplicate()));
+        }
+        return;
+    }
     if batch.len() == 1 {
         if let Some(w) = batch.pop() {
             let decided = one(link, &w.call, w.timeout, Some(w.since)).await;
@@ -238,7 +290,6 @@ async fn send(link: &Arc<Link>, mut batch: Vec<Waiting>) {
         }
         return;
     }
-    let (since, timeout) = (batch[0].since, batch[0].timeout);
     let (calls, answers): (Vec<Call<Check>>, Vec<_>) =
         batch.into_iter().map(|w| (w.call, w.answer)).unzip();
     let request = Batch { calls };

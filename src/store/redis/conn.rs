@@ -4,22 +4,35 @@
 //! for both.
 
 use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
 
 use deadpool_redis::cluster::{ClusterClient, ClusterConnection};
 use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use deadpool_redis::redis::{self, Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
+use deadpool_redis::redis::{
+    self, AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, RedisResult,
+    ServerErrorKind, Value,
+};
 use deadpool_redis::{cluster, Connection, Pool};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::link::{Activity, Heard, Reader};
 
 /// How many `MOVED`/`ASK` redirects one command follows (a slot moves once per
 /// resharding step; more means the topology is changing under it).
 const MAX_REDIRECTS: usize = 3;
 
 /// Where the store gets its connection: the application's own pool, of either kind,
-/// or the store's own cluster client.
+/// a socket of its own, or its own cluster client.
 pub(super) enum Source {
-    /// One server: `deadpool_redis::Pool`.
+    /// One server: `deadpool_redis::Pool`. Its connection's replies are read by a
+    /// task that redis spawns.
     Node(Pool),
+    /// One server, on a socket the store opens itself: the store drives the
+    /// connection, so a call whose timer fired reads what arrived before it judges
+    /// Redis silent ([`Reader`]).
+    Direct(Box<ConnectionInfo>),
     /// A Redis Cluster: `deadpool_redis::cluster::Pool`, whose client resends a
     /// command after an I/O error (it may have run) as after a redirect.
     Cluster(cluster::Pool),
@@ -27,6 +40,12 @@ pub(super) enum Source {
     /// is sent again only when a node refused it (`MOVED`, `ASK`), never after an
     /// error that leaves its fate unknown.
     ClusterClient(Box<ClusterClient>),
+}
+
+/// A new connection, with what drives it when the store opened it itself.
+pub(super) struct Connected {
+    pub(super) conn: Conn,
+    pub(super) reader: Option<Arc<Reader>>,
 }
 
 /// A connection of either kind. Clones share its sockets and pipeline their calls.
@@ -46,18 +65,38 @@ impl Source {
     /// application sends on pooled connections (a blocking `BLPOP`, a `SELECT`) can
     /// stall or redirect rate-limit calls, and no per-call checkout (with its recycle
     /// `PING`) is ever paid. The pool opens another connection for the application.
-    pub(super) async fn connect(&self) -> Result<Conn, String> {
+    ///
+    /// A socket of the store's own ([`Source::Direct`]) comes with its [`Reader`];
+    /// what it reads is told to `activity`.
+    pub(super) async fn connect(&self, activity: &Arc<Activity>) -> Result<Connected, String> {
         match self {
             Self::Node(pool) => match pool.get().await {
-                Ok(conn) => Ok(Conn::Node(Connection::take(conn))),
+                Ok(conn) => {
+                    let mut conn = Connection::take(conn);
+                    // redis's own response timeout (500 ms by default) would fail a
+                    // call that waits behind a deep pipeline, as a broken socket:
+                    // the store's timeout is the one that measures Redis.
+                    conn.set_response_timeout(NO_RESPONSE_TIMEOUT);
+                    Ok(Connected {
+                        conn: Conn::Node(conn),
+                        reader: None,
+                    })
+                }
                 Err(error) => Err(error.to_string()),
             },
+            Self::Direct(info) => direct(info, activity).await,
             Self::Cluster(pool) => match pool.get().await {
-                Ok(conn) => Ok(Conn::Cluster(cluster::Connection::take(conn))),
+                Ok(conn) => Ok(Connected {
+                    conn: Conn::Cluster(cluster::Connection::take(conn)),
+                    reader: None,
+                }),
                 Err(error) => Err(error.to_string()),
             },
             Self::ClusterClient(client) => match client.get_async_connection().await {
-                Ok(conn) => Ok(Conn::Cluster(conn)),
+                Ok(conn) => Ok(Connected {
+                    conn: Conn::Cluster(conn),
+                    reader: None,
+                }),
                 Err(error) => Err(error.to_string()),
             },
         }
@@ -67,16 +106,100 @@ impl Source {
     /// server, not on a cluster, whose checks of different subjects mostly lie in
     /// different slots (a batch's keys must share one).
     pub(super) fn batches(&self) -> bool {
-        matches!(self, Self::Node(_))
+        matches!(self, Self::Node(_) | Self::Direct(_))
     }
 
     /// The deployment's name, for logs and `Debug`.
     pub(super) fn kind(&self) -> &'static str {
         match self {
-            Self::Node(_) => "node",
+            Self::Node(_) | Self::Direct(_) => "node",
             Self::Cluster(_) | Self::ClusterClient(_) => "cluster",
         }
     }
+
+    /// Where the store connects, for its logs and errors: `host:port` (or a socket's
+    /// path), never a password.
+    pub(super) fn address(&self) -> String {
+        match self {
+            // The pool keeps its client's address private; its `Debug` shows it
+            // (with the password redacted), and nothing else does.
+            Self::Node(pool) => addresses_in(&format!("{:?}", pool.manager()))
+                .unwrap_or_else(|| "the Redis of the application's pool".to_owned()),
+            Self::Direct(info) => info.addr().to_string(),
+            Self::Cluster(_) => "the Redis Cluster of the application's pool".to_owned(),
+            Self::ClusterClient(client) => addresses_in(&format!("{client:?}"))
+                .unwrap_or_else(|| "the Redis Cluster".to_owned()),
+        }
+    }
+}
+
+/// Long enough never to fire: redis's per-call timeout, turned off.
+const NO_RESPONSE_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3_600);
+
+/// Opens the store's own connection to `info`'s server: the socket, redis's
+/// handshake on it (`AUTH`, `SELECT`, ...), and the [`Reader`] that drives it.
+async fn direct(info: &ConnectionInfo, activity: &Arc<Activity>) -> Result<Connected, String> {
+    match info.addr() {
+        ConnectionAddr::Tcp(host, port) => {
+            let socket = tokio::net::TcpStream::connect((host.as_str(), *port))
+                .await
+                .map_err(|e| e.to_string())?;
+            // Calls are small and pipelined: Nagle's wait for an ACK would hold them.
+            socket.set_nodelay(true).map_err(|e| e.to_string())?;
+            drive(info, Heard::new(socket, Arc::clone(activity))).await
+        }
+        #[cfg(unix)]
+        ConnectionAddr::Unix(path) => {
+            let socket = tokio::net::UnixStream::connect(path)
+                .await
+                .map_err(|e| e.to_string())?;
+            drive(info, Heard::new(socket, Arc::clone(activity))).await
+        }
+        _ => Err("RedisStore::from_url does not speak TLS (rediss://): give \
+                  RedisStore::new a deadpool-redis pool built with TLS"
+            .to_owned()),
+    }
+}
+
+async fn drive<S>(info: &ConnectionInfo, socket: S) -> Result<Connected, String>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let config = AsyncConnectionConfig::new()
+        .set_response_timeout(None)
+        .set_connection_timeout(None);
+    let (conn, driver) =
+        MultiplexedConnection::new_with_config(info.redis_settings(), socket, config)
+            .await
+            .map_err(|e| e.to_string())?;
+    Ok(Connected {
+        conn: Conn::Node(conn),
+        reader: Some(Reader::spawn(driver)),
+    })
+}
+
+/// The server addresses in redis's `Debug` of a client (`addr: Tcp("host", 6379)`,
+/// `addr: Unix("/path")`), joined by commas; `None` when it shows none.
+fn addresses_in(debug: &str) -> Option<String> {
+    let found: Vec<String> = debug
+        .split("addr: ")
+        .skip(1)
+        .filter_map(|rest| {
+            if let Some(rest) = rest.strip_prefix("Tcp(\"") {
+                let (host, rest) = rest.split_once("\", ")?;
+                let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                Some(format!("{host}:{port}"))
+            } else if let Some(rest) = rest.strip_prefix("TcpTls { host: \"") {
+                let (host, rest) = rest.split_once("\", port: ")?;
+                let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                Some(format!("{host}:{port}"))
+            } else {
+                let rest = rest.strip_prefix("Unix(\"")?;
+                Some(rest.split_once("\")")?.0.to_owned())
+            }
+        })
+        .collect();
+    (!found.is_empty()).then(|| found.join(","))
 }
 
 /// Sends `cmd` to the node a redirect named (`ASKING` first for an `ASK`), and again

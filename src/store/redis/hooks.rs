@@ -52,4 +52,8 @@ impl RedisStoreInternals for RedisStore {
     fn sliding_log_stamps(raw: &[u8], limit: u64) -> Option<Vec<u64>> {
         crate::algorithm::sliding_log_ring_stamps(raw, limit).map(Vec::from)
     }
+
+    fn queue_capacity(&self) -> usize {
+        self.link.queue.capacity()
+    }
 }

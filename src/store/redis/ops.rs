@@ -26,6 +26,30 @@ use crate::store::{
 use crate::subject::Subject;
 
 impl RedisStore {
+    /// Connects now, loads the function library, and makes one call through it: the
+    /// check to run at start.
+    ///
+    /// A store connects lazily, so without it a wrong `REDIS_URL` or a Redis that is
+    /// down shows only when requests come, each decided by the failure mode; and the
+    /// first check on a cold connection pays the connection, the library's load and
+    /// its compilation within its timeout, which a loaded machine can run past. After
+    /// `connect`, the first check is decided like any other.
+    ///
+    /// Fails within about 5 s with [`StoreErrorKind::Unavailable`] (or the kind of
+    /// what failed) and an error that names the server's host and port, never the
+    /// password. The store keeps working either way: it reconnects by itself.
+    ///
+    /// [`StoreErrorKind::Unavailable`]: crate::store::StoreErrorKind::Unavailable
+    pub async fn connect(&self) -> Result<(), StoreError> {
+        let mut lent = self.link.connect().await?;
+        self.link.load_library_now(&mut lent).await?;
+        let set = PolicySet::new(vec![ready_policy()]);
+        let call = self.call(&Subject::new("~ready"), &set, 1, Admin(AdminOp::Peek));
+        let reply = exchange(&self.link, &call, link::READY_TIMEOUT, None, 1).await?;
+        decode::<Reply>(reply)?.decision_each(&call.policies)?;
+        Ok(())
+    }
+
     /// The Redis 7 function library every call goes through (`FCALL`), as
     /// `FUNCTION LOAD` takes it: for operators who load it ahead of time (the store
     /// loads it itself when a server lacks it) and benchmarks that call it bare.
@@ -94,6 +118,12 @@ impl AdminStore for RedisStore {
         let call = self.call(&subject, set, cost, Admin(admin));
         Box::pin(one(Arc::clone(&self.link), call, self.settings.timeout))
     }
+}
+
+/// The policy of [`RedisStore::connect`]'s call: a peek, which writes nothing.
+fn ready_policy() -> crate::policy::Policy {
+    crate::policy::Policy::fixed_window("ready", 1, Duration::from_secs(1))
+        .unwrap_or_else(|_| unreachable!("a valid policy"))
 }
 
 /// One call alone, its decision. The round trip's future is made inside the box: one

@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use deadpool_redis::redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
-use super::{Lent, Link, CONNECT_TIMEOUT};
+use super::{Lent, Link, CONNECT_TIMEOUT, READY_TIMEOUT};
 use crate::store::redis::conn::Conn;
 use crate::store::redis::contract::args::Request;
 use crate::store::redis::script::{Library, Via};
+use crate::store::{StoreError, StoreErrorKind};
 
 impl Link {
     /// Sends one call on a lent connection, by the way the server takes it (see
@@ -46,6 +47,33 @@ impl Link {
             }
             other => other,
         }
+    }
+
+    /// Loads the function library on `lent` now (a server without functions needs
+    /// none): [`RedisStore::connect`](crate::RedisStore::connect)'s warm-up.
+    pub(in crate::store::redis) async fn load_library_now(
+        &self,
+        lent: &mut Lent,
+    ) -> Result<(), StoreError> {
+        let before = self.loads.load(Ordering::Acquire);
+        let load = tokio::time::timeout(READY_TIMEOUT, self.load_library(&mut lent.conn, before));
+        let failed = match load.await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) if server_says(&e, "unknown command") => {
+                tracing::info!("Redis has no functions (before 7.0): calling scripts");
+                self.functions.store(false, Ordering::Relaxed);
+                return Ok(());
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {READY_TIMEOUT:?}"),
+        };
+        Err(StoreError::new(
+            StoreErrorKind::Unavailable,
+            format!(
+                "cannot load the redlimit function library on Redis at {}: {failed}",
+                self.address()
+            ),
+        ))
     }
 
     /// Loads the function library on `conn` in a task of its own, unless another

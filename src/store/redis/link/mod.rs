@@ -1,5 +1,6 @@
 //! The store's one connection (multiplexed, to one server or to a cluster), taken
-//! from the application's pool, and its replacement when it breaks.
+//! from the application's pool or opened by the store, and its replacement when it
+//! breaks.
 
 use std::future::Future;
 use std::pin::pin;
@@ -8,15 +9,20 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use deadpool_redis::redis::{ErrorKind, RedisError, Value};
+use deadpool_redis::redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::sync::{Mutex, Notify};
 
 use super::batch::Queue;
-use super::conn::{Conn, Source};
+use super::conn::{Conn, Connected, Source};
 use super::contract::args::Request;
 use crate::store::{StoreError, StoreErrorKind};
+use crate::telemetry::LogThrottle;
 
 mod library;
+mod reader;
+
+use reader::Read;
+pub(in crate::store::redis) use reader::{Activity, Heard, Reader};
 
 /// How long one attempt to get a connection from the pool may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -41,6 +47,10 @@ const MAX_WAIT: Duration = Duration::from_secs(1);
 /// would spin.
 const MIN_TIMEOUT: Duration = Duration::from_millis(1);
 
+/// How long [`Link::connect`] waits for a connection, and for the library's load and
+/// the first call on it.
+pub(super) const READY_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How long `lent`'s connection may answer nothing before it is presumed dead.
 fn stall_ms(lent: &Lent) -> u64 {
     if lent.conn.repairs_itself() {
@@ -54,14 +64,14 @@ fn stall_ms(lent: &Lent) -> u64 {
 #[derive(Debug)]
 pub(super) struct Link {
     source: Source,
+    /// Where it connects (`host:port`, no password), for logs and errors.
+    address: Box<str>,
     state: RwLock<State>,
     /// Woken when an attempt to connect ends, for calls made before the first
     /// connection exists.
     settled: Notify,
-    /// Time origin of `last_answer_ms`.
-    epoch: Instant,
-    /// When the current connection last answered, in ms since `epoch`.
-    last_answer_ms: AtomicU64,
+    /// What the connection has delivered, and when last.
+    activity: Arc<Activity>,
     /// Whether calls go through the function library (until the server says it has
     /// no functions: Redis before 7.0).
     functions: AtomicBool,
@@ -71,23 +81,33 @@ pub(super) struct Link {
     loads: AtomicU64,
     /// Calls sent (each one round trip, whatever it answered).
     pub(super) calls: AtomicU64,
-    /// Replies received: a call that finds this unchanged over its timeout met a
-    /// connection that answered nobody.
-    replies: AtomicU64,
-    /// Calls that ended without a decision, and how many of them timed out.
+    /// Calls that ended without a decision, and how many of them timed out or were
+    /// shed.
     pub(super) failures: AtomicU64,
     pub(super) timeouts: AtomicU64,
+    pub(super) shed: AtomicU64,
+    /// When calls began to fail, so that the first answer after a failure says so
+    /// once.
+    failing: Failing,
+    /// This store's own pace of "cannot connect" lines.
+    unreachable_log: LogThrottle,
     /// The checks waiting for a call in flight to end, sent as the next batch.
     pub(super) queue: Queue,
 }
 
 struct State {
     conn: Option<Conn>,
+    /// What drives `conn`, when the store opened it ([`Source::Direct`]).
+    reader: Option<Arc<Reader>>,
     /// Counts installed connections, so a failure reported by a call that used an
     /// older one does not throw away its replacement.
     generation: u64,
     attempt: Attempt,
     backoff: Duration,
+    /// Attempts to connect that ended, and why the last one failed, for
+    /// [`Link::connect`].
+    attempts: u64,
+    last_error: Option<String>,
 }
 
 impl std::fmt::Debug for State {
@@ -108,12 +128,11 @@ enum Attempt {
     Backoff(Instant),
 }
 
-/// When a call's time started, and how many replies the connection had delivered by
-/// then.
+/// When a call's time started, and how much the connection had delivered by then.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Since {
     at: tokio::time::Instant,
-    replies: u64,
+    heard: u64,
 }
 
 /// A connection lent to one call, with the generation to report failures against.
@@ -125,25 +144,80 @@ pub(super) struct Lent {
 impl Link {
     pub(super) fn new(source: Source) -> Self {
         Self {
+            address: source.address().into(),
             source,
             state: RwLock::new(State {
                 conn: None,
+                reader: None,
                 generation: 0,
                 attempt: Attempt::Idle,
                 backoff: MIN_BACKOFF,
+                attempts: 0,
+                last_error: None,
             }),
             settled: Notify::new(),
-            epoch: Instant::now(),
-            last_answer_ms: AtomicU64::new(0),
+            activity: Arc::new(Activity::new()),
             functions: AtomicBool::new(true),
             loading: Mutex::new(()),
             loads: AtomicU64::new(0),
             calls: AtomicU64::new(0),
-            replies: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             timeouts: AtomicU64::new(0),
+            shed: AtomicU64::new(0),
+            failing: Failing::new(),
+            unreachable_log: LogThrottle::new(),
             queue: Queue::default(),
         }
+    }
+
+    /// Where the store connects, as its logs and errors name it.
+    pub(super) fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Gets a connection now (or waits, within [`READY_TIMEOUT`], for the attempt
+    /// in flight), whatever the backoff: the start-up check of
+    /// [`RedisStore::connect`](super::RedisStore::connect). Its error names the
+    /// address and why the attempt failed.
+    pub(super) async fn connect(self: &Arc<Self>) -> Result<Lent, StoreError> {
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        let before = {
+            let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+            if let Attempt::Backoff(_) = state.attempt {
+                state.attempt = Attempt::Idle;
+            }
+            state.attempts
+        };
+        loop {
+            let mut settled = pin!(self.settled.notified());
+            settled.as_mut().enable();
+            if let Some(lent) = self.current() {
+                return Ok(lent);
+            }
+            let (started, failed) = {
+                let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+                let failed = (state.attempts > before && state.conn.is_none())
+                    .then(|| state.last_error.clone().unwrap_or_default());
+                (failed.is_none() && claim_attempt(&mut state), failed)
+            };
+            if let Some(error) = failed {
+                return Err(self.unreachable(&error));
+            }
+            if started {
+                self.spawn_attempt();
+            }
+            if tokio::time::timeout_at(deadline, settled).await.is_err() {
+                return Err(self.unreachable("no connection within 5 s"));
+            }
+        }
+    }
+
+    /// The error of a store that cannot reach Redis, naming the address.
+    fn unreachable(&self, why: &str) -> StoreError {
+        StoreError::new(
+            StoreErrorKind::Unavailable,
+            format!("cannot connect to Redis at {}: {why}", self.address),
+        )
     }
 
     /// The connection when [`Link::current`] found none (a cheap clone sharing its
@@ -178,7 +252,7 @@ impl Link {
             if !wait {
                 return Err(StoreError::new(
                     StoreErrorKind::Unavailable,
-                    "no connection to Redis (reconnecting)",
+                    format!("no connection to Redis at {} (reconnecting)", self.address),
                 ));
             }
             settled.await;
@@ -212,26 +286,31 @@ impl Link {
                 self.answered();
                 Ok(value)
             }
-            Err(error) => Err(self.failed(lent, error)),
+            Err(error) => {
+                // An error reply is an answer too: Redis is there.
+                if matches!(error.kind(), ErrorKind::Server(_) | ErrorKind::Extension) {
+                    self.activity.heard_now();
+                }
+                Err(self.failed(lent, error))
+            }
         }
     }
 
-    /// [`Link::eval`] within `timeout`, which measures how long the connection stays
-    /// silent, not how long this task takes to read its reply.
+    /// [`Link::eval`] within `timeout`, which measures how long Redis stays silent,
+    /// not how long this task takes to read its reply.
     ///
-    /// Redis answers in order on one connection, so while replies keep arriving (to the
-    /// calls sent before this one), Redis is answering and this call is behind a busy
-    /// app or a deep pipeline: it waits on, up to [`MAX_WAIT`] (or `timeout`, if
-    /// longer) in all. It times out when no reply at all arrived during the last
-    /// `timeout`, which is what a stopped, paused or unreachable Redis looks like. On a
-    /// cluster the timeout runs from the send. Either way the call's own reply is
-    /// looked for once more after the timer fires, once the connection's task has had
-    /// a turn. A `timeout` too large to add to the clock (`Duration::MAX`) means no
-    /// timeout.
+    /// Redis answers in order on one connection, so while the connection keeps
+    /// delivering (replies to the calls sent before this one), Redis is answering and
+    /// this call is behind a deep pipeline or a busy app: it waits on, up to
+    /// [`MAX_WAIT`] (or `timeout`, if longer) from its send. It times out when nothing
+    /// at all arrived during the last `timeout`, counted from `since` (the send, or
+    /// for a batch of checks that queued behind a call in flight, when its first
+    /// check queued, with what had arrived by then): what a stopped, paused or
+    /// unreachable Redis looks like. On a cluster the timeout runs from `since` alone.
     ///
-    /// Every bound counts from `since`: the send, or for a batch of checks that
-    /// queued behind a call in flight, when its first check queued (with the replies
-    /// seen by then), so a check waits no longer for being batched.
+    /// Before it judges, the call reads what has arrived ([`Link::read_now`]), so a
+    /// starved app that reads its replies late still counts them as decisions. A
+    /// `timeout` too large to add to the clock (`Duration::MAX`) means no timeout.
     pub(super) async fn eval_within<R: Request + ?Sized>(
         self: &Arc<Self>,
         lent: &mut Lent,
@@ -240,63 +319,115 @@ impl Link {
         since: Since,
     ) -> Result<Value, StoreError> {
         let timeout = timeout.max(MIN_TIMEOUT);
-        let sent = since.at;
         let (Some(mut deadline), Some(bound)) = (
-            sent.checked_add(timeout),
-            sent.checked_add(timeout.max(MAX_WAIT)),
+            since.at.checked_add(timeout),
+            tokio::time::Instant::now().checked_add(timeout.max(MAX_WAIT)),
         ) else {
             return self.eval(lent, call).await;
         };
         let (generation, stall) = (lent.generation, stall_ms(lent));
         let repairs_itself = lent.conn.repairs_itself();
-        let mut replies = since.replies;
+        let mut heard = since.heard;
         let mut eval = pin!(self.eval(lent, call));
         loop {
             if let Ok(reply) = tokio::time::timeout_at(deadline, eval.as_mut()).await {
                 return reply;
             }
-            // The timer may run before the connection's task has read what arrived
-            // (a busy runtime wakes both at once): let it run, then look again.
+            // The timer may run before the connection's reads (a busy runtime wakes
+            // both at once; a starved host runs either late): read what arrived,
+            // then look for this call's reply once more.
             tokio::task::yield_now().await;
+            let busy = self.read_now(generation) == Read::Busy;
             let polled = std::future::poll_fn(|cx| Poll::Ready(eval.as_mut().poll(cx))).await;
             if let Poll::Ready(reply) = polled {
                 return reply;
             }
             let now = tokio::time::Instant::now();
-            let seen = self.replies.load(Ordering::Relaxed);
+            let seen = self.activity.heard();
             // A cluster connection multiplexes several nodes: one node's replies say
-            // nothing of another's, so there the timeout runs from the send.
-            if seen == replies || now >= bound || repairs_itself {
+            // nothing of another's, so there the timeout runs from `since` alone.
+            if (seen == heard && !busy) || now >= bound || repairs_itself {
                 self.timed_out(generation, stall);
-                return Err(StoreError::timeout());
+                return Err(self.silent_error(timeout));
             }
-            replies = seen;
+            heard = seen;
             deadline = (now + timeout).min(bound);
         }
+    }
+
+    /// Whether Redis has said nothing since `since` for `timeout` or longer (having
+    /// read what arrived first): a batch that queued that long ago is not sent.
+    pub(super) fn silent_since(&self, since: Since, timeout: Duration) -> bool {
+        let Some(deadline) = since.at.checked_add(timeout.max(MIN_TIMEOUT)) else {
+            return false;
+        };
+        if tokio::time::Instant::now() < deadline || self.activity.heard() != since.heard {
+            return false;
+        }
+        let generation = self
+            .state
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .generation;
+        self.read_now(generation) != Read::Busy && self.activity.heard() == since.heard
+    }
+
+    /// Drives connection `generation` once on the caller's task, if the store drives
+    /// it ([`Reader::read_now`]).
+    fn read_now(&self, generation: u64) -> Read {
+        let reader = {
+            let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
+            match &state.reader {
+                Some(reader) if state.generation == generation => Arc::clone(reader),
+                _ => return Read::Done,
+            }
+        };
+        reader.read_now()
+    }
+
+    /// The timeout of a call that heard nothing for `timeout`.
+    pub(super) fn silent_error(&self, timeout: Duration) -> StoreError {
+        StoreError::new(
+            StoreErrorKind::Timeout,
+            format!("Redis at {} said nothing for {timeout:?}", self.address),
+        )
     }
 
     /// Called when a call on connection `generation` timed out: a connection silent for a while is
     /// presumed dead and replaced.
     fn timed_out(self: &Arc<Self>, generation: u64, stall_ms: u64) {
-        let silent = self.silent_ms();
+        let silent = self.activity.silent_ms();
         if silent >= stall_ms && self.replace(generation) {
-            tracing::warn!(silent_ms = silent, "Redis connection stalled; replaced it");
+            tracing::warn!(
+                address = %self.address,
+                silent_ms = silent,
+                "Redis connection stalled; replaced it"
+            );
         }
     }
 
     /// Counts `checks` calls (or checks of a batch) that ended without a decision.
     pub(super) fn count_failures(&self, error: &StoreError, checks: u64) {
         self.failures.fetch_add(checks, Ordering::Relaxed);
-        if error.kind() == StoreErrorKind::Timeout {
-            self.timeouts.fetch_add(checks, Ordering::Relaxed);
+        match error.kind() {
+            StoreErrorKind::Timeout => {
+                self.timeouts.fetch_add(checks, Ordering::Relaxed);
+            }
+            StoreErrorKind::Overloaded => {
+                // Shed before Redis saw them: not a failure of Redis.
+                self.shed.fetch_add(checks, Ordering::Relaxed);
+                return;
+            }
+            _ => {}
         }
+        self.failing.begin();
     }
 
     /// Now, for a call's bounds ([`Link::eval_within`]).
     pub(super) fn since(&self) -> Since {
         Since {
             at: tokio::time::Instant::now(),
-            replies: self.replies.load(Ordering::Relaxed),
+            heard: self.activity.heard(),
         }
     }
 
@@ -307,18 +438,10 @@ impl Link {
     }
 
     fn answered(&self) {
-        self.replies.fetch_add(1, Ordering::Relaxed);
-        let now = self.now_ms();
-        // Write only when it changes: every call passes here.
-        if self.last_answer_ms.load(Ordering::Relaxed) != now {
-            self.last_answer_ms.store(now, Ordering::Relaxed);
+        self.activity.heard_now();
+        if let Some(failing) = self.failing.end() {
+            crate::telemetry::redis_answers_again(&self.address, failing);
         }
-    }
-
-    /// Milliseconds since the current connection last answered a call.
-    fn silent_ms(&self) -> u64 {
-        self.now_ms()
-            .saturating_sub(self.last_answer_ms.load(Ordering::Relaxed))
     }
 
     fn failed(self: &Arc<Self>, lent: &Lent, error: RedisError) -> StoreError {
@@ -329,25 +452,31 @@ impl Link {
         let broken =
             error.is_io_error() || error.is_connection_dropped() || error.is_unrecoverable_error();
         let replace_because = if !lent.conn.repairs_itself() {
-            broken.then_some("Redis connection lost")
+            if error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) {
+                // A primary demoted by a failover: whatever moved the address (a proxy,
+                // DNS, Sentinel) leads a new connection to the promoted one.
+                Some("Redis answered READONLY (a replica now)")
+            } else {
+                broken.then_some("Redis connection lost")
+            }
         } else if error.kind() == ErrorKind::ClusterConnectionNotFound {
             // The cluster client has no socket to the call's node. With every node
             // lost it would retry every node at once, again and again, for as long as
             // calls keep coming: drop it for one paced attempt at a time. With one
             // node lost (the store's client never retries, so each call to that node
             // says so) the others keep answering, and the client repairs it.
-            (self.silent_ms() >= CLUSTER_STALL_MS)
+            (self.activity.silent_ms() >= CLUSTER_STALL_MS)
                 .then_some("Redis Cluster connection lost every node")
         } else {
             // A cluster connection repairs a failed node by itself, with backoff, while
             // the other nodes keep answering; one that answers nothing at all for a
             // while (its background task gone, half-open sockets) is started afresh.
-            (broken && self.silent_ms() >= CLUSTER_STALL_MS)
+            (broken && self.activity.silent_ms() >= CLUSTER_STALL_MS)
                 .then_some("Redis Cluster connection answered nothing for a while")
         };
         if let Some(reason) = replace_because {
             if self.replace(lent.generation) {
-                tracing::warn!(%error, "{reason}; replaced it");
+                tracing::warn!(address = %self.address, %error, "{reason}; replaced it");
             }
         }
         StoreError::new(kind, error)
@@ -360,6 +489,7 @@ impl Link {
         if state.generation != generation || state.conn.take().is_none() {
             return false;
         }
+        state.reader = None;
         let started = claim_attempt(&mut state);
         drop(state);
         if started {
@@ -377,39 +507,91 @@ impl Link {
             outcome: None,
         };
         tokio::spawn(async move {
-            let got = tokio::time::timeout(CONNECT_TIMEOUT, guard.link.source.connect()).await;
+            let link = &guard.link;
+            let got =
+                tokio::time::timeout(CONNECT_TIMEOUT, link.source.connect(&link.activity)).await;
             guard.finish(got.unwrap_or_else(|_| Err("timed out".to_owned())));
         });
     }
 
-    fn settle(&self, outcome: Result<Conn, String>) {
+    fn settle(&self, outcome: Result<Connected, String>) {
         let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        state.attempts += 1;
         match outcome {
-            Ok(conn) => {
+            Ok(Connected { conn, reader }) => {
                 state.conn = Some(conn);
+                state.reader = reader;
                 state.generation += 1;
                 state.attempt = Attempt::Idle;
                 state.backoff = MIN_BACKOFF;
-                self.last_answer_ms.store(self.now_ms(), Ordering::Relaxed);
+                state.last_error = None;
+                self.activity.reset_silence();
                 tracing::debug!(
+                    address = %self.address,
                     generation = state.generation,
                     kind = self.source.kind(),
                     "Redis connection ready"
                 );
             }
             Err(error) => {
-                tracing::warn!(%error, kind = self.source.kind(), retry_in = ?state.backoff,
-                    "cannot get a Redis connection");
+                crate::telemetry::redis_unreachable(
+                    &self.unreachable_log,
+                    &self.address,
+                    &error,
+                    state.backoff,
+                );
                 state.attempt = Attempt::Backoff(Instant::now() + state.backoff);
                 state.backoff = (state.backoff * 2).min(MAX_BACKOFF);
+                state.last_error = Some(error);
+                self.failing.begin();
             }
         }
         drop(state);
         self.settled.notify_waiters();
     }
+}
 
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+/// When calls (or attempts to connect) began to fail, so that the first answer after
+/// a failure logs, once, that Redis answers again and for how long it did not.
+#[derive(Debug)]
+struct Failing {
+    epoch: Instant,
+    /// 1 + ms since `epoch` of the first failure of the current spell; 0: none.
+    since: AtomicU64,
+}
+
+impl Failing {
+    fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            since: AtomicU64::new(0),
+        }
+    }
+
+    fn begin(&self) {
+        if self.since.load(Ordering::Relaxed) == 0 {
+            let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let _ = self.since.compare_exchange(
+                0,
+                now.saturating_add(1),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// How long the spell that just ended lasted; `None` when none was on (one load:
+    /// every answer passes here).
+    fn end(&self) -> Option<Duration> {
+        if self.since.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let began = self.since.swap(0, Ordering::Relaxed).checked_sub(1)?;
+        Some(
+            self.epoch
+                .elapsed()
+                .saturating_sub(Duration::from_millis(began)),
+        )
     }
 }
 
@@ -430,11 +612,11 @@ fn claim_attempt(state: &mut State) -> bool {
 /// down), so that a later call can always start another.
 struct AttemptGuard {
     link: Arc<Link>,
-    outcome: Option<Result<Conn, String>>,
+    outcome: Option<Result<Connected, String>>,
 }
 
 impl AttemptGuard {
-    fn finish(mut self, outcome: Result<Conn, String>) {
+    fn finish(mut self, outcome: Result<Connected, String>) {
         self.outcome = Some(outcome);
     }
 }
