@@ -13,6 +13,7 @@ mod support;
 
 mod admin;
 mod batching;
+mod bursts;
 mod charges;
 mod config;
 mod conformance;

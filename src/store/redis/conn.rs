@@ -146,14 +146,19 @@ async fn direct(info: &ConnectionInfo, activity: &Arc<Activity>) -> Result<Conne
                 .map_err(|e| e.to_string())?;
             // Calls are small and pipelined: Nagle's wait for an ACK would hold them.
             socket.set_nodelay(true).map_err(|e| e.to_string())?;
-            drive(info, Heard::new(socket, Arc::clone(activity))).await
+            // A second handle on the same socket, to peek at what waits in it.
+            let peek = std::os::fd::AsFd::as_fd(&socket)
+                .try_clone_to_owned()
+                .map(std::net::TcpStream::from)
+                .ok();
+            drive(info, Heard::new(socket, Arc::clone(activity)), peek).await
         }
         #[cfg(unix)]
         ConnectionAddr::Unix(path) => {
             let socket = tokio::net::UnixStream::connect(path)
                 .await
                 .map_err(|e| e.to_string())?;
-            drive(info, Heard::new(socket, Arc::clone(activity))).await
+            drive(info, Heard::new(socket, Arc::clone(activity)), None).await
         }
         _ => Err("RedisStore::from_url does not speak TLS (rediss://): give \
                   RedisStore::new a deadpool-redis pool built with TLS"
@@ -161,7 +166,11 @@ async fn direct(info: &ConnectionInfo, activity: &Arc<Activity>) -> Result<Conne
     }
 }
 
-async fn drive<S>(info: &ConnectionInfo, socket: S) -> Result<Connected, String>
+async fn drive<S>(
+    info: &ConnectionInfo,
+    socket: S,
+    peek: Option<std::net::TcpStream>,
+) -> Result<Connected, String>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -174,7 +183,7 @@ where
             .map_err(|e| e.to_string())?;
     Ok(Connected {
         conn: Conn::Node(conn),
-        reader: Some(Reader::spawn(driver)),
+        reader: Some(Reader::spawn(driver, peek)),
     })
 }
 

@@ -308,9 +308,13 @@ impl Link {
     /// check queued, with what had arrived by then): what a stopped, paused or
     /// unreachable Redis looks like. On a cluster the timeout runs from `since` alone.
     ///
-    /// Before it judges, the call reads what has arrived ([`Link::read_now`]), so a
-    /// starved app that reads its replies late still counts them as decisions. A
-    /// `timeout` too large to add to the clock (`Duration::MAX`) means no timeout.
+    /// Before it judges, a call on the store's own connection drives it itself
+    /// ([`Link::read_now`]): it reads what has arrived, writes what waited unwritten,
+    /// and looks for bytes in the socket that the runtime has not seen yet. A reply
+    /// that arrived is a decision, however starved the app that reads it; a call
+    /// that had to write its own request, or found bytes waiting, was held up by the
+    /// app, not by Redis, and waits on. A `timeout` too large to add to the clock
+    /// (`Duration::MAX`) means no timeout.
     pub(super) async fn eval_within<R: Request + ?Sized>(
         self: &Arc<Self>,
         lent: &mut Lent,
@@ -337,7 +341,9 @@ impl Link {
             // both at once; a starved host runs either late): read what arrived,
             // then look for this call's reply once more.
             tokio::task::yield_now().await;
-            let busy = self.read_now(generation) == Read::Busy;
+            // Not silent if the call just found its own request unwritten, or bytes
+            // waiting that the runtime has not read: the app was late, not Redis.
+            let busy = self.read_now(generation) != Read::Done;
             let polled = std::future::poll_fn(|cx| Poll::Ready(eval.as_mut().poll(cx))).await;
             if let Poll::Ready(reply) = polled {
                 return reply;
@@ -369,7 +375,7 @@ impl Link {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .generation;
-        self.read_now(generation) != Read::Busy && self.activity.heard() == since.heard
+        self.read_now(generation) == Read::Done && self.activity.heard() == since.heard
     }
 
     /// Drives connection `generation` once on the caller's task, if the store drives
@@ -382,7 +388,7 @@ impl Link {
                 _ => return Read::Done,
             }
         };
-        reader.read_now()
+        reader.read_now(&self.activity)
     }
 
     /// The timeout of a call that heard nothing for `timeout`.

@@ -31,6 +31,9 @@ pub(in crate::store::redis) struct Activity {
     heard: AtomicU64,
     /// When the connection last delivered anything, in ms since `epoch`.
     last_ms: AtomicU64,
+    /// Bytes written to the socket: a call that had to write them itself knows Redis
+    /// had not been asked yet.
+    written: AtomicU64,
 }
 
 impl Activity {
@@ -39,6 +42,7 @@ impl Activity {
             epoch: Instant::now(),
             heard: AtomicU64::new(0),
             last_ms: AtomicU64::new(0),
+            written: AtomicU64::new(0),
         }
     }
 
@@ -50,6 +54,17 @@ impl Activity {
         if self.last_ms.load(Ordering::Relaxed) != now {
             self.last_ms.store(now, Ordering::Relaxed);
         }
+    }
+
+    fn wrote(&self, written: &Poll<io::Result<usize>>) {
+        if let Poll::Ready(Ok(n)) = written {
+            self.written.fetch_add(*n as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// How many bytes the store's own connection has written.
+    fn written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
     }
 
     /// How many times the connection has delivered something.
@@ -110,7 +125,10 @@ impl<S: AsyncWrite> AsyncWrite for Heard<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.project().inner.poll_write(cx, buf)
+        let this = self.project();
+        let written = this.inner.poll_write(cx, buf);
+        this.activity.wrote(&written);
+        written
     }
 
     fn poll_write_vectored(
@@ -118,7 +136,10 @@ impl<S: AsyncWrite> AsyncWrite for Heard<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        self.project().inner.poll_write_vectored(cx, bufs)
+        let this = self.project();
+        let written = this.inner.poll_write_vectored(cx, bufs);
+        this.activity.wrote(&written);
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -146,6 +167,9 @@ pub(in crate::store::redis) struct Reader {
     /// The driving task's waker: woken after a call drove the future, since that poll
     /// left the call's (no-op) waker where the task's was.
     task: Mutex<Option<Waker>>,
+    /// The same socket (a duplicate handle), to see whether bytes wait in it unread:
+    /// the runtime learns of them only when its reactor next runs.
+    peek: Option<std::net::TcpStream>,
 }
 
 impl std::fmt::Debug for Reader {
@@ -157,20 +181,28 @@ impl std::fmt::Debug for Reader {
 /// What [`Reader::read_now`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(in crate::store::redis) enum Read {
-    /// It read (and wrote) what it could.
+    /// It read (and wrote) what it could, and nothing else waits.
     Done,
     /// The driving task is reading at this very moment.
     Busy,
+    /// It wrote calls that had waited unwritten (the driving task had not run):
+    /// Redis is only now asked.
+    Wrote,
+    /// Bytes from Redis wait in the socket that the runtime has not yet seen (its
+    /// reactor has not run since they came): Redis answered.
+    Waiting,
 }
 
 impl Reader {
     /// Drives `driver` in a task of its own, on the current Tokio runtime.
     pub(in crate::store::redis) fn spawn(
         driver: impl Future<Output = ()> + Send + 'static,
+        peek: Option<std::net::TcpStream>,
     ) -> Arc<Self> {
         let reader = Arc::new(Self {
             driver: Mutex::new(Some(Box::pin(driver))),
             task: Mutex::new(None),
+            peek,
         });
         let task = Arc::clone(&reader);
         tokio::spawn(std::future::poll_fn(move |cx| task.drive(cx)));
@@ -194,10 +226,20 @@ impl Reader {
         poll_driver(&mut driver, cx, false)
     }
 
+    /// Whether bytes from Redis wait in the socket, read by nobody yet (a syscall:
+    /// for a call about to judge Redis silent, not for every call).
+    pub(in crate::store::redis) fn waiting(&self) -> bool {
+        let mut byte = [0u8; 1];
+        self.peek
+            .as_ref()
+            .is_some_and(|socket| matches!(socket.peek(&mut byte), Ok(n) if n > 0))
+    }
+
     /// Drives the connection once on the caller's task: what arrived is read and
     /// handed to its calls, what waits is written. Unconstrained by the caller's
     /// cooperative budget, which a call that waited long may have spent.
-    pub(in crate::store::redis) fn read_now(&self) -> Read {
+    pub(in crate::store::redis) fn read_now(&self, activity: &Activity) -> Read {
+        let written = activity.written();
         let mut driver = match self.driver.try_lock() {
             Ok(driver) => driver,
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
@@ -216,7 +258,13 @@ impl Reader {
         {
             task.wake_by_ref();
         }
-        Read::Done
+        if activity.written() != written {
+            Read::Wrote
+        } else if self.waiting() {
+            Read::Waiting
+        } else {
+            Read::Done
+        }
     }
 }
 
