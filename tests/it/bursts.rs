@@ -197,7 +197,7 @@ async fn a_queued_check_waits_its_turn_while_redis_answers_however_long_the_line
 
 /// The README's handler: the decision from the request's extensions.
 async fn handler(Extension(decision): Extension<Decision>) -> String {
-    format!("{}", decision.origin().as_str())
+    decision.origin().as_str().to_owned()
 }
 
 /// A check that finds the queue full is shed: answered 503 by a layer that fails
