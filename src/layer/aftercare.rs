@@ -101,7 +101,13 @@ impl<S: Store> Aftercare<S> {
     pub(crate) fn allowed(&mut self, decision: &Decision, extensions: &mut http::Extensions) {
         self.origin = decision.origin();
         self.slot = self.limiter.hold(self.subject.clone(), decision);
-        if self.settles && self.origin != Origin::FailOpen {
+        if !self.settles {
+            return;
+        }
+        if self.origin == Origin::FailOpen {
+            // Nobody took the cost: nothing to settle.
+            extensions.insert(Usage::unsettled(u64::from(self.cost)));
+        } else {
             let usage = Usage::new(u64::from(self.cost));
             extensions.insert(usage.clone());
             let limiter: Arc<dyn Settles> = Arc::clone(&self.limiter) as Arc<dyn Settles>;
@@ -111,6 +117,16 @@ impl<S: Store> Aftercare<S> {
                 origin: self.origin,
                 usage,
             });
+        }
+    }
+
+    /// The request passes with nothing taken (let through unchecked, or over its
+    /// limit on a layer that degrades): nothing to refund, hold or settle, but on a
+    /// layer that settles its handler still finds a [`Usage`], one that settles
+    /// nothing.
+    pub(crate) fn unreserved(self: Box<Self>, extensions: &mut http::Extensions) {
+        if self.settles {
+            extensions.insert(Usage::unsettled(u64::from(self.cost)));
         }
     }
 
@@ -147,16 +163,27 @@ pub(crate) struct AtEnd {
     _settlement: Option<Settlement>,
 }
 
-/// The actual cost of an allowed request, reported by the inner service, against the
-/// cost the layer reserved before calling it
-/// ([`RateLimitLayer::settle`](crate::RateLimitLayer::settle)).
+/// The actual cost of a request, reported by the inner service, against the cost the
+/// layer reserved before calling it ([`RateLimitLayer::settle`](crate::RateLimitLayer::settle)).
 ///
-/// The layer puts one in the request's extensions; clone it into whatever produces
-/// the response (a handler, a streaming body) and [`report`](Usage::report) or
-/// [`add`](Usage::add) as the cost becomes known. The layer reads it once, when the
-/// response body ends or is dropped, and settles: less than reserved is given back,
-/// more is charged (past the limit, as a debt the next requests see), nothing
-/// reported settles at the reserved cost.
+/// A settling layer puts one in the extensions of every request it lets through; clone
+/// it into whatever produces the response (a handler, a streaming body) and
+/// [`report`](Usage::report) or [`add`](Usage::add) as the cost becomes known. The layer
+/// reads it once, when the response body ends or is dropped, and settles: less than
+/// reserved is given back, more is charged (past the limit, as a debt the next requests
+/// see), nothing reported settles at the reserved cost.
+///
+/// A request that took nothing still gets one, so `Extension<Usage>` never fails behind
+/// a settling layer (a missing extension is a 500, and an outage would turn every such
+/// handler into one): let through unchecked ([`FailureMode::Open`](crate::layer::FailureMode::Open)
+/// while the store fails), passed on over its limit
+/// ([`OverLimit::Degrade`](crate::layer::OverLimit::Degrade)), or left unlimited by a
+/// [`Rules`](crate::layer::Rules) or [`Tiers`](crate::layer::Tiers) plan. Its
+/// [`settles`](Usage::settles) is `false`: what is reported is kept, and settles nothing,
+/// with no store call. Its [`reserved`](Usage::reserved) is still the request's cost,
+/// so a handler that sizes its work by it (an upstream's `max_tokens`) serves the
+/// request as any other instead of asking for nothing (on an unlimited request it is 0:
+/// the layer never runs its cost function on a request no limit applies to).
 ///
 /// ```
 /// use axum::{routing::post, Extension, Router};
@@ -176,22 +203,46 @@ struct UsageCell {
     reserved: u64,
     /// `UNREPORTED` until the inner service reports.
     used: AtomicU64,
+    /// Whether a store took `reserved` and the layer settles what is reported.
+    settles: bool,
 }
 
 /// Not reported: settles at the reserved cost.
 const UNREPORTED: u64 = u64::MAX;
 
 impl Usage {
+    /// A reservation the layer settles.
     fn new(reserved: u64) -> Self {
+        Self::with(reserved, true)
+    }
+
+    /// The `Usage` of a request of `cost` that took nothing: reports settle nothing.
+    pub(crate) fn unsettled(cost: u64) -> Self {
+        Self::with(cost, false)
+    }
+
+    fn with(reserved: u64, settles: bool) -> Self {
         Self(Arc::new(UsageCell {
             reserved,
             used: AtomicU64::new(UNREPORTED),
+            settles,
         }))
     }
 
-    /// The cost the layer reserved before calling the inner service.
+    /// The cost the layer reserved before calling the inner service: the most the
+    /// request may use. On a request that took nothing ([`settles`](Usage::settles) is
+    /// `false`), the cost it was checked at, which nothing holds; 0 on one no limit
+    /// applied to.
     pub fn reserved(&self) -> u64 {
         self.0.reserved
+    }
+
+    /// Whether the layer settles what is reported: `true` when a store (or the
+    /// fallback, or a lease) took [`reserved`](Usage::reserved) for this request;
+    /// `false` when nothing was taken (failed open, degraded over its limit, or
+    /// unlimited), and reports are kept but cost nothing and settle nothing.
+    pub fn settles(&self) -> bool {
+        self.0.settles
     }
 
     /// The request's actual cost, replacing what was reported before. Values from
@@ -226,6 +277,7 @@ impl fmt::Debug for Usage {
         f.debug_struct("Usage")
             .field("reserved", &self.reserved())
             .field("reported", &self.reported())
+            .field("settles", &self.settles())
             .finish()
     }
 }

@@ -345,7 +345,9 @@ enum Next<F, R, ReqBody> {
 /// way (so an `Extension<Decision>` handler runs as written during an outage); answers
 /// otherwise, or hands a denial on a layer that waits back to be held. `aftercare` is kept
 /// only for an allowed request, and learns who took its cost (the store or the
-/// fallback); one that failed open consumed nothing.
+/// fallback); one that failed open or degraded consumed nothing, and on a settling
+/// layer gets a [`Usage`](crate::layer::Usage) that settles nothing (so an
+/// `Extension<Usage>` handler runs as written too).
 #[inline]
 fn next_step<S, Inner, ReqBody>(
     checked: Result<Decision, Error>,
@@ -432,9 +434,12 @@ where
         }
         Ok(decision) if config.over_limit == OverLimit::Degrade => {
             // Over the limit, and passed on with its denial: nothing was consumed, so
-            // there is nothing to refund and no slot to hold.
+            // there is nothing to refund, no slot to hold and nothing to settle.
             crate::telemetry::degraded(&decision);
             let headers = passing(&decision);
+            if let Some(after) = aftercare {
+                after.unreserved(request.extensions_mut());
+            }
             request.extensions_mut().insert(decision);
             (headers, None)
         }
@@ -470,6 +475,9 @@ where
             // No RateLimit headers: there are no figures to send, and made-up ones
             // would mislead a client.
             let policies = limit.limiter.policy_set().policies();
+            if let Some(after) = aftercare {
+                after.unreserved(request.extensions_mut());
+            }
             request
                 .extensions_mut()
                 .insert(Decision::fail_open(policies));

@@ -317,11 +317,12 @@ impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
     /// overshoot the limit by their number times their cost, and the client pays what
     /// it used, not the estimate.
     ///
-    /// An allowed request finds a [`Usage`](crate::layer::Usage) in its extensions
-    /// (beside its [`Decision`](crate::Decision)); the handler, or the body it
-    /// streams, reports the actual on it. When the response body ends or is dropped
-    /// (the client went away, the handler panicked), the layer settles in one store
-    /// call, off the response's path, where the check took the reservation (the
+    /// Every request the layer lets through finds a [`Usage`](crate::layer::Usage) in
+    /// its extensions (beside its [`Decision`](crate::Decision)), so an
+    /// `Extension<Usage>` handler never fails for want of one; the handler, or the
+    /// body it streams, reports the actual on it. When the response body ends or is
+    /// dropped (the client went away, the handler panicked), the layer settles in one
+    /// store call, off the response's path, where the check took the reservation (the
     /// store, or the fallback): less than reserved gives the rest back (which also
     /// lifts this instance's cached denial of the subject), more charges the excess
     /// even past the limit, a debt the next requests wait out (bounded: at most four
@@ -329,8 +330,10 @@ impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
     /// reserved cost, with no call. A response the [`refund_on`](Self::refund_on) rule
     /// refunds gives back the whole reservation instead.
     ///
-    /// A request let through unchecked ([`FailureMode::Open`]) or over its limit
-    /// ([`OverLimit::Degrade`]) reserved nothing and settles nothing.
+    /// A request let through unchecked ([`FailureMode::Open`]), over its limit
+    /// ([`OverLimit::Degrade`]) or unlimited (no rule or tier applies) reserved
+    /// nothing: its `Usage` says so ([`settles`](crate::layer::Usage::settles) is
+    /// `false`), and what is reported on it settles nothing, with no store call.
     pub fn settle(mut self) -> Self {
         self.config_mut().settles = true;
         self

@@ -10,7 +10,7 @@ use tower_service::Service;
 
 use crate::layer::future::ResponseFuture;
 use crate::layer::response::{self, ResponseBody};
-use crate::layer::{Aftercare, Pick, Plan, Shared};
+use crate::layer::{Aftercare, Pick, Plan, Shared, Usage};
 use crate::store::Store;
 
 /// A service limited by key: it answers 429 itself when the limiter denies, and calls
@@ -85,6 +85,12 @@ where
         let (limit, subject) = match shared.plan.pick(&parts) {
             Pick::Check(limit, subject) => (limit, subject),
             Pick::Pass => {
+                let mut parts = parts;
+                if shared.config.settles {
+                    // Unlimited, but its handler reads a `Usage` all the same. Of 0:
+                    // the cost function is never run on a request no limit applies to.
+                    parts.extensions.insert(Usage::unsettled(0));
+                }
                 let request = Request::from_parts(parts, body);
                 return ResponseFuture::unlimited(self.inner.call(request));
             }

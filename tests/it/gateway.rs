@@ -142,14 +142,56 @@ async fn the_gateway_on_the_memory_store() {
 async fn the_gateway_as_two_instances_on_one_redis() {
     let server = RedisServer::start();
     let clock = FakeClock::new(1_700_000_000_000);
+    // A timeout no busy machine reaches: on the default 50 ms, a loaded machine's
+    // first checks failed open (or timed out after running), and the contract's
+    // figures were an outage's.
     let apps: Vec<Router> = (0..2)
         .map(|_| {
-            gateway(
-                RedisStore::new(server.pool()).client_clock(clock.clone()),
-                1000,
-                3,
-            )
+            let store = RedisStore::new(server.pool())
+                .client_clock(clock.clone())
+                .timeout(Duration::from_secs(5));
+            gateway(store, 1000, 3)
         })
         .collect();
     the_gateway_contract(&apps).await;
+}
+
+/// Redis stops under the gateway (`FailureMode::Open`, the layer's default): every
+/// completion is still answered, streamed to its end with the use it reports (it was
+/// a 500: the handler extracts a `Usage` that a request let through unchecked did not
+/// get). More of them than the key's budget and its in-flight bound: unchecked is
+/// unlimited. `/v1/usage`, which cannot know, says the store is unavailable. The
+/// control first, on the healthy Redis: settled as the contract says.
+#[tokio::test]
+async fn the_gateway_answers_its_completions_with_redis_down_under_fail_open() {
+    let mut server = RedisServer::start();
+    let clock = FakeClock::new(1_700_000_000_000);
+    // A timeout no busy machine reaches, so the control is decided, not failed open.
+    let store = RedisStore::new(server.pool())
+        .client_clock(clock)
+        .timeout(Duration::from_secs(5));
+    let app = gateway(store, 1000, 3);
+    let done = send(&app, complete("a", "800", Some("100"))).await;
+    assert_eq!(done.status(), StatusCode::OK);
+    assert_eq!(text(done).await.lines().last(), Some("done: 100 tokens"));
+    usage_settles(&app, "a", "tokens_remaining=900 in_flight=0").await;
+
+    server.stop();
+    let mut open = Vec::new();
+    for _ in 0..5 {
+        let response = send(&app, complete("a", "800", None)).await;
+        assert_eq!(response.status(), StatusCode::OK, "with Redis down");
+        open.push(response);
+    }
+    for response in open {
+        let body = text(response).await;
+        assert_eq!(body.lines().count(), 10, "{body}");
+        assert_eq!(body.lines().last(), Some("done: 800 tokens"));
+    }
+    let done = send(&app, complete("b", "100", Some("500"))).await;
+    assert_eq!(done.status(), StatusCode::OK);
+    assert_eq!(text(done).await.lines().last(), Some("done: 500 tokens"));
+    let request = Request::get("/v1/usage").header("x-api-key", "a");
+    let usage = send(&app, request.body(Body::empty()).unwrap()).await;
+    assert_eq!(usage.status(), StatusCode::SERVICE_UNAVAILABLE);
 }

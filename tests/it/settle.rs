@@ -14,13 +14,14 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::Extension;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Empty};
 use redlimit::clock::{Clock, FakeClock};
-use redlimit::internals::{AdminStore, Backend, Operation, PolicySet};
-use redlimit::layer::{ResponseBody, Usage};
+use redlimit::internals::{AdminStore, Backend, CheckNow, Operation, PolicySet};
+use redlimit::layer::{OverLimit, ResponseBody, Usage};
 use redlimit::lease::Leases;
 use redlimit::store::{Store, StoreError};
 use redlimit::{Decision, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore, Subject};
@@ -520,7 +521,7 @@ async fn a_settlement_goes_where_the_reservation_went() {
         assert_eq!(left(&limiter, user).await, expected, "{user}");
     }
 
-    // Fail open: no Usage, nothing reserved, nothing settled.
+    // Fail open: a Usage that settles nothing, and nothing settled.
     let open_store = BrokenCounting::default();
     let open = Arc::new(Limiter::new(open_store.clone(), tokens_per_minute()));
     let svc = ServiceBuilder::new()
@@ -530,18 +531,18 @@ async fn a_settlement_goes_where_the_reservation_went() {
                 .settle(),
         )
         .service_fn(|req: Request<Empty<Bytes>>| async move {
-            let had = req.extensions().get::<Usage>().is_some();
+            let settles = req.extensions().get::<Usage>().map(Usage::settles);
             if let Some(usage) = req.extensions().get::<Usage>() {
                 usage.report(500);
             }
             let decision = req.extensions().get::<Decision>().unwrap().origin();
-            Ok::<_, Infallible>(Response::new(format!("{had} {decision:?}")))
+            Ok::<_, Infallible>(Response::new(format!("{settles:?} {decision:?}")))
         });
     for _ in 0..3 {
         let passed = svc.clone().oneshot(request("o")).await.unwrap();
         assert_eq!(passed.status(), StatusCode::OK);
         let body = passed.into_body().collect().await.unwrap().to_bytes();
-        assert_eq!(body, "false FailOpen");
+        assert_eq!(body, "Some(false) FailOpen");
     }
     for _ in 0..10 {
         tokio::task::yield_now().await;
@@ -846,4 +847,326 @@ async fn redis_a_refunded_response_gives_the_whole_reservation_back() {
         tokens_per_minute(),
     ))
     .await;
+}
+
+/// A store that counts what its limiter asks of it: checks, and settlements (the
+/// refunds and charges a settling layer sends once a body ends). Around a real store.
+#[derive(Clone)]
+struct Counted<S> {
+    store: S,
+    checks: Arc<AtomicUsize>,
+    settlements: Arc<AtomicUsize>,
+}
+
+impl<S> Counted<S> {
+    fn new(store: S) -> Self {
+        Self {
+            store,
+            checks: Arc::default(),
+            settlements: Arc::default(),
+        }
+    }
+
+    fn checks(&self) -> usize {
+        self.checks.load(Ordering::SeqCst)
+    }
+
+    fn settlements(&self) -> usize {
+        self.settlements.load(Ordering::SeqCst)
+    }
+}
+
+impl<S: Backend> Backend for Counted<S> {
+    type Future = S::Future;
+
+    fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        self.checks.fetch_add(1, Ordering::SeqCst);
+        self.store.check(subject, set, cost)
+    }
+
+    fn check_now(&self, subject: Subject, set: &PolicySet, cost: u64) -> CheckNow {
+        let now = self.store.check_now(subject, set, cost);
+        if matches!(now, CheckNow::Decided(_)) {
+            self.checks.fetch_add(1, Ordering::SeqCst);
+        }
+        now
+    }
+}
+
+impl<S: AdminStore> AdminStore for Counted<S> {
+    fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        match op {
+            Operation::Refund | Operation::Charge => {
+                self.settlements.fetch_add(1, Ordering::SeqCst);
+            }
+            Operation::Check => {
+                self.checks.fetch_add(1, Ordering::SeqCst);
+            }
+            _ => {}
+        }
+        self.store.run(op, subject, set, cost)
+    }
+}
+
+/// The handler docs/costs.md teaches: it extracts the request's `Usage` (axum answers
+/// 500 when there is none) and reports on it, `x-used` or all it reserved. It answers
+/// what it found; `origin=none` when no limit applied.
+async fn doc_handler(
+    Extension(usage): Extension<Usage>,
+    decision: Option<Extension<Decision>>,
+    headers: http::HeaderMap,
+) -> String {
+    let used = headers
+        .get("x-used")
+        .map_or(usage.reserved(), |v| v.to_str().unwrap().parse().unwrap());
+    usage.report(used);
+    let (allowed, origin) = match decision {
+        Some(Extension(d)) => (d.is_allowed().to_string(), format!("{:?}", d.origin())),
+        None => ("none".to_owned(), "none".to_owned()),
+    };
+    format!(
+        "reserved={} settles={} allowed={allowed} origin={origin}",
+        usage.reserved(),
+        usage.settles()
+    )
+}
+
+/// `doc_handler` on `/v1/complete` behind a settling layer over `limiter` that
+/// reserves `x-reserve`, with `over_limit`.
+fn doc_app<S: Store + Sync>(limiter: &Arc<Limiter<S>>, over_limit: OverLimit) -> axum::Router {
+    let layer = RateLimitLayer::from_shared(Arc::clone(limiter), UserHeader)
+        .cost_fn(|parts| {
+            parts
+                .headers
+                .get("x-reserve")
+                .map_or(1, |v| v.to_str().unwrap().parse().unwrap())
+        })
+        .over_limit(over_limit)
+        .settle();
+    axum::Router::new()
+        .route("/v1/complete", axum::routing::post(doc_handler))
+        .layer(layer)
+}
+
+/// A completion of `user` reserving `reserve` and using `used`: its status and its
+/// body, read to the end (which is when the layer settles).
+async fn complete(app: &axum::Router, user: &str, reserve: u32, used: u64) -> (StatusCode, String) {
+    let request = Request::post("/v1/complete")
+        .header("x-user", user)
+        .header("x-reserve", reserve)
+        .header("x-used", used)
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8(body.to_vec()).unwrap())
+}
+
+/// Redis stopped under `FailureMode::Open` (the default): the handler that extracts
+/// `Extension<Usage>` answers its 200 (it was a 500: a request let through unchecked
+/// got no `Usage`), its `Usage` says it settles nothing, and no settlement is sent.
+/// The control, on the healthy Redis first: the same request is settled as before.
+#[tokio::test]
+async fn redis_down_under_fail_open_a_usage_handler_answers_and_nothing_is_settled() {
+    let mut server = RedisServer::start();
+    let clock = FakeClock::new(T0);
+    let store = Counted::new(redis_store(&server, &clock));
+    let limiter = Arc::new(Limiter::new(store.clone(), tokens_per_minute()));
+    let app = doc_app(&limiter, OverLimit::Refuse);
+
+    let (status, body) = complete(&app, "a", 800, 100).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body, "reserved=800 settles=true allowed=true origin=Store");
+    settles_to(&limiter, "a", 900).await;
+    assert_eq!(store.settlements(), 1, "the control's refund of 700");
+
+    server.stop();
+    let checks = store.checks();
+    for user in ["a", "b", "c"] {
+        let (status, body) = complete(&app, user, 800, 100).await;
+        assert_eq!(status, StatusCode::OK, "{user}: {body}");
+        assert_eq!(
+            body,
+            "reserved=800 settles=false allowed=true origin=FailOpen"
+        );
+    }
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        store.checks() - checks,
+        3,
+        "one check a request, each failed"
+    );
+    assert_eq!(
+        store.settlements(),
+        1,
+        "no settlement of what was not taken"
+    );
+}
+
+/// `OverLimit::Degrade` on a healthy Redis: a request over its limit reaches the
+/// handler with its denial and a `Usage` that settles nothing, whatever it reports
+/// (less than its cost, or more): nothing given back, nothing charged, no call. It
+/// was a 500. The control: an allowed request of the same layer is settled.
+#[tokio::test]
+async fn redis_over_the_limit_under_degrade_a_usage_handler_answers_and_nothing_is_settled() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(T0);
+    let store = Counted::new(redis_store(&server, &clock));
+    let limiter = Arc::new(Limiter::new(store.clone(), tokens_per_minute()));
+    let app = doc_app(&limiter, OverLimit::Degrade);
+
+    let (status, body) = complete(&app, "d", 800, 100).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body, "reserved=800 settles=true allowed=true origin=Store");
+    settles_to(&limiter, "d", 900).await;
+    assert_eq!(store.settlements(), 1, "the control's refund of 700");
+    // The rest, used as reserved: no call.
+    let (status, _) = complete(&app, "d", 900, 900).await;
+    assert_eq!(status, StatusCode::OK);
+    stays_at(&limiter, "d", 0).await;
+    let wait = limiter.peek("d", 1).await.unwrap().retry_after();
+    assert!(wait.is_some());
+
+    for used in [100, 5_000] {
+        let (status, body) = complete(&app, "d", 800, used).await;
+        assert_eq!(status, StatusCode::OK, "used {used}: {body}");
+        assert_eq!(
+            body,
+            "reserved=800 settles=false allowed=false origin=Store"
+        );
+    }
+    stays_at(&limiter, "d", 0).await;
+    // A charge of the 4,200 over the cost would have pushed the wait out.
+    assert_eq!(limiter.peek("d", 1).await.unwrap().retry_after(), wait);
+    assert_eq!(
+        store.settlements(),
+        1,
+        "no settlement of what was not taken"
+    );
+    server.assert_every_key_expires().await;
+}
+
+/// A memory store whose calls fail from the `good`-th on, as a Redis that went down
+/// at that moment would.
+#[derive(Clone)]
+struct GoesDown {
+    store: MemoryStore,
+    calls: Arc<AtomicUsize>,
+    good: usize,
+}
+
+impl GoesDown {
+    fn up(&self) -> bool {
+        self.calls.fetch_add(1, Ordering::SeqCst) < self.good
+    }
+}
+
+impl Backend for GoesDown {
+    type Future = Ready<Result<Decision, StoreError>>;
+
+    fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        self.run(Operation::Check, subject, set, cost)
+    }
+
+    fn check_now(&self, subject: Subject, set: &PolicySet, cost: u64) -> CheckNow {
+        CheckNow::Decided(self.check(subject, set, cost).into_inner())
+    }
+}
+
+impl AdminStore for GoesDown {
+    fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        if self.up() {
+            self.store.run(op, subject, set, cost)
+        } else {
+            BrokenStore.check(subject, set, cost)
+        }
+    }
+}
+
+/// A waiting layer (`OverLimit::Wait`) whose store goes down while a request waits:
+/// the check at its time fails, the request is let through unchecked, and the
+/// handler finds a `Usage` that settles nothing (it was a 500), with no call. The
+/// control: the request before it was allowed and settled.
+#[tokio::test(start_paused = true)]
+async fn a_request_failed_open_after_its_wait_finds_a_usage_that_settles_nothing() {
+    let clock = FakeClock::new(T0);
+    let store = Counted::new(GoesDown {
+        store: MemoryStore::with_clock(clock.clone()),
+        calls: Arc::default(),
+        // The control's check and its settlement, then the denial; then down.
+        good: 3,
+    });
+    let policy = Policy::fixed_window("tokens", 1_000, MINUTE).unwrap();
+    let limiter = Arc::new(Limiter::new(store.clone(), policy));
+    let wait = redlimit::layer::Wait::up_to(2 * MINUTE);
+    let app = doc_app(&limiter, OverLimit::Wait(wait));
+
+    let (status, body) = complete(&app, "w", 1_000, 900).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body, "reserved=1000 settles=true allowed=true origin=Store");
+    assert_eq!(store.settlements(), 1, "the control's refund of 100");
+    // Over the limit: denied (the third call), waits out the window on the paused
+    // timer, then its check fails.
+    let (status, body) = complete(&app, "w", 800, 100).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body,
+        "reserved=800 settles=false allowed=true origin=FailOpen"
+    );
+    assert_eq!(
+        store.checks(),
+        3,
+        "the control, the denial, the check at its time"
+    );
+    assert_eq!(
+        store.settlements(),
+        1,
+        "no settlement of what was not taken"
+    );
+}
+
+/// A request no rule matches passes a settling `Rules` layer unlimited; its handler
+/// still finds a `Usage` (it was a 500), one that settles nothing.
+#[tokio::test]
+async fn an_unlimited_request_of_a_settling_rules_layer_finds_a_usage() {
+    let clock = FakeClock::new(T0);
+    let store = Counted::new(MemoryStore::with_clock(clock.clone()));
+    let limiter = Arc::new(Limiter::new(store.clone(), tokens_per_minute()));
+    let rules = redlimit::layer::Rules::builder()
+        .path("/v1/complete", Arc::clone(&limiter), UserHeader)
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::rules(rules)
+        .cost_fn(|parts| {
+            parts
+                .headers
+                .get("x-reserve")
+                .map_or(1, |v| v.to_str().unwrap().parse().unwrap())
+        })
+        .settle();
+    let app = axum::Router::new()
+        .route("/v1/complete", axum::routing::post(doc_handler))
+        .route("/v1/free", axum::routing::post(doc_handler))
+        .layer(layer);
+
+    let (status, body) = complete(&app, "r", 800, 100).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body, "reserved=800 settles=true allowed=true origin=Store");
+    assert_eq!((store.checks(), store.settlements()), (1, 1), "the control");
+    let free = Request::post("/v1/free")
+        .header("x-user", "r")
+        .header("x-reserve", 300)
+        .header("x-used", 100)
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = app.clone().oneshot(free).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    // Of 0: the cost function is not run on a request no limit applies to.
+    assert_eq!(body, "reserved=0 settles=false allowed=none origin=none");
+    assert_eq!((store.checks(), store.settlements()), (1, 1), "no call");
+    assert_eq!(left(&limiter, "r").await, 900);
 }
