@@ -302,6 +302,7 @@ impl RedisCluster {
 
     fn formed(&self) -> Result<(), String> {
         let nodes = self.nodes.len().to_string();
+        let mut replicas = 0;
         for node in &self.nodes {
             let port = node.port();
             let client = redis::Client::open(node.url()).map_err(|e| e.to_string())?;
@@ -327,11 +328,20 @@ impl RedisCluster {
                 .arg("replication")
                 .query(&mut conn)
                 .map_err(|e| format!("node {port}: {e}"))?;
-            if info_field(&replication, "role") == Some("slave")
-                && info_field(&replication, "master_link_status") != Some("up")
-            {
-                return Err(format!("replica {port} is not in sync with its master yet"));
+            if info_field(&replication, "role") == Some("slave") {
+                if info_field(&replication, "master_link_status") != Some("up") {
+                    return Err(format!("replica {port} is not in sync with its master yet"));
+                }
+                replicas += 1;
             }
+        }
+        // `redis-cli --cluster create` makes the replicas last: a node may still be
+        // an empty master when every slot is already served.
+        if replicas != self.nodes.len() / 2 {
+            return Err(format!(
+                "{replicas} of {} replicas so far",
+                self.nodes.len() / 2
+            ));
         }
         Ok(())
     }
