@@ -16,6 +16,7 @@ mod batching;
 mod charges;
 mod config;
 mod conformance;
+mod failover;
 mod flood;
 mod gateway;
 mod grpc;
