@@ -28,9 +28,8 @@ use support::{key_of, RedisServer};
 use tokio::task::JoinSet;
 
 /// The subject's limit: more than the stream reaches before the test exhausts it
-/// (two tasks, at most one check per 2 ms each, for the second or two a failover
-/// takes).
-const LIMIT: u32 = 3_000;
+/// (two tasks, at most one check per 2 ms each, for the few seconds a run takes).
+const LIMIT: u32 = 10_000;
 /// The subject every check is for.
 const SUBJECT: &str = "steady";
 /// The store's call timeout, and how late past it a stream's check may return.
@@ -215,6 +214,36 @@ impl Stream {
             assert!(
                 Instant::now() < deadline,
                 "fewer than {n} checks admitted {what} within {WITHIN:?}: {so_far}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Waits (bounded) until the stream's last 10 checks all failed: the primary
+    /// refuses. Returns when the last check admitted before them ended.
+    async fn refused(&self, what: &str) -> Instant {
+        let deadline = Instant::now() + WITHIN;
+        loop {
+            let last_admitted = {
+                let calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
+                let tail = calls.len().saturating_sub(10);
+                let refusing =
+                    calls.len() >= 10 && calls[tail..].iter().all(|c| c.outcome == Outcome::Failed);
+                refusing.then(|| {
+                    calls
+                        .iter()
+                        .filter(|c| c.unit().is_some())
+                        .map(|c| c.ended)
+                        .max()
+                })
+            };
+            if let Some(last_admitted) = last_admitted {
+                return last_admitted.expect("admissions before the refusal");
+            }
+            let so_far = self.summary();
+            assert!(
+                Instant::now() < deadline,
+                "the primary was not refusing {what} within {WITHIN:?}: {so_far}"
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -420,8 +449,9 @@ struct Pair {
 }
 
 impl Pair {
-    fn start() -> Self {
-        let primary = RedisServer::start_primary();
+    /// A pair whose primary gets `primary_args`.
+    fn start(primary_args: &[&str]) -> Self {
+        let primary = RedisServer::start_primary_with(primary_args);
         let link = Forwarder::start(primary.port());
         let replica = RedisServer::start_replica_of_port(link.port());
         let proxy = Forwarder::start(primary.port());
@@ -443,7 +473,17 @@ enum Replica {
     Lagging,
     /// Lagging, and each admission confirmed by `WAIT 1` before it counts.
     LaggingAcked,
+    /// Lagging, its primary set to stop writes once no replica has acknowledged
+    /// anything for `MAX_LAG_S` (`min-replicas-to-write 1`).
+    LaggingRefused,
 }
+
+/// The control's `min-replicas-max-lag`, in seconds (Redis counts it in whole seconds).
+const MAX_LAG_S: u64 = 1;
+/// How soon a primary with `min-replicas-max-lag` stops writes after its replica
+/// falls silent: the lag counts in whole seconds from the last acknowledgement, which
+/// a replica sends once a second, and the primary looks again once a second.
+const REFUSED_WITHIN: Duration = Duration::from_secs(MAX_LAG_S + 3);
 
 /// The primary dies (SIGKILL) while checks run; the replica is promoted
 /// (`REPLICAOF NO ONE`) and the proxy moved to it, as Sentinel or an operator would.
@@ -471,9 +511,30 @@ async fn a_killed_primary_with_its_replica_in_sync_costs_at_most_the_checks_in_f
     kill_and_promote(Replica::InSync).await;
 }
 
+/// `min-replicas-to-write 1` with `min-replicas-max-lag 1`: once the replica has
+/// been silent past the max lag, the primary refuses every check (`NOREPLICAS`, a
+/// store failure the layer's failure mode answers, never a 429). What the primary
+/// decided before that, since its replica last heard from it, is still lost at the
+/// failover: the setting bounds the loss by time, it does not close it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_to_write_bounds_the_loss_to_the_max_lag() {
+    kill_and_promote(Replica::LaggingRefused).await;
+}
+
 async fn kill_and_promote(replica: Replica) {
     let ack = replica == Replica::LaggingAcked;
-    let mut pair = Pair::start();
+    let max_lag = MAX_LAG_S.to_string();
+    let refusing = [
+        "--min-replicas-to-write",
+        "1",
+        "--min-replicas-max-lag",
+        &max_lag,
+    ];
+    let mut pair = Pair::start(if replica == Replica::LaggingRefused {
+        &refusing
+    } else {
+        &[]
+    });
     let store = RedisStore::new(pair.proxy.pool()).timeout(TIMEOUT);
     let policy = policy();
     let limiter = Limiter::new(store.clone(), policy.clone());
@@ -495,6 +556,13 @@ async fn kill_and_promote(replica: Replica) {
     stream
         .admitted_since(held_at, 10, "in the primary's last moments")
         .await;
+    // With min-replicas-to-write, the primary refuses once its replica has been
+    // silent past the max lag: when did it decide last?
+    let decided_last = if replica == Replica::LaggingRefused {
+        Some(stream.refused("once its replica fell silent").await)
+    } else {
+        None
+    };
 
     // The primary dies; once the replica sees its link close (it has read all it
     // was sent), it is promoted with what it has, then the address moves to it.
@@ -576,7 +644,7 @@ async fn kill_and_promote(replica: Replica) {
                 lost.len()
             );
         }
-        Replica::Lagging | Replica::LaggingAcked => {
+        Replica::Lagging | Replica::LaggingAcked | Replica::LaggingRefused => {
             // Every decision made while the link was held was lost: the fault is real.
             // (The hold cannot race a check that started after it: that check's
             // replication comes later.)
@@ -587,6 +655,16 @@ async fn kill_and_promote(replica: Replica) {
             );
             assert!(held.len() >= 10, "{} admissions while held", held.len());
         }
+    }
+    if let Some(decided_last) = decided_last {
+        // The loss is bounded by time: the primary stopped deciding (and so losing)
+        // within the max lag, give or take Redis's whole seconds.
+        let for_how_long = decided_last.saturating_duration_since(held_at);
+        eprintln!("min-replicas-to-write: the primary decided {for_how_long:?} past the stall");
+        assert!(
+            for_how_long <= REFUSED_WITHIN,
+            "the primary went on deciding {for_how_long:?} after its replica fell silent"
+        );
     }
     if ack {
         // No acknowledged admission was lost: the lost ones were unacknowledged.
@@ -603,7 +681,7 @@ async fn kill_and_promote(replica: Replica) {
             counted <= LIMIT as usize,
             "counting acknowledged admissions only, {counted} admitted, limit {LIMIT}"
         );
-    } else if replica == Replica::Lagging {
+    } else if replica != Replica::InSync {
         assert!(
             tally.past_limit >= 1,
             "the failover cost nothing: {tally:?}"
@@ -633,7 +711,7 @@ async fn a_connection_to_a_demoted_primary_is_replaced() {
 }
 
 async fn failover_command(cut: bool) {
-    let pair = Pair::start();
+    let pair = Pair::start(&[]);
     let store = RedisStore::new(pair.proxy.pool()).timeout(TIMEOUT);
     let policy = policy();
     let limiter = Limiter::new(store.clone(), policy.clone());

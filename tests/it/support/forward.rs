@@ -1,7 +1,7 @@
 //! A loopback TCP forwarder: what a proxy, a DNS name or a network link is to the
 //! client behind it. A test moves it to another server as a proxy in front of a
-//! primary would at a failover, cuts the sessions it carries, or holds the bytes the
-//! server sends (a replication link that lags).
+//! primary would at a failover, cuts the sessions it carries, or holds every byte
+//! either side sends (a link that stalls, as a replication link over a network can).
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -27,9 +27,9 @@ pub struct Forwarder {
 struct Shared {
     target: AtomicU16,
     stop: AtomicBool,
-    /// While set, what servers send is kept, not delivered.
+    /// While set, what either side sends is kept, not delivered.
     hold: AtomicBool,
-    /// Bytes kept while holding, over every session.
+    /// Bytes kept while holding, over every session and both directions.
     held: AtomicUsize,
     /// Each session's two sockets, to cut them.
     sessions: Mutex<Vec<(TcpStream, TcpStream)>>,
@@ -99,8 +99,8 @@ impl Forwarder {
         }
     }
 
-    /// From now on, what the servers send is kept and never delivered (dropped with
-    /// its session): a link that stalls. What clients send still goes through.
+    /// From now on, what either side sends is kept and never delivered (dropped with
+    /// its session): a link that stalls, both ways.
     pub fn hold(&self) {
         self.shared.hold.store(true, Ordering::SeqCst);
     }
@@ -161,22 +161,23 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push((client, server));
-        std::thread::spawn(move || pump(client_r, server_w, None));
-        let shared = Arc::clone(shared);
-        std::thread::spawn(move || pump(server_r, client_w, Some(&shared)));
+        let up = Arc::clone(shared);
+        std::thread::spawn(move || pump(client_r, server_w, &up));
+        let down = Arc::clone(shared);
+        std::thread::spawn(move || pump(server_r, client_w, &down));
     }
 }
 
-/// Copies `from` to `to` until either side ends, then closes both; `holding`, for
-/// the server's side, keeps what arrives while the forwarder holds.
-fn pump(mut from: TcpStream, mut to: TcpStream, holding: Option<&Shared>) {
+/// Copies `from` to `to` until either side ends, then closes both; what arrives
+/// while the forwarder holds is kept (counted), not delivered.
+fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared) {
     let mut buf = [0u8; 16 * 1024];
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if let Some(shared) = holding.filter(|s| s.hold.load(Ordering::SeqCst)) {
+        if shared.hold.load(Ordering::SeqCst) {
             shared.held.fetch_add(n, Ordering::SeqCst);
             continue;
         }

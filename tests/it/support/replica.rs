@@ -15,7 +15,15 @@ impl RedisServer {
     /// Starts a server meant to have replicas: a replica's first sync starts at once,
     /// not after the default 5 s wait for more replicas to share the transfer.
     pub fn start_primary() -> Self {
-        Self::start_with(&["--repl-diskless-sync-delay", "0"])
+        Self::start_primary_with(&[])
+    }
+
+    /// [`RedisServer::start_primary`] with extra arguments
+    /// (`["--min-replicas-to-write", "1"]`).
+    pub fn start_primary_with(extra_args: &[&str]) -> Self {
+        let mut args = vec!["--repl-diskless-sync-delay", "0"];
+        args.extend_from_slice(extra_args);
+        Self::start_with(&args)
     }
 
     /// Starts a replica of `primary` and waits (bounded) until it is in sync.
