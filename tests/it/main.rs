@@ -17,6 +17,7 @@ mod bursts;
 mod charges;
 mod config;
 mod conformance;
+mod failover;
 mod flood;
 mod gateway;
 mod grpc;

@@ -284,8 +284,8 @@ impl RedisCluster {
     }
 
     /// Polls every node until the cluster is whole: all slots served, every node
-    /// knows every other, `cluster_state:ok`, and each replica's link to its master
-    /// is up (so a failover has a replica in sync to promote).
+    /// knows every other and every replica, `cluster_state:ok`, and each replica's
+    /// link to its master is up (so a failover has a replica in sync to promote).
     fn wait_until_formed(&self, deadline: Instant) {
         loop {
             let Err(last) = self.formed() else {
@@ -331,6 +331,20 @@ impl RedisCluster {
                 && info_field(&replication, "master_link_status") != Some("up")
             {
                 return Err(format!("replica {port} is not in sync with its master yet"));
+            }
+            // `redis-cli --cluster create` makes the replicas last, and word of them
+            // spreads by gossip: a node may still see an empty master where there is
+            // a replica, and a master without one.
+            let text: String = redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query(&mut conn)
+                .map_err(|e| format!("node {port}: {e}"))?;
+            let replicas = parse_nodes(&text)
+                .iter()
+                .filter(|n| n.master_id.is_some())
+                .count();
+            if replicas != self.nodes.len() / 2 {
+                return Err(format!("node {port} knows {replicas} replicas so far"));
             }
         }
         Ok(())

@@ -76,12 +76,16 @@ pub async fn wait_for_function_library(conn: &mut redis::aio::MultiplexedConnect
 
 /// A real local Redis Cluster (six nodes), for the cluster tests.
 pub mod cluster;
+/// A loopback TCP forwarder: a proxy or link a test can move, cut or stall.
+pub mod forward;
 /// The layer's tests' key, services, requests and stores that fail or answer late.
 pub mod layer;
 /// Counting reconnection attempts while a server is down.
 pub mod outage;
 /// The memory and Redis stores side by side on one fake clock.
 pub mod props;
+/// A primary and its replica, for the failover tests.
+pub mod replica;
 
 /// How long a server may take to accept connections.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
