@@ -155,7 +155,7 @@ impl<S: Store> LimiterBuilder<S> {
 /// given or leases made one). Without a block cache, a fallback, leases
 /// or in-flight policies nothing runs around the store: the plain path, with no guard
 /// to consult (the one-policy shorthand, [`Limiter::new`], comes here too).
-pub(super) fn assemble<S>(
+pub(super) fn assemble<S: Store>(
     store: S,
     set: PolicySet,
     block_cache: Option<usize>,
@@ -163,7 +163,8 @@ pub(super) fn assemble<S>(
     clock: Option<Arc<dyn Clock>>,
     leases: Option<Arc<LeaseTable>>,
 ) -> Limiter<S> {
-    let slots = SlotTable::of(set.policies());
+    let store = Arc::new(store);
+    let slots = SlotTable::of(&set, &store, fallback.as_ref());
     if block_cache.is_none() && fallback.is_none() && leases.is_none() && slots.is_none() {
         return Limiter {
             store,
