@@ -402,7 +402,8 @@ impl<S: Store> Limiter<S> {
     /// The slot `decision` (this limiter's allowed check of `subject`) took in its
     /// in-flight policies, held until the returned [`Slot`] is dropped; `None` when
     /// there is none to hold: no in-flight policy, a denial, a request let through
-    /// unchecked ([`Origin::FailOpen`]).
+    /// unchecked ([`Origin::FailOpen`]), or one a shadow in-flight policy would deny
+    /// (enforcing it would have refused the request: it took no slot).
     ///
     /// While slots are held, this instance renews them every third of the shortest
     /// slot lifetime (a Tokio task; one store call per subject held). A check that
@@ -414,7 +415,7 @@ impl<S: Store> Limiter<S> {
     ) -> Option<Slot> {
         let table = self.slot_table()?;
         let in_fallback = match decision.origin() {
-            _ if !decision.is_allowed() => return None,
+            _ if !decision.is_allowed() || decision.spared_a_slot() => return None,
             Origin::Store | Origin::Lease => false,
             Origin::Fallback => true,
             Origin::FailOpen | Origin::BlockCache => return None,

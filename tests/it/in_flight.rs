@@ -21,7 +21,7 @@ use redlimit::internals::{AdminStore, Backend, LimiterInternals, Operation, Poli
 use redlimit::layer::ResponseBody;
 use redlimit::store::StoreErrorKind;
 use redlimit::{
-    Decision, Limiter, MemoryStore, Origin, Policy, RateLimitLayer, RedisStore, Subject,
+    Decision, Limiter, MemoryStore, Origin, Policy, RateLimitLayer, RedisStore, Slot, Subject,
 };
 use tokio::sync::mpsc;
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -762,6 +762,162 @@ async fn a_request_that_failed_open_leaves_no_slot_past_the_next_renewal() {
     .await;
     eprintln!("the late slot went after {:?}", since.elapsed());
     assert_eq!(a.held_slots(&Subject::new("p")), 0);
+}
+
+/// The number of `user`'s requests in flight as the in-flight policy of `limiter`
+/// counts them, shadow or not: its own outcome in a peek.
+async fn slots_counted<S: redlimit::store::Store>(limiter: &Limiter<S>, user: &str) -> u64 {
+    let peek = limiter.peek(user, 1).await.unwrap();
+    let at = limiter
+        .policies()
+        .iter()
+        .position(Policy::is_in_flight)
+        .unwrap();
+    let outcome = peek.each_policy().unwrap()[at];
+    if outcome.allowed {
+        outcome.limit - 1 - outcome.remaining
+    } else {
+        outcome.limit
+    }
+}
+
+/// A shadow in-flight policy beside the same policy enforced, on the same traffic: the
+/// shadow's "would deny" answers are the enforced one's denials, and it counts what the
+/// enforced one keeps, through renewals and releases. A request the shadow would deny
+/// runs (shadow mode lets it through) without a slot: enforcing would have refused it.
+async fn a_shadow_counts_what_enforcing_keeps<S: redlimit::store::Store + Sync>(
+    shadow: Arc<Limiter<S>>,
+    enforced: Arc<Limiter<S>>,
+) {
+    // A running request of each: its slot, if it holds one.
+    let mut running: Vec<(Option<Slot>, Option<Slot>)> = Vec::new();
+    let start = |running: &mut Vec<(Option<Slot>, Option<Slot>)>| {
+        let (shadow, enforced) = (Arc::clone(&shadow), Arc::clone(&enforced));
+        let mut running = std::mem::take(running);
+        async move {
+            let s = shadow.check("o", 1).await.unwrap();
+            let e = enforced.check("o", 1).await.unwrap();
+            assert!(s.is_allowed(), "{s:?}");
+            assert_eq!(
+                s.would_deny(),
+                !e.is_allowed(),
+                "request {}: {s:?} / {e:?}",
+                running.len()
+            );
+            running.push((shadow.hold("o", &s), enforced.hold("o", &e)));
+            running
+        }
+    };
+    let agree = |what: &'static str| {
+        let (shadow, enforced) = (Arc::clone(&shadow), Arc::clone(&enforced));
+        async move {
+            // Releases to Redis run as tasks of their own: a bounded number of turns.
+            for _ in 0..100 {
+                if slots_counted(&shadow, "o").await == slots_counted(&enforced, "o").await {
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(
+                slots_counted(&shadow, "o").await,
+                slots_counted(&enforced, "o").await,
+                "{what}"
+            );
+        }
+    };
+    for _ in 0..6 {
+        running = start(&mut running).await;
+    }
+    agree("six started").await;
+    // One the enforced policy refused ends (it ran without a slot), then the renewals.
+    running.remove(5);
+    agree("a refused one ended").await;
+    shadow.renew_slots().await;
+    enforced.renew_slots().await;
+    agree("renewed").await;
+    // One it admitted ends: a slot frees, and a new request is admitted by both.
+    running.remove(0);
+    agree("an admitted one ended").await;
+    running = start(&mut running).await;
+    // The two other refused ones end (positions 2 and 3 now).
+    running.remove(3);
+    running.remove(2);
+    agree("the refused ones ended").await;
+    shadow.renew_slots().await;
+    enforced.renew_slots().await;
+    agree("renewed again").await;
+    for _ in 0..2 {
+        running = start(&mut running).await;
+    }
+    agree("two more").await;
+    drop(running);
+    agree("all ended").await;
+}
+
+#[tokio::test]
+async fn a_shadow_in_flight_policy_counts_what_enforcing_keeps() {
+    let shadow = Arc::new(Limiter::new(MemoryStore::new(), in_flight(3).shadow()));
+    let enforced = Arc::new(Limiter::new(MemoryStore::new(), in_flight(3)));
+    a_shadow_counts_what_enforcing_keeps(shadow, enforced).await;
+    let server = RedisServer::start();
+    let clock = FakeClock::new(1_700_000_000_000);
+    // Apart in Redis: a shadow policy has the key it has when enforced.
+    let with_rate = |p: Policy, prefix: &str| {
+        Limiter::builder(redis_store(&server, &clock).prefix(prefix).unwrap())
+            .policy(Policy::fixed_window("rate", 100, Duration::from_secs(60)).unwrap())
+            .policy(p)
+            .build()
+            .unwrap()
+    };
+    let shadow = Arc::new(with_rate(in_flight(3).shadow(), "shadow"));
+    let enforced = Arc::new(with_rate(in_flight(3), "enforced"));
+    a_shadow_counts_what_enforcing_keeps(shadow, enforced).await;
+}
+
+/// A shadow in-flight policy beside another in-flight policy cannot count what
+/// enforcing it would keep (a request's slot is one for both): refused, with the reason.
+/// Beside rate policies, or alone, it is built.
+#[test]
+fn a_shadow_in_flight_policy_beside_another_is_refused_with_its_reason() {
+    let tight = Policy::in_flight("tight", 2, SLOT_TTL).unwrap();
+    for shadowed in [
+        vec![in_flight(5), tight.clone().shadow()],
+        vec![in_flight(5).shadow(), tight.clone()],
+    ] {
+        let name = shadowed
+            .iter()
+            .find(|p| p.is_shadow())
+            .unwrap()
+            .name()
+            .to_owned();
+        let error = shadowed
+            .into_iter()
+            .fold(Limiter::builder(MemoryStore::new()), |b, p| b.policy(p))
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(&error, redlimit::BuildError::ShadowInFlight(n) if *n == name),
+            "{error:?}"
+        );
+        let text = error.to_string();
+        assert!(
+            text.contains(&format!("{name:?}")) && text.contains("limiter of its own"),
+            "{text}"
+        );
+    }
+    // Two enforced ones, or a shadow one beside rates, are built.
+    for fine in [
+        vec![in_flight(5), tight.clone()],
+        vec![
+            Policy::fixed_window("rate", 9, SLOT_TTL).unwrap().shadow(),
+            tight.shadow(),
+        ],
+    ] {
+        fine.into_iter()
+            .fold(Limiter::builder(MemoryStore::new()), |b, p| b.policy(p))
+            .build()
+            .unwrap();
+    }
 }
 
 /// What [`Flaky`] does with a call.
