@@ -920,6 +920,60 @@ fn a_shadow_in_flight_policy_beside_another_is_refused_with_its_reason() {
     }
 }
 
+/// A refused request's headers are the ones docs/in_flight.md shows (its `text` block):
+/// `RateLimit`'s `t` is the retry hint, the same as `Retry-After`. An admitted one's
+/// `t`, and `X-RateLimit-Reset` on both, is the slot lifetime (how long the slots
+/// counted now count if nobody renews them), as the page says.
+#[tokio::test]
+async fn an_in_flight_refusal_s_headers_are_the_ones_the_docs_show() {
+    let page = include_str!("../../docs/in_flight.md");
+    let section = page
+        .split("## What a refused request is told")
+        .nth(1)
+        .expect("the page's section on refusals");
+    let shown = section
+        .split("```text\n")
+        .nth(1)
+        .and_then(|block| block.split("```").next())
+        .expect("the headers the page shows");
+    let limiter = Arc::new(Limiter::new(
+        MemoryStore::new(),
+        Policy::in_flight("running", 20, SLOT_TTL).unwrap(),
+    ));
+    let bodies = Bodies::default();
+    let service = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::from_shared(limiter, UserHeader)
+                .header_style(redlimit::layer::HeaderStyle::Both),
+        )
+        .service_fn(move |req| bodies.clone().handler(req));
+    let mut running = Vec::new();
+    for _ in 0..20 {
+        let admitted = service.clone().oneshot(request("q")).await.unwrap();
+        assert_eq!(admitted.status(), StatusCode::OK);
+        assert_eq!(header(admitted.headers(), "x-ratelimit-reset"), Some("30"));
+        running.push(admitted);
+    }
+    assert_eq!(
+        header(running[0].headers(), "ratelimit"),
+        Some(r#""running";r=19;t=30"#)
+    );
+    let refused = service.clone().oneshot(request("q")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    for line in shown.lines() {
+        let (name, value) = line.split_once(": ").expect("a header line");
+        assert_eq!(
+            header(refused.headers(), name),
+            Some(value),
+            "docs/in_flight.md shows {line}"
+        );
+    }
+    assert_eq!(header(refused.headers(), "x-ratelimit-reset"), Some("30"));
+    drop(running.pop());
+    let again = service.oneshot(request("q")).await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+}
+
 /// What [`Flaky`] does with a call.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
