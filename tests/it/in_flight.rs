@@ -920,6 +920,38 @@ fn a_shadow_in_flight_policy_beside_another_is_refused_with_its_reason() {
     }
 }
 
+/// Leases never apply to a set with an in-flight policy, shadow or not, beside rates
+/// or alone: a slot belongs to the request that holds it.
+#[test]
+fn leases_refuse_a_set_with_an_in_flight_policy() {
+    let rate = Policy::fixed_window("rate", 100, SLOT_TTL).unwrap();
+    for policies in [
+        vec![in_flight(3)],
+        vec![rate.clone(), in_flight(3)],
+        vec![rate.clone(), in_flight(3).shadow()],
+    ] {
+        let error = policies
+            .into_iter()
+            .fold(Limiter::builder(MemoryStore::new()), |b, p| b.policy(p))
+            .leases(redlimit::lease::Leases::new())
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                redlimit::BuildError::Leases(redlimit::lease::LeaseError::InFlight(n)) if n == "running"
+            ),
+            "{error:?}"
+        );
+    }
+    // Control: the same rate alone leases.
+    Limiter::builder(MemoryStore::new())
+        .policy(rate)
+        .leases(redlimit::lease::Leases::new())
+        .build()
+        .unwrap();
+}
+
 /// A refused request's headers are the ones docs/in_flight.md shows (its `text` block):
 /// `RateLimit`'s `t` is the retry hint, the same as `Retry-After`. An admitted one's
 /// `t`, and `X-RateLimit-Reset` on both, is the slot lifetime (how long the slots
