@@ -73,6 +73,9 @@ pub struct Decision {
     /// The shadow policy that would have denied this allowed request (the longest
     /// wait among them), if any.
     shadow_denier: Option<usize>,
+    /// Whether a shadow in-flight policy would deny: it took no slot, so the request
+    /// holds none ([`Limiter::hold`](crate::Limiter::hold)).
+    spared_slot: bool,
     policies: Arc<[Policy]>,
     /// Every policy's outcome, for the admin operations' answers only: a check keeps
     /// the binding one alone, so it stays small.
@@ -89,6 +92,7 @@ impl PartialEq for Decision {
             && self.index == other.index
             && self.outcome == other.outcome
             && self.shadow_denier == other.shadow_denier
+            && self.spared_slot == other.spared_slot
             && self.policies == other.policies
     }
 }
@@ -116,6 +120,7 @@ impl Decision {
         // shadow, read as admitting); the shadow denier with the longest wait apart.
         let mut best: Option<(usize, PolicyOutcome)> = None;
         let mut shadow: Option<(usize, u64)> = None;
+        let mut spared_slot = false;
         let mut allowed = true;
         let all_shadow = policies.iter().all(Policy::is_shadow);
         for (i, mut o) in outcomes.enumerate() {
@@ -123,6 +128,7 @@ impl Decision {
                 if !o.allowed && shadow.is_none_or(|(_, wait)| o.retry_after_ms > wait) {
                     shadow = Some((i, o.retry_after_ms));
                 }
+                spared_slot |= !o.allowed && policies.get(i).is_some_and(Policy::is_in_flight);
                 if !all_shadow {
                     continue;
                 }
@@ -164,6 +170,7 @@ impl Decision {
             } else {
                 None
             },
+            spared_slot: allowed && spared_slot,
             policies: Arc::clone(policies),
             each: None,
         }
@@ -174,9 +181,11 @@ impl Decision {
     #[inline]
     pub(crate) fn from_outcome(policies: &Arc<[Policy]>, mut outcome: PolicyOutcome) -> Self {
         let mut shadow_denier = None;
-        if policies.first().is_some_and(Policy::is_shadow) {
+        let mut spared_slot = false;
+        if let Some(policy) = policies.first().filter(|p| p.is_shadow()) {
             if !outcome.allowed {
                 shadow_denier = Some(0);
+                spared_slot = policy.is_in_flight();
             }
             outcome.allowed = true;
             outcome.retry_after_ms = 0;
@@ -187,6 +196,7 @@ impl Decision {
             index: 0,
             outcome,
             shadow_denier,
+            spared_slot,
             policies: Arc::clone(policies),
             each: None,
         }
@@ -224,6 +234,7 @@ impl Decision {
                 retry_after_ms: 0,
             },
             shadow_denier: None,
+            spared_slot: false,
             policies: Arc::clone(policies),
             each: None,
         }
@@ -332,6 +343,12 @@ impl Decision {
         self.shadow_denier.is_some()
     }
 
+    /// Whether a shadow in-flight policy would have refused this allowed request, so
+    /// took no slot for it: what enforcing it would have kept.
+    pub(crate) fn spared_a_slot(&self) -> bool {
+        self.spared_slot
+    }
+
     /// The shadow policy that would have denied this allowed request (the one with
     /// the longest wait), if any.
     pub fn shadow_denied_by(&self) -> Option<&str> {
@@ -380,6 +397,26 @@ mod tests {
         assert!(d.is_allowed());
         assert_eq!(d.shadow_denied_by(), Some("t"));
         assert_eq!(d.outcome().retry_after_ms, 0);
+    }
+
+    #[test]
+    fn a_shadow_in_flight_denial_spares_its_slot_whoever_is_named() {
+        let s = Duration::from_secs(1);
+        let policies: Arc<[Policy]> = vec![
+            Policy::fixed_window("rate", 10, s).unwrap().shadow(),
+            Policy::in_flight("running", 3, s).unwrap().shadow(),
+        ]
+        .into();
+        // The rate's longer wait names it, and the slot is still spared.
+        let d = Decision::from_outcomes(&policies, [outcome(false, 0, 900), outcome(false, 0, 5)]);
+        assert_eq!(d.shadow_denied_by(), Some("rate"));
+        assert!(d.spared_a_slot());
+        let d = Decision::from_outcomes(&policies, [outcome(false, 0, 900), outcome(true, 1, 0)]);
+        assert!(d.would_deny() && !d.spared_a_slot());
+        let alone: Arc<[Policy]> =
+            vec![Policy::in_flight("running", 3, s).unwrap().shadow()].into();
+        assert!(Decision::from_outcomes(&alone, [outcome(false, 0, 5)]).spared_a_slot());
+        assert!(!Decision::from_outcomes(&alone, [outcome(true, 2, 0)]).spared_a_slot());
     }
 
     #[test]

@@ -390,6 +390,12 @@ impl Policy {
     /// policy consumes exactly when it admits and every enforced policy admits, so its
     /// state is what enforcing it would have kept. Its Redis key is the one it has when
     /// enforced, so switching it on later keeps the state.
+    ///
+    /// An in-flight policy ([`Policy::in_flight`]) in shadow mode takes no slot for a
+    /// request it would refuse, so it too counts what enforcing it would keep; it must
+    /// be its limiter's only in-flight policy, or
+    /// [`LimiterBuilder::build`](crate::LimiterBuilder::build) refuses the set
+    /// ([`BuildError::ShadowInFlight`](crate::BuildError::ShadowInFlight)).
     pub fn shadow(self) -> Self {
         self.enforce(false)
     }

@@ -29,19 +29,20 @@
 //! lifetime with the count this instance holds. An instance that vanishes stops
 //! renewing, and its entry stops counting a slot lifetime after its last renewal;
 //! a renewal also writes the entry again after the store lost it (a flush, a
-//! failover) and corrects a release that never arrived.
+//! failover), corrects a release that never arrived or a check that ran after it
+//! timed out, and writes there the slots the fallback took while the store failed.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use crate::decision::{Decision, Origin};
 use crate::limiter::Limiter;
-use crate::policy::Policy;
-use crate::store::{Operation, Store};
+use crate::store::{MemoryStore, Operation, PolicySet, Store, StoreError};
 use crate::subject::Subject;
 
 /// A request's slot in its limiter's in-flight policies: given back when dropped.
@@ -77,32 +78,125 @@ trait Holds: Send + Sync + 'static {
     fn release(self: Arc<Self>, subject: Subject, in_fallback: bool);
 }
 
-/// The slots this limiter holds, per subject and where they were taken (the store or
-/// the fallback), and whether the renewal task runs.
-#[derive(Debug)]
+/// The most subjects kept to renew for a call of unknown outcome alone (nothing held
+/// of them): a long outage must not grow the table without end. Past it, such a call's
+/// slot, if it ran, frees itself within its lifetime, and the round says so at warn.
+const MAX_UNSETTLED: usize = 4_096;
+
+/// Renewals that must succeed before a call of unknown outcome is settled: the first
+/// runs after the call on the same connection; the second, sent after the first was
+/// answered, after anything still buffered on a connection the store replaced.
+const SETTLING_RENEWALS: u8 = 2;
+
+/// A renewal's store call, whatever the store (the renewal task holds no limiter).
+type Renewal = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
+
+trait Renews: Send + Sync + 'static {
+    fn renew(&self, subject: Subject, set: &PolicySet, count: u64) -> Renewal;
+}
+
+impl<S: Store> Renews for S {
+    fn renew(&self, subject: Subject, set: &PolicySet, count: u64) -> Renewal {
+        Box::pin(self.run(Operation::Renew, subject, set, count))
+    }
+}
+
+/// The slots this limiter holds, per subject and where they are counted (the store or
+/// the fallback), the subjects a call of unknown outcome may have changed, and what the
+/// renewal needs: the store, the policies, the fallback.
 pub(crate) struct SlotTable {
     held: Mutex<Held>,
     every: Duration,
+    store: Arc<dyn Renews>,
+    set: PolicySet,
+    fallback: Option<MemoryStore>,
+}
+
+impl fmt::Debug for SlotTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlotTable")
+            .field("held", &self.held)
+            .field("every", &self.every)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Default)]
 struct Held {
-    counts: HashMap<(bool, Subject), u64>,
+    counts: HashMap<Subject, Counts>,
+    /// Subjects whose entry in the store a call of unknown outcome may have changed (a
+    /// check that failed or timed out, and may have run; a release or renewal that
+    /// failed), with the renewals still owed them: each round renews them with what is
+    /// held, 0 included (the entry goes).
+    unsettled: HashMap<Subject, u8>,
+    /// Such calls not kept since the last round ([`MAX_UNSETTLED`] reached).
+    untracked: u64,
     renewing: bool,
+}
+
+impl Held {
+    /// `subject` is owed `renewals` more (at least); `false` when [`MAX_UNSETTLED`]
+    /// are kept already (counted, and said at warn by the round).
+    fn mark(&mut self, subject: Subject, renewals: u8) -> bool {
+        let full = self.unsettled.len() >= MAX_UNSETTLED;
+        match self.unsettled.get_mut(&subject) {
+            Some(owed) => *owed = (*owed).max(renewals),
+            None if full => {
+                self.untracked += 1;
+                return false;
+            }
+            None => {
+                self.unsettled.insert(subject, renewals);
+            }
+        }
+        true
+    }
+}
+
+/// One subject's slots held by this instance, by where they are counted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Counts {
+    /// In this instance's entry in the store: taken there, or taken by the fallback
+    /// and written there by a renewal since.
+    store: u64,
+    /// Taken by the fallback while the store failed, and counted only there so far.
+    fallback: u64,
+}
+
+/// Where a released slot was counted, so where it is given back.
+enum Home {
+    Store,
+    Fallback,
+}
+
+/// One subject's part in a round: what was sent, and the renewals it was owed.
+struct Sent {
+    subject: Subject,
+    counts: Counts,
+    owed: u8,
 }
 
 impl SlotTable {
     /// The table of a set with in-flight policies (`None` for a set without).
-    pub(crate) fn of(policies: &[Policy]) -> Option<Self> {
-        let shortest = policies
+    pub(crate) fn of<S: Store>(
+        set: &PolicySet,
+        store: &Arc<S>,
+        fallback: Option<&MemoryStore>,
+    ) -> Option<Arc<Self>> {
+        let shortest = set
+            .policies()
             .iter()
             .filter(|p| p.is_in_flight())
-            .map(Policy::window_ms)
+            .map(|p| p.window_ms())
             .min()?;
-        Some(Self {
+        let store: Arc<dyn Renews> = Arc::clone(store) as Arc<dyn Renews>;
+        Some(Arc::new(Self {
             held: Mutex::new(Held::default()),
             every: Duration::from_millis((shortest / 3).max(1)),
-        })
+            store,
+            set: set.clone(),
+            fallback: fallback.cloned(),
+        }))
     }
 
     fn lock(&self) -> MutexGuard<'_, Held> {
@@ -110,43 +204,197 @@ impl SlotTable {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Counts one more slot; whether the renewal task must be started.
-    fn take(&self, key: (bool, Subject)) -> bool {
-        let mut held = self.lock();
-        *held.counts.entry(key).or_insert(0) += 1;
-        !std::mem::replace(&mut held.renewing, true)
+    /// Counts one more slot, and starts the renewal if it is not running.
+    fn take(self: &Arc<Self>, subject: Subject, in_fallback: bool) {
+        let start = {
+            let mut held = self.lock();
+            let counts = held.counts.entry(subject).or_default();
+            if in_fallback {
+                counts.fallback += 1;
+            } else {
+                counts.store += 1;
+            }
+            !std::mem::replace(&mut held.renewing, true)
+        };
+        if start {
+            self.start_renewing();
+        }
     }
 
-    fn give(&self, key: &(bool, Subject)) {
+    /// Counts one slot fewer: where it was taken if it is still counted there, else
+    /// where the others are (slots of a subject are alike: any may be the one that
+    /// ended). `None` when nothing of `subject` is held.
+    fn give(&self, subject: &Subject, in_fallback: bool) -> Option<Home> {
         let mut held = self.lock();
-        if let Some(count) = held.counts.get_mut(key) {
-            *count -= 1;
-            if *count == 0 {
-                held.counts.remove(key);
+        let counts = held.counts.get_mut(subject)?;
+        let home = if (in_fallback || counts.store == 0) && counts.fallback > 0 {
+            counts.fallback -= 1;
+            Home::Fallback
+        } else if counts.store > 0 {
+            counts.store -= 1;
+            Home::Store
+        } else {
+            return None;
+        };
+        if *counts == Counts::default() {
+            held.counts.remove(subject);
+        }
+        Some(home)
+    }
+
+    /// A call of `subject` whose outcome is unknown may have changed this instance's
+    /// entry in the store: the next round renews it with what is held (0: the entry
+    /// goes), so a check that ran after it timed out holds no slot past that round.
+    pub(crate) fn unsettle(self: &Arc<Self>, subject: Subject) {
+        let start = {
+            let mut held = self.lock();
+            if !held.mark(subject, SETTLING_RENEWALS) {
+                return;
+            }
+            !std::mem::replace(&mut held.renewing, true)
+        };
+        if start {
+            self.start_renewing();
+        }
+    }
+
+    /// The renewal task, holding the table weakly: it ends when nothing is held or
+    /// unsettled, or the limiter is gone. Without a Tokio runtime there is none (until
+    /// a slot is taken on one), and slots held longer than their lifetime stop
+    /// counting.
+    fn start_renewing(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.lock().renewing = false;
+            tracing::warn!("in-flight slots are not renewed: no Tokio runtime to renew them");
+            return;
+        };
+        runtime.spawn(renew_while_held(Arc::downgrade(self), self.every));
+    }
+
+    /// One round of renewals: every subject held or unsettled, one store call each with
+    /// the count this instance holds of it, wherever taken, all at once (a slow store
+    /// delays the round by one call's time, not by one per subject); how many.
+    /// `None` (with `stop_if_idle`: the task stops) when there is nothing to renew. Runs
+    /// on a Tokio runtime: the renewal task's (or a test's).
+    pub(crate) async fn renew_round(&self, stop_if_idle: bool) -> Option<usize> {
+        let (round, untracked) = {
+            let mut held = self.lock();
+            if held.counts.is_empty() && held.unsettled.is_empty() && stop_if_idle {
+                held.renewing = false;
+                return None;
+            }
+            let mut unsettled = std::mem::take(&mut held.unsettled);
+            let mut round: Vec<Sent> = held
+                .counts
+                .iter()
+                .map(|(subject, counts)| Sent {
+                    subject: subject.clone(),
+                    counts: *counts,
+                    owed: unsettled.remove(subject).unwrap_or(0),
+                })
+                .collect();
+            round.extend(unsettled.into_iter().map(|(subject, owed)| Sent {
+                subject,
+                counts: Counts::default(),
+                owed,
+            }));
+            (round, std::mem::take(&mut held.untracked))
+        };
+        if untracked > 0 {
+            tracing::warn!(
+                calls = untracked,
+                "in-flight calls of unknown outcome past the {MAX_UNSETTLED} kept: a slot one took, if it ran, counts until its lifetime ends"
+            );
+        }
+        let subjects = round.len();
+        let mut calls = tokio::task::JoinSet::new();
+        for sent in round {
+            let count = sent.counts.store + sent.counts.fallback;
+            let call = self.store.renew(sent.subject.clone(), &self.set, count);
+            calls.spawn(async move { (sent, call.await) });
+        }
+        let (mut failed, mut first_error) = (0usize, None);
+        while let Some(done) = calls.join_next().await {
+            let Ok((sent, renewed)) = done else {
+                continue;
+            };
+            match renewed {
+                Ok(_) => self.renewed(sent),
+                Err(error) => {
+                    failed += 1;
+                    first_error.get_or_insert(error);
+                    self.not_renewed(sent.subject);
+                }
             }
         }
+        if let Some(error) = first_error {
+            tracing::warn!(
+                subjects = failed,
+                %error,
+                "in-flight slots not renewed in the store: renewed again next round; meanwhile they count until their lifetime ends"
+            );
+        }
+        Some(subjects)
     }
 
-    /// What to renew now. With `stop_if_idle`, `None` when nothing is held, and the
-    /// renewal task is then marked stopped (under the same lock as a new slot's
-    /// `take`, so a slot taken meanwhile starts a new task).
-    fn to_renew(&self, stop_if_idle: bool) -> Option<Vec<((bool, Subject), u64)>> {
-        let mut held = self.lock();
-        if held.counts.is_empty() && stop_if_idle {
-            held.renewing = false;
-            return None;
+    /// The store's entry of the subject now counts what was sent (its slots in the
+    /// store and in the fallback): the fallback's are counted in the store from now,
+    /// and leave the fallback's entry.
+    fn renewed(&self, sent: Sent) {
+        let Sent {
+            subject,
+            counts,
+            owed,
+        } = sent;
+        let left = {
+            let mut held = self.lock();
+            if owed > 1 {
+                held.mark(subject.clone(), owed - 1);
+            }
+            if counts.fallback == 0 {
+                return;
+            }
+            let (moved, left) = match held.counts.get_mut(&subject) {
+                Some(now) => {
+                    let moved = counts.fallback.min(now.fallback);
+                    now.fallback -= moved;
+                    now.store += moved;
+                    (moved, now.fallback)
+                }
+                None => (0, 0),
+            };
+            // Some were given back to the fallback meanwhile: the store counts them
+            // still, until the next round.
+            if moved < counts.fallback {
+                held.mark(subject.clone(), 1);
+            }
+            left
+        };
+        if let Some(fallback) = &self.fallback {
+            fallback.run_op(Operation::Renew, subject, &self.set, left);
         }
-        Some(held.counts.iter().map(|(k, n)| (k.clone(), *n)).collect())
+    }
+
+    /// The store did not renew `subject`: whatever it did is unknown, so later rounds
+    /// renew it again, held or not; the fallback keeps counting its own slots.
+    fn not_renewed(&self, subject: Subject) {
+        let in_fallback = {
+            let mut held = self.lock();
+            held.mark(subject.clone(), SETTLING_RENEWALS);
+            held.counts.get(&subject).map_or(0, |c| c.fallback)
+        };
+        if let (Some(fallback), true) = (&self.fallback, in_fallback > 0) {
+            fallback.run_op(Operation::Renew, subject, &self.set, in_fallback);
+        }
     }
 
     /// The slots held of `subject`, in the store and in the fallback.
     #[cfg(feature = "internals")]
     pub(crate) fn held(&self, subject: &Subject) -> u64 {
-        let held = self.lock();
-        [false, true]
-            .iter()
-            .filter_map(|f| held.counts.get(&(*f, subject.clone())))
-            .sum()
+        self.lock()
+            .counts
+            .get(subject)
+            .map_or(0, |c| c.store + c.fallback)
     }
 }
 
@@ -154,7 +402,8 @@ impl<S: Store> Limiter<S> {
     /// The slot `decision` (this limiter's allowed check of `subject`) took in its
     /// in-flight policies, held until the returned [`Slot`] is dropped; `None` when
     /// there is none to hold: no in-flight policy, a denial, a request let through
-    /// unchecked ([`Origin::FailOpen`]).
+    /// unchecked ([`Origin::FailOpen`]), or one a shadow in-flight policy would deny
+    /// (enforcing it would have refused the request: it took no slot).
     ///
     /// While slots are held, this instance renews them every third of the shortest
     /// slot lifetime (a Tokio task; one store call per subject held). A check that
@@ -166,15 +415,13 @@ impl<S: Store> Limiter<S> {
     ) -> Option<Slot> {
         let table = self.slot_table()?;
         let in_fallback = match decision.origin() {
-            _ if !decision.is_allowed() => return None,
+            _ if !decision.is_allowed() || decision.spared_a_slot() => return None,
             Origin::Store | Origin::Lease => false,
             Origin::Fallback => true,
             Origin::FailOpen | Origin::BlockCache => return None,
         };
         let subject = subject.into();
-        if table.take((in_fallback, subject.clone())) {
-            self.start_renewing(table.every);
-        }
+        table.take(subject.clone(), in_fallback);
         let holder: Arc<dyn Holds> = Arc::clone(self) as Arc<dyn Holds>;
         Some(Slot {
             holder,
@@ -183,54 +430,20 @@ impl<S: Store> Limiter<S> {
         })
     }
 
-    /// The renewal task, holding the limiter weakly: it ends when nothing is held
-    /// or the limiter is gone. Without a Tokio runtime there is none, and slots held
-    /// longer than their lifetime stop counting.
-    fn start_renewing(self: &Arc<Self>, every: Duration) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!("in-flight slots are not renewed: no Tokio runtime to renew them");
-            return;
-        };
-        let limiter = Arc::downgrade(self);
-        runtime.spawn(renew_while_held(limiter, every));
-    }
-
-    /// One round of renewals: every subject held, one store call each, all at once
-    /// (a slow store delays the round by one call's time, not by one per subject); how
-    /// many. `None` (with `stop_if_idle`: the task stops) when nothing is held. Runs on
-    /// a Tokio runtime: the renewal task's (or a test's).
+    /// One round of renewals, as the renewal task makes them (see
+    /// [`SlotTable::renew_round`]).
     pub(crate) async fn renew_slots(&self, stop_if_idle: bool) -> Option<usize> {
-        let held = self.slot_table()?.to_renew(stop_if_idle)?;
-        let subjects = held.len();
-        let mut calls = tokio::task::JoinSet::new();
-        for ((in_fallback, subject), count) in held {
-            if in_fallback {
-                if let Some(fallback) = self.fallback() {
-                    fallback.run_op(Operation::Renew, subject, self.policy_set(), count);
-                }
-                continue;
-            }
-            let call = self
-                .store()
-                .run(Operation::Renew, subject, self.policy_set(), count);
-            calls.spawn(call);
-        }
-        while let Some(renewed) = calls.join_next().await {
-            if let Ok(Err(error)) = renewed {
-                tracing::warn!(%error, "in-flight slots not renewed; they count until their lifetime ends");
-            }
-        }
-        Some(subjects)
+        self.slot_table()?.renew_round(stop_if_idle).await
     }
 }
 
-async fn renew_while_held<S: Store>(limiter: Weak<Limiter<S>>, every: Duration) {
+async fn renew_while_held(table: Weak<SlotTable>, every: Duration) {
     loop {
         tokio::time::sleep(every).await;
-        let Some(limiter) = limiter.upgrade() else {
+        let Some(table) = table.upgrade() else {
             return;
         };
-        if limiter.renew_slots(true).await.is_none() {
+        if table.renew_round(true).await.is_none() {
             return;
         }
     }
@@ -241,27 +454,30 @@ impl<S: Store> Holds for Limiter<S> {
         let Some(table) = self.slot_table() else {
             return;
         };
-        let key = (in_fallback, subject);
-        table.give(&key);
-        let (in_fallback, subject) = key;
-        if in_fallback {
-            if let Some(fallback) = self.fallback() {
-                fallback.run_op(Operation::Release, subject, self.policy_set(), 1);
-            }
-            return;
-        }
-        run_off_path(
-            async move {
-                let released = self
-                    .store()
-                    .run(Operation::Release, subject, self.policy_set(), 1)
-                    .await;
-                if let Err(error) = released {
-                    tracing::warn!(%error, "in-flight slot not released; it frees itself within its lifetime");
+        match table.give(&subject, in_fallback) {
+            None => {}
+            Some(Home::Fallback) => {
+                if let Some(fallback) = self.fallback() {
+                    fallback.run_op(Operation::Release, subject, self.policy_set(), 1);
                 }
-            },
-            "in-flight slot release",
-        );
+            }
+            Some(Home::Store) => {
+                let table = Arc::clone(table);
+                run_off_path(
+                    async move {
+                        let released = self
+                            .store()
+                            .run(Operation::Release, subject.clone(), self.policy_set(), 1)
+                            .await;
+                        if let Err(error) = released {
+                            tracing::warn!(%error, "in-flight slot not released: the next renewal corrects the count");
+                            table.unsettle(subject);
+                        }
+                    },
+                    "in-flight slot release",
+                );
+            }
+        }
     }
 }
 

@@ -83,7 +83,8 @@ pub(crate) struct Snapshot {
     remaining: u64,
     /// Seconds until the binding policy is back to unused, rounded up.
     reset_secs: u64,
-    /// Seconds until quota frees up: the retry-after when denied, else the reset.
+    /// Seconds until quota frees up: the retry-after when denied (for an in-flight
+    /// policy, its hint: a slot frees whenever a request ends), else the reset.
     wait_secs: u64,
 }
 

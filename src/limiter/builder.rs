@@ -47,6 +47,12 @@ pub enum BuildError {
     /// Two policies under one name would share their state's name in the store.
     #[error("two policies are named {0:?}: a name keys its policy's state, so names must be unique in a limiter")]
     DuplicateName(String),
+    /// A shadow in-flight policy beside another in-flight policy: a request's slot is
+    /// one for all of its limiter's in-flight policies, held, renewed and released in
+    /// all at once, and a shadow one that would deny takes none, so the two counts
+    /// would part. A shadow in-flight policy goes in a limiter of its own.
+    #[error("in-flight policy {0:?} is a shadow beside another in-flight policy: a request's slot is held and released in all of a limiter's in-flight policies at once, and a shadow one that would deny takes none, so their counts would part; shadow it in a limiter of its own")]
+    ShadowInFlight(String),
     /// The lease settings cannot work for these policies.
     #[error(transparent)]
     Leases(#[from] LeaseError),
@@ -137,6 +143,11 @@ impl<S: Store> LimiterBuilder<S> {
                 return Err(BuildError::DuplicateName(policy.name().to_owned()));
             }
         }
+        if policies.iter().filter(|p| p.is_in_flight()).count() > 1 {
+            if let Some(shadow) = policies.iter().find(|p| p.is_in_flight() && p.is_shadow()) {
+                return Err(BuildError::ShadowInFlight(shadow.name().to_owned()));
+            }
+        }
         let set = PolicySet::new(policies);
         let (clock, leases) = match leases {
             Some((settings, lease_store)) => {
@@ -155,7 +166,7 @@ impl<S: Store> LimiterBuilder<S> {
 /// given or leases made one). Without a block cache, a fallback, leases
 /// or in-flight policies nothing runs around the store: the plain path, with no guard
 /// to consult (the one-policy shorthand, [`Limiter::new`], comes here too).
-pub(super) fn assemble<S>(
+pub(super) fn assemble<S: Store>(
     store: S,
     set: PolicySet,
     block_cache: Option<usize>,
@@ -163,7 +174,8 @@ pub(super) fn assemble<S>(
     clock: Option<Arc<dyn Clock>>,
     leases: Option<Arc<LeaseTable>>,
 ) -> Limiter<S> {
-    let slots = SlotTable::of(set.policies());
+    let store = Arc::new(store);
+    let slots = SlotTable::of(&set, &store, fallback.as_ref());
     if block_cache.is_none() && fallback.is_none() && leases.is_none() && slots.is_none() {
         return Limiter {
             store,

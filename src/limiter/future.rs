@@ -45,15 +45,21 @@ impl After {
                 }
                 Ok(decision)
             }
-            Err(error) => match &guard.fallback {
-                Some(fallback) => {
-                    crate::telemetry::store_failed(&error, true);
-                    Ok(fallback
-                        .decide(subject, &set, cost)
-                        .with_origin(Origin::Fallback))
+            Err(error) => {
+                // The call may have run: a slot it took would be nobody's.
+                if let Some(slots) = &guard.slots {
+                    slots.unsettle(subject.clone());
                 }
-                None => Err(Error::Store(error)),
-            },
+                match &guard.fallback {
+                    Some(fallback) => {
+                        crate::telemetry::store_failed(&error, true);
+                        Ok(fallback
+                            .decide(subject, &set, cost)
+                            .with_origin(Origin::Fallback))
+                    }
+                    None => Err(Error::Store(error)),
+                }
+            }
         }
     }
 }

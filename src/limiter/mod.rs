@@ -45,7 +45,8 @@ use future::{After, CheckState, PendingLease};
 /// `Arc` (the layer does) to share it.
 #[derive(Debug, Clone)]
 pub struct Limiter<S> {
-    store: S,
+    /// Shared with the renewal of in-flight slots, which runs without the limiter.
+    store: Arc<S>,
     set: PolicySet,
     /// What runs around the store: block cache and fallback (none by default, so the
     /// plain path costs nothing extra).
@@ -61,7 +62,7 @@ struct Guard {
     /// This limiter's leases, when on.
     leases: Option<Arc<LeaseTable>>,
     /// The slots this instance holds, when the set has in-flight policies.
-    slots: Option<SlotTable>,
+    slots: Option<Arc<SlotTable>>,
 }
 
 impl<S: Store> Limiter<S> {
@@ -154,7 +155,7 @@ impl<S> Limiter<S> {
     }
 
     /// The slots this instance holds, when the set has in-flight policies.
-    pub(crate) fn slot_table(&self) -> Option<&SlotTable> {
+    pub(crate) fn slot_table(&self) -> Option<&Arc<SlotTable>> {
         self.guard.as_ref()?.slots.as_ref()
     }
 

@@ -7,6 +7,7 @@
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -18,7 +19,10 @@ use redlimit::clock::Clock;
 use redlimit::clock::FakeClock;
 use redlimit::internals::{AdminStore, Backend, LimiterInternals, Operation, PolicySet};
 use redlimit::layer::ResponseBody;
-use redlimit::{Decision, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore, Subject};
+use redlimit::store::StoreErrorKind;
+use redlimit::{
+    Decision, Limiter, MemoryStore, Origin, Policy, RateLimitLayer, RedisStore, Slot, Subject,
+};
 use tokio::sync::mpsc;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
@@ -432,10 +436,15 @@ async fn held_slots_are_renewed_past_their_lifetime_and_the_renewal_stops_when_n
     }
     drop(slot);
     assert!(b.check("erin", 1).await.unwrap().is_allowed());
-    // The renewal task ends with nothing held: its weak hold on the limiter goes.
-    assert_eq!(Arc::weak_count(&a), 1);
+    // The renewal task ends with nothing held, at its next round.
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    assert_eq!(tasks(), 1, "the renewal task");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(Arc::weak_count(&a), 0);
+    assert_eq!(tasks(), 0);
 }
 
 /// A request refused by either the rate or the slots takes nothing from the other.
@@ -568,4 +577,517 @@ async fn slots_written_by_a_clock_ahead_count_its_lead_longer_or_are_foreign() {
     let admitted = b.check("k", 1).await.unwrap();
     assert!(admitted.is_allowed(), "{admitted:?}");
     assert!(!b.check("k", 1).await.unwrap().is_allowed());
+}
+
+/// A Redis store on `server` with a timeout short enough for a test to wait it out.
+fn quick_store(server: &RedisServer, clock: &FakeClock) -> RedisStore {
+    RedisStore::new(server.pool())
+        .client_clock(clock.clone())
+        .timeout(Duration::from_millis(300))
+}
+
+/// Waits until `limiter`'s store answers again (it reconnects in the background, with
+/// backoff): a peek the store decides, not the fallback. Bounded by total time.
+async fn store_answers_again<S: redlimit::store::Store>(limiter: &Limiter<S>) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(d) = limiter.peek("probe", 1).await {
+            if d.origin() == Origin::Store {
+                return;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the store did not answer again within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until a check of `user` by `limiter` would see `expected` in flight, a call to
+/// another connection (so no order with the calls it waits for): bounded by total time.
+async fn seen_within<S: redlimit::store::Store>(
+    limiter: &Limiter<S>,
+    user: &str,
+    limit: u64,
+    expected: u64,
+    bound: Duration,
+    why: &str,
+) {
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        let now = in_flight_now(limiter, user, limit).await;
+        if now == expected {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{user}: {now} in flight after {bound:?}, not {expected}: {why}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Instance A takes three slots in its fallback while Redis is down; once Redis
+/// answers again, A's next renewal writes them there, so instance B, which only has
+/// Redis, sees all three and is refused (it admitted three more before: 6 running
+/// against a limit of 3). A's releases then free them in Redis.
+#[tokio::test]
+async fn slots_the_fallback_took_are_counted_in_redis_once_it_answers_again() {
+    let mut server = RedisServer::start();
+    let clock = FakeClock::new(1_700_000_000_000);
+    let a = Arc::new(
+        Limiter::builder(quick_store(&server, &clock))
+            .policy(in_flight(3))
+            .fallback(MemoryStore::with_clock(clock.clone()))
+            .build()
+            .unwrap(),
+    );
+    let b = Arc::new(Limiter::new(quick_store(&server, &clock), in_flight(3)));
+    assert_eq!(a.peek("m", 1).await.unwrap().origin(), Origin::Store);
+    b.peek("m", 1).await.unwrap();
+    server.stop();
+    let mut slots = Vec::new();
+    for _ in 0..3 {
+        let d = a.check("m", 1).await.unwrap();
+        assert_eq!(d.origin(), Origin::Fallback, "{d:?}");
+        slots.push(a.hold("m", &d).unwrap());
+    }
+    assert!(!a.check("m", 1).await.unwrap().is_allowed());
+    server.restart();
+    store_answers_again(&a).await;
+    store_answers_again(&b).await;
+    // Control: the restarted Redis knows nothing of A's slots yet.
+    assert_eq!(in_flight_now(&b, "m", 3).await, 0);
+    assert_eq!(a.renew_slots().await, 1);
+    assert_eq!(in_flight_now(&b, "m", 3).await, 3);
+    let refused = b.check("m", 1).await.unwrap();
+    assert!(!refused.is_allowed(), "{refused:?}");
+    // Counted in Redis now: each release frees its slot there.
+    drop(slots.pop());
+    settles_to(&b, "m", 3, 2).await;
+    let d = b.check("m", 1).await.unwrap();
+    assert!(d.is_allowed(), "{d:?}");
+    let _b_slot = b.hold("m", &d).unwrap();
+    assert!(!b.check("m", 1).await.unwrap().is_allowed());
+    // Another round changes nothing: A holds two, B one.
+    assert_eq!(a.renew_slots().await, 1);
+    assert_eq!(in_flight_now(&b, "m", 3).await, 3);
+    drop(slots);
+    settles_to(&b, "m", 3, 1).await;
+    assert_eq!(a.held_slots(&Subject::new("m")), 0);
+}
+
+/// A check that timed out (Redis paused) runs once Redis resumes: it takes a slot in
+/// A's entry that nobody holds. A's next renewal writes the count A really holds: 0
+/// for "n" (the entry goes), 1 for "h", where A holds one by a decided check. The
+/// fake clock never moves, so nothing frees itself: only the renewal can.
+#[tokio::test]
+async fn a_check_that_timed_out_but_ran_late_is_undone_by_the_next_renewal() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(1_700_000_000_000);
+    let a = Arc::new(Limiter::new(quick_store(&server, &clock), in_flight(2)));
+    let b = Arc::new(Limiter::new(redis_store(&server, &clock), in_flight(2)));
+    b.peek("n", 1).await.unwrap();
+    let d = a.check("h", 1).await.unwrap();
+    let _held = a.hold("h", &d).unwrap();
+    let paused = server.pause();
+    let (n, h) = tokio::join!(a.check("n", 1), a.check("h", 1));
+    for late in [n, h] {
+        match late {
+            Err(redlimit::Error::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Timeout),
+            other => panic!("a paused Redis decided: {other:?}"),
+        }
+    }
+    paused.resume();
+    let why = "the checks that timed out never ran";
+    seen_within(&b, "n", 2, 1, Duration::from_secs(10), why).await;
+    seen_within(&b, "h", 2, 2, Duration::from_secs(10), why).await;
+    a.renew_slots().await;
+    assert_eq!(
+        in_flight_now(&b, "n", 2).await,
+        0,
+        "n: the slot nobody holds"
+    );
+    assert_eq!(in_flight_now(&b, "h", 2).await, 1, "h: the slot A holds");
+    assert!(!server.keys().await.is_empty());
+    server.assert_every_key_expires().await;
+}
+
+/// The same through the layer, failing open: a request let through unchecked while
+/// Redis is paused leaves a late slot, and the renewal task (no slot held: started for
+/// the check of unknown outcome) takes it away within a renewal period (4 s here) of
+/// real time, where it would otherwise count for its slot lifetime (12 s: Redis
+/// expires the key on its own clock).
+#[tokio::test]
+async fn a_request_that_failed_open_leaves_no_slot_past_the_next_renewal() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(1_700_000_000_000);
+    let policy = Policy::in_flight("running", 1, Duration::from_secs(12)).unwrap();
+    let a = Arc::new(Limiter::new(quick_store(&server, &clock), policy.clone()));
+    let b = Arc::new(Limiter::new(redis_store(&server, &clock), policy));
+    b.peek("p", 1).await.unwrap();
+    a.peek("p", 1).await.unwrap();
+    let service = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::from_shared(Arc::clone(&a), UserHeader)
+                .failure_mode(redlimit::layer::FailureMode::Open),
+        )
+        .service_fn(crate::support::layer::hello);
+    let paused = server.pause();
+    let response = service.oneshot(request("p")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK, "failed open");
+    drop(response);
+    paused.resume();
+    seen_within(
+        &b,
+        "p",
+        1,
+        1,
+        Duration::from_secs(10),
+        "the late check never ran",
+    )
+    .await;
+    let since = tokio::time::Instant::now();
+    // A renewal period is 4 s; the bound leaves 6 s for a loaded machine and stays
+    // short of the 12 s after which Redis drops the key by itself.
+    seen_within(
+        &b,
+        "p",
+        1,
+        0,
+        Duration::from_secs(10),
+        "the renewal never undid the slot nobody holds",
+    )
+    .await;
+    eprintln!("the late slot went after {:?}", since.elapsed());
+    assert_eq!(a.held_slots(&Subject::new("p")), 0);
+}
+
+/// The number of `user`'s requests in flight as the in-flight policy of `limiter`
+/// counts them, shadow or not: its own outcome in a peek.
+async fn slots_counted<S: redlimit::store::Store>(limiter: &Limiter<S>, user: &str) -> u64 {
+    let peek = limiter.peek(user, 1).await.unwrap();
+    let at = limiter
+        .policies()
+        .iter()
+        .position(Policy::is_in_flight)
+        .unwrap();
+    let outcome = peek.each_policy().unwrap()[at];
+    if outcome.allowed {
+        outcome.limit - 1 - outcome.remaining
+    } else {
+        outcome.limit
+    }
+}
+
+/// A shadow in-flight policy beside the same policy enforced, on the same traffic: the
+/// shadow's "would deny" answers are the enforced one's denials, and it counts what the
+/// enforced one keeps, through renewals and releases. A request the shadow would deny
+/// runs (shadow mode lets it through) without a slot: enforcing would have refused it.
+async fn a_shadow_counts_what_enforcing_keeps<S: redlimit::store::Store + Sync>(
+    shadow: Arc<Limiter<S>>,
+    enforced: Arc<Limiter<S>>,
+) {
+    // A running request of each: its slot, if it holds one.
+    let mut running: Vec<(Option<Slot>, Option<Slot>)> = Vec::new();
+    let start = |running: &mut Vec<(Option<Slot>, Option<Slot>)>| {
+        let (shadow, enforced) = (Arc::clone(&shadow), Arc::clone(&enforced));
+        let mut running = std::mem::take(running);
+        async move {
+            let s = shadow.check("o", 1).await.unwrap();
+            let e = enforced.check("o", 1).await.unwrap();
+            assert!(s.is_allowed(), "{s:?}");
+            assert_eq!(
+                s.would_deny(),
+                !e.is_allowed(),
+                "request {}: {s:?} / {e:?}",
+                running.len()
+            );
+            running.push((shadow.hold("o", &s), enforced.hold("o", &e)));
+            running
+        }
+    };
+    let agree = |what: &'static str| {
+        let (shadow, enforced) = (Arc::clone(&shadow), Arc::clone(&enforced));
+        async move {
+            // Releases to Redis run as tasks of their own: a bounded number of turns.
+            for _ in 0..100 {
+                if slots_counted(&shadow, "o").await == slots_counted(&enforced, "o").await {
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(
+                slots_counted(&shadow, "o").await,
+                slots_counted(&enforced, "o").await,
+                "{what}"
+            );
+        }
+    };
+    for _ in 0..6 {
+        running = start(&mut running).await;
+    }
+    agree("six started").await;
+    // One the enforced policy refused ends (it ran without a slot), then the renewals.
+    running.remove(5);
+    agree("a refused one ended").await;
+    shadow.renew_slots().await;
+    enforced.renew_slots().await;
+    agree("renewed").await;
+    // One it admitted ends: a slot frees, and a new request is admitted by both.
+    running.remove(0);
+    agree("an admitted one ended").await;
+    running = start(&mut running).await;
+    // The two other refused ones end (positions 2 and 3 now).
+    running.remove(3);
+    running.remove(2);
+    agree("the refused ones ended").await;
+    shadow.renew_slots().await;
+    enforced.renew_slots().await;
+    agree("renewed again").await;
+    for _ in 0..2 {
+        running = start(&mut running).await;
+    }
+    agree("two more").await;
+    drop(running);
+    agree("all ended").await;
+}
+
+#[tokio::test]
+async fn a_shadow_in_flight_policy_counts_what_enforcing_keeps() {
+    let shadow = Arc::new(Limiter::new(MemoryStore::new(), in_flight(3).shadow()));
+    let enforced = Arc::new(Limiter::new(MemoryStore::new(), in_flight(3)));
+    a_shadow_counts_what_enforcing_keeps(shadow, enforced).await;
+    let server = RedisServer::start();
+    let clock = FakeClock::new(1_700_000_000_000);
+    // Apart in Redis: a shadow policy has the key it has when enforced.
+    let with_rate = |p: Policy, prefix: &str| {
+        Limiter::builder(redis_store(&server, &clock).prefix(prefix).unwrap())
+            .policy(Policy::fixed_window("rate", 100, Duration::from_secs(60)).unwrap())
+            .policy(p)
+            .build()
+            .unwrap()
+    };
+    let shadow = Arc::new(with_rate(in_flight(3).shadow(), "shadow"));
+    let enforced = Arc::new(with_rate(in_flight(3), "enforced"));
+    a_shadow_counts_what_enforcing_keeps(shadow, enforced).await;
+}
+
+/// A shadow in-flight policy beside another in-flight policy cannot count what
+/// enforcing it would keep (a request's slot is one for both): refused, with the reason.
+/// Beside rate policies, or alone, it is built.
+#[test]
+fn a_shadow_in_flight_policy_beside_another_is_refused_with_its_reason() {
+    let tight = Policy::in_flight("tight", 2, SLOT_TTL).unwrap();
+    for shadowed in [
+        vec![in_flight(5), tight.clone().shadow()],
+        vec![in_flight(5).shadow(), tight.clone()],
+    ] {
+        let name = shadowed
+            .iter()
+            .find(|p| p.is_shadow())
+            .unwrap()
+            .name()
+            .to_owned();
+        let error = shadowed
+            .into_iter()
+            .fold(Limiter::builder(MemoryStore::new()), |b, p| b.policy(p))
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(&error, redlimit::BuildError::ShadowInFlight(n) if *n == name),
+            "{error:?}"
+        );
+        let text = error.to_string();
+        assert!(
+            text.contains(&format!("{name:?}")) && text.contains("limiter of its own"),
+            "{text}"
+        );
+    }
+    // Two enforced ones, or a shadow one beside rates, are built.
+    for fine in [
+        vec![in_flight(5), tight.clone()],
+        vec![
+            Policy::fixed_window("rate", 9, SLOT_TTL).unwrap().shadow(),
+            tight.shadow(),
+        ],
+    ] {
+        fine.into_iter()
+            .fold(Limiter::builder(MemoryStore::new()), |b, p| b.policy(p))
+            .build()
+            .unwrap();
+    }
+}
+
+/// Leases never apply to a set with an in-flight policy, shadow or not, beside rates
+/// or alone: a slot belongs to the request that holds it.
+#[test]
+fn leases_refuse_a_set_with_an_in_flight_policy() {
+    let rate = Policy::fixed_window("rate", 100, SLOT_TTL).unwrap();
+    for policies in [
+        vec![in_flight(3)],
+        vec![rate.clone(), in_flight(3)],
+        vec![rate.clone(), in_flight(3).shadow()],
+    ] {
+        let error = policies
+            .into_iter()
+            .fold(Limiter::builder(MemoryStore::new()), |b, p| b.policy(p))
+            .leases(redlimit::lease::Leases::new())
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                redlimit::BuildError::Leases(redlimit::lease::LeaseError::InFlight(n)) if n == "running"
+            ),
+            "{error:?}"
+        );
+    }
+    // Control: the same rate alone leases.
+    Limiter::builder(MemoryStore::new())
+        .policy(rate)
+        .leases(redlimit::lease::Leases::new())
+        .build()
+        .unwrap();
+}
+
+/// A refused request's headers are the ones docs/in_flight.md shows (its `text` block):
+/// `RateLimit`'s `t` is the retry hint, the same as `Retry-After`. An admitted one's
+/// `t`, and `X-RateLimit-Reset` on both, is the slot lifetime (how long the slots
+/// counted now count if nobody renews them), as the page says.
+#[tokio::test]
+async fn an_in_flight_refusal_s_headers_are_the_ones_the_docs_show() {
+    let page = include_str!("../../docs/in_flight.md");
+    let section = page
+        .split("## What a refused request is told")
+        .nth(1)
+        .expect("the page's section on refusals");
+    let shown = section
+        .split("```text\n")
+        .nth(1)
+        .and_then(|block| block.split("```").next())
+        .expect("the headers the page shows");
+    let limiter = Arc::new(Limiter::new(
+        MemoryStore::new(),
+        Policy::in_flight("running", 20, SLOT_TTL).unwrap(),
+    ));
+    let bodies = Bodies::default();
+    let service = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::from_shared(limiter, UserHeader)
+                .header_style(redlimit::layer::HeaderStyle::Both),
+        )
+        .service_fn(move |req| bodies.clone().handler(req));
+    let mut running = Vec::new();
+    for _ in 0..20 {
+        let admitted = service.clone().oneshot(request("q")).await.unwrap();
+        assert_eq!(admitted.status(), StatusCode::OK);
+        assert_eq!(header(admitted.headers(), "x-ratelimit-reset"), Some("30"));
+        running.push(admitted);
+    }
+    assert_eq!(
+        header(running[0].headers(), "ratelimit"),
+        Some(r#""running";r=19;t=30"#)
+    );
+    let refused = service.clone().oneshot(request("q")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    for line in shown.lines() {
+        let (name, value) = line.split_once(": ").expect("a header line");
+        assert_eq!(
+            header(refused.headers(), name),
+            Some(value),
+            "docs/in_flight.md shows {line}"
+        );
+    }
+    assert_eq!(header(refused.headers(), "x-ratelimit-reset"), Some("30"));
+    drop(running.pop());
+    let again = service.oneshot(request("q")).await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+}
+
+/// What [`Flaky`] does with a call.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Up,
+    /// Fails without running, as a Redis out of reach.
+    Down,
+    /// Runs, then fails: a call that timed out and ran late.
+    RanLate,
+}
+
+/// A memory store whose calls fail at will, to follow a subject through many rounds.
+#[derive(Clone)]
+struct Flaky {
+    store: MemoryStore,
+    mode: Arc<Mutex<Mode>>,
+}
+
+impl Flaky {
+    fn set(&self, mode: Mode) {
+        *self.mode.lock().unwrap() = mode;
+    }
+
+    fn answer(
+        &self,
+        decided: impl FnOnce() -> Result<Decision, redlimit::store::StoreError>,
+    ) -> std::future::Ready<Result<Decision, redlimit::store::StoreError>> {
+        let mode = *self.mode.lock().unwrap();
+        let failed = redlimit::store::StoreError::timeout();
+        std::future::ready(match mode {
+            Mode::Up => decided(),
+            Mode::Down => Err(failed),
+            Mode::RanLate => decided().and(Err(failed)),
+        })
+    }
+}
+
+impl Backend for Flaky {
+    type Future = std::future::Ready<Result<Decision, redlimit::store::StoreError>>;
+
+    fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        self.answer(|| self.store.check(subject, set, cost).into_inner())
+    }
+}
+
+impl AdminStore for Flaky {
+    fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
+        self.answer(|| self.store.run(op, subject, set, cost).into_inner())
+    }
+}
+
+/// A check that ran but failed takes a slot nobody holds: the next round the store
+/// answers renews its subject with 0, and the one after once more (a connection the
+/// store replaced may still have held it), then it is settled. While the store fails,
+/// such subjects are kept for the next round, at most 4,096 of them.
+#[tokio::test]
+async fn checks_of_unknown_outcome_are_renewed_until_settled_and_at_most_4096_are_kept() {
+    let memory = MemoryStore::new();
+    let flaky = Flaky {
+        store: memory.clone(),
+        mode: Arc::new(Mutex::new(Mode::RanLate)),
+    };
+    let a = Arc::new(Limiter::new(flaky.clone(), in_flight(2)));
+    let b = Limiter::new(memory, in_flight(2));
+    assert!(a.check("x", 1).await.is_err());
+    assert_eq!(in_flight_now(&b, "x", 2).await, 1, "the check ran");
+    flaky.set(Mode::Down);
+    assert_eq!(a.renew_slots().await, 1);
+    assert_eq!(in_flight_now(&b, "x", 2).await, 1, "not renewed: kept");
+    flaky.set(Mode::Up);
+    assert_eq!(a.renew_slots().await, 1);
+    assert_eq!(in_flight_now(&b, "x", 2).await, 0, "renewed with 0");
+    assert_eq!(a.renew_slots().await, 1, "the second renewal");
+    assert_eq!(a.renew_slots().await, 0, "settled");
+
+    flaky.set(Mode::Down);
+    for i in 0..5_000 {
+        assert!(a.check(format!("u{i}"), 1).await.is_err());
+    }
+    assert_eq!(a.renew_slots().await, 4_096);
+    assert_eq!(a.renew_slots().await, 4_096, "kept while the store fails");
+    flaky.set(Mode::Up);
+    assert_eq!(a.renew_slots().await, 4_096);
+    assert_eq!(a.renew_slots().await, 4_096);
+    assert_eq!(a.renew_slots().await, 0);
 }
