@@ -706,7 +706,6 @@ async fn a_graceful_failover_loses_nothing() {
 /// primary stays connected and answers every call `READONLY`. The store must take
 /// that as a connection to replace, and its new one reaches the new primary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the store to replace a connection that answers READONLY (issue 27)"]
 async fn a_connection_to_a_demoted_primary_is_replaced() {
     failover_command(false).await;
 }
@@ -927,4 +926,57 @@ async fn cluster_failover(force: bool) {
         assert!(tally.past_limit <= 0, "{tally:?}");
     }
     cluster.node(shard.replica).assert_every_key_expires().await;
+}
+
+/// Until the address moves, every new connection meets the demoted primary again:
+/// the store replaces the connection that answers `READONLY` at the backoff's pace
+/// (25 ms doubling to 250 ms), not once a call, and answers each check as a store
+/// failure, never a denial. The control: once the address leads to the promoted
+/// replica, checks are decided again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_primary_at_the_address_is_retried_at_the_backoff_s_pace() {
+    let pair = Pair::start(&[]);
+    let store = RedisStore::new(pair.proxy.pool()).timeout(TIMEOUT);
+    let limiter = Limiter::new(store.clone(), policy());
+    warm(&limiter).await;
+    let () = redis::cmd("FAILOVER")
+        .arg("TIMEOUT")
+        .arg(WITHIN.as_millis() as u64)
+        .query_async(&mut pair.primary.conn().await)
+        .await
+        .expect("FAILOVER");
+    tokio::task::block_in_place(|| {
+        pair.replica.wait_for_role("master", WITHIN);
+        pair.primary.wait_for_role("slave", WITHIN)
+    });
+
+    let accepted = pair.proxy.accepted();
+    let (started, mut checks) = (Instant::now(), 0);
+    while started.elapsed() < Duration::from_secs(1) {
+        match limiter.check(SUBJECT, 1).await {
+            Err(Error::Store(_)) => {}
+            other => panic!("a demoted primary decided: {other:?}"),
+        }
+        checks += 1;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let connections = pair.proxy.accepted() - accepted;
+    eprintln!("{checks} checks in 1 s against a demoted primary: {connections} new connections");
+    assert!(checks > 100, "only {checks} checks");
+    // 25, 50, 100, 250, 250, 250 ms...: at most 8 in a second, with room for a
+    // loaded machine's late timers, far from one a check.
+    assert!(
+        connections <= 10,
+        "{connections} connections for {checks} checks"
+    );
+
+    pair.proxy.switch_to(pair.replica.port());
+    let deadline = Instant::now() + RESUME_WITHIN;
+    while limiter.check(SUBJECT, 1).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "not decided on the promoted replica"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }

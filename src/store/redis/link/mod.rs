@@ -403,7 +403,7 @@ impl Link {
     /// presumed dead and replaced.
     fn timed_out(self: &Arc<Self>, generation: u64, stall_ms: u64) {
         let silent = self.activity.silent_ms();
-        if silent >= stall_ms && self.replace(generation) {
+        if silent >= stall_ms && self.replace(generation, false) {
             tracing::warn!(
                 address = %self.address,
                 silent_ms = silent,
@@ -447,6 +447,10 @@ impl Link {
         self.activity.heard_now();
         if let Some(failing) = self.failing.end() {
             crate::telemetry::redis_answers_again(&self.address, failing);
+            self.state
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .backoff = MIN_BACKOFF;
         }
     }
 
@@ -457,11 +461,13 @@ impl Link {
         };
         let broken =
             error.is_io_error() || error.is_connection_dropped() || error.is_unrecoverable_error();
+        let demoted = error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
         let replace_because = if !lent.conn.repairs_itself() {
-            if error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) {
-                // A primary demoted by a failover: whatever moved the address (a proxy,
-                // DNS, Sentinel) leads a new connection to the promoted one.
-                Some("Redis answered READONLY (a replica now)")
+            if demoted {
+                // A primary demoted by a failover: whatever moves the address (a proxy,
+                // DNS, Sentinel) leads a new connection to the promoted one. Paced:
+                // until it moves, every new connection meets the replica again.
+                Some("Redis answered READONLY (it is a replica now)")
             } else {
                 broken.then_some("Redis connection lost")
             }
@@ -481,21 +487,26 @@ impl Link {
                 .then_some("Redis Cluster connection answered nothing for a while")
         };
         if let Some(reason) = replace_because {
-            if self.replace(lent.generation) {
+            if self.replace(lent.generation, demoted) {
                 tracing::warn!(address = %self.address, %error, "{reason}; replaced it");
             }
         }
         StoreError::new(kind, error)
     }
 
-    /// Drops connection `generation` (if still current) and starts its replacement;
+    /// Drops connection `generation` (if still current) and starts its replacement,
+    /// or with `pace`, lets the next call start it once the backoff has passed;
     /// whether it did (so only the first of many failing calls reports it).
-    fn replace(self: &Arc<Self>, generation: u64) -> bool {
+    fn replace(self: &Arc<Self>, generation: u64, pace: bool) -> bool {
         let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
         if state.generation != generation || state.conn.take().is_none() {
             return false;
         }
         state.reader = None;
+        if pace && state.attempt == Attempt::Idle {
+            state.attempt = Attempt::Backoff(Instant::now() + state.backoff);
+            state.backoff = (state.backoff * 2).min(MAX_BACKOFF);
+        }
         let started = claim_attempt(&mut state);
         drop(state);
         if started {
@@ -529,7 +540,8 @@ impl Link {
                 state.reader = reader;
                 state.generation += 1;
                 state.attempt = Attempt::Idle;
-                state.backoff = MIN_BACKOFF;
+                // The backoff starts over once a call is answered on it (`answered`):
+                // a connection that only answers READONLY keeps the pace.
                 state.last_error = None;
                 self.activity.reset_silence();
                 tracing::debug!(
