@@ -17,6 +17,9 @@
 //! - `IN_FLIGHT_TTL_MS`: how long the slots of a vanished instance keep counting
 //!   (10000): each instance renews its slots every third of it while they run.
 //!
+//! Warnings go to stderr (a Redis that does not answer, requests let through unchecked
+//! meanwhile), with redlimit's lines at info (when Redis answers again).
+//!
 //! Routes, keyed by `x-api-key` (401 without):
 //!
 //! - `POST /v1/complete`: reserves `x-max-tokens` (400 without it or when it is not a
@@ -42,7 +45,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use http_body::Frame;
-use redlimit::deadpool_redis;
 use redlimit::key::{Header, KeyExtractor, Secret};
 use redlimit::layer::Usage;
 use redlimit::store::Store;
@@ -52,6 +54,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    log_to_stderr();
     match run().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -59,6 +62,19 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Failing open must show on the default output: warnings on stderr, and redlimit's
+/// info lines (Redis answers again; shadow policies that would have denied).
+fn log_to_stderr() {
+    use tracing_subscriber::{filter::Targets, layer::SubscriberExt, util::SubscriberInitExt};
+    let levels = Targets::new()
+        .with_default(tracing::Level::WARN)
+        .with_target("redlimit", tracing::Level::INFO);
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(levels)
+        .init();
 }
 
 /// A setting from the environment, or its default.
@@ -90,17 +106,11 @@ async fn run() -> Result<(), BoxError> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let (app, store) = match std::env::var("REDIS_URL") {
         Ok(url) => {
-            let pool = deadpool_redis::Config::from_url(url.as_str())
-                .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
-            drop(
-                pool.get()
-                    .await
-                    .map_err(|e| format!("cannot reach {url}: {e}"))?,
-            );
-            (
-                app(RedisStore::new(pool), policies, &secret)?,
-                format!("redis at {url}"),
-            )
+            let store = RedisStore::from_url(&url)?;
+            // At start, not at the first request: a wrong REDIS_URL stops the gateway,
+            // and the first completion is decided on a warm connection.
+            store.connect().await?;
+            (app(store, policies, &secret)?, format!("redis at {url}"))
         }
         Err(_) => (
             app(MemoryStore::new(), policies, &secret)?,

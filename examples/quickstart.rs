@@ -12,7 +12,10 @@
 //!   at 1 per second; without the header, per client IP.
 //!
 //! With `REDIS_URL` (one server) or `REDIS_CLUSTER` (comma-separated node URLs) set,
-//! state lives in Redis: several instances share one budget. API keys are hashed with
+//! state lives in Redis: several instances share one budget. The store connects at
+//! start (a Redis that cannot be reached stops the quickstart with its address), and
+//! warnings go to stderr: a Redis that stops answering later, and the requests let
+//! through unchecked meanwhile, show on the default output. API keys are hashed with
 //! the secret in `REDLIMIT_SECRET` (the same on every instance); without it a random
 //! secret is made for this process, which is all the memory store needs, and in Redis
 //! mode means instances share IP budgets but not API-key budgets (it says so at start).
@@ -24,7 +27,6 @@ use std::time::Duration;
 
 use axum::routing::get;
 use axum::{Extension, Router};
-use redlimit::deadpool_redis;
 use redlimit::key::{ClientIp, Header, KeyExtractorExt, Secret};
 use redlimit::{Decision, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore};
 
@@ -32,6 +34,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    log_to_stderr();
     match run().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -39,6 +42,19 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Failing open must show on the default output: warnings on stderr, and redlimit's
+/// info lines (Redis answers again; shadow policies that would have denied).
+fn log_to_stderr() {
+    use tracing_subscriber::{filter::Targets, layer::SubscriberExt, util::SubscriberInitExt};
+    let levels = Targets::new()
+        .with_default(tracing::Level::WARN)
+        .with_target("redlimit", tracing::Level::INFO);
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(levels)
+        .init();
 }
 
 async fn run() -> Result<(), BoxError> {
@@ -72,29 +88,16 @@ async fn run() -> Result<(), BoxError> {
             .filter(|n| !n.is_empty())
             .map(String::from)
             .collect();
-        let pool = deadpool_redis::cluster::Config::from_urls(urls.clone())
-            .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
-        // Fail at start, not at the first request, when the cluster is not there.
-        drop(
-            pool.get()
-                .await
-                .map_err(|e| format!("cannot reach the cluster {nodes}: {e}"))?,
-        );
-        let store = format!("redis cluster at {nodes}");
         // The store's own cluster client: it never resends a call that may have run.
-        (app(RedisStore::cluster_from_urls(urls)?, &secret)?, store)
+        let store = RedisStore::cluster_from_urls(urls)?;
+        // At start, not at the first request: a cluster that is not there stops the
+        // quickstart, and the first check is decided on a warm connection.
+        store.connect().await?;
+        (app(store, &secret)?, format!("redis cluster at {nodes}"))
     } else if let Ok(url) = std::env::var("REDIS_URL") {
-        let pool = deadpool_redis::Config::from_url(url.as_str())
-            .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
-        drop(
-            pool.get()
-                .await
-                .map_err(|e| format!("cannot reach {url}: {e}"))?,
-        );
-        (
-            app(RedisStore::new(pool), &secret)?,
-            format!("redis at {url}"),
-        )
+        let store = RedisStore::from_url(&url)?;
+        store.connect().await?;
+        (app(store, &secret)?, format!("redis at {url}"))
     } else {
         let store = "memory (this process only)".to_owned();
         (app(MemoryStore::new(), &secret)?, store)

@@ -38,11 +38,13 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// Limit state in Redis, shared by every instance of a service.
 ///
-/// Built from the application's own `deadpool_redis::Pool` ([`RedisStore::new`]) or,
-/// for a Redis Cluster, its `deadpool_redis::cluster::Pool`
-/// ([`RedisStore::cluster`]); below: the connection it keeps and the keys it writes.
-/// Cloning is cheap and shares the connection. Every decision is made atomically by
-/// one Lua script, in one round trip, whatever the number of policies.
+/// Built from a URL, on a connection of its own ([`RedisStore::from_url`]), from the
+/// application's own `deadpool_redis::Pool` ([`RedisStore::new`]) or, for a Redis
+/// Cluster, from node URLs ([`RedisStore::cluster_from_urls`]) or a
+/// `deadpool_redis::cluster::Pool` ([`RedisStore::cluster`]); below: the connection
+/// it keeps and the keys it writes. Cloning is cheap and shares the connection. Every
+/// decision is made atomically by one Lua script, in one round trip, whatever the
+/// number of policies.
 ///
 /// ```
 /// use redlimit::{Limiter, Policy, RedisStore};
@@ -51,10 +53,13 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let url = std::env::var("REDIS_URL");
-/// // The application's own pool: the store takes one connection from it, lazily.
-/// let pool = deadpool_redis::Config::from_url(url.as_deref().unwrap_or("redis://127.0.0.1/"))
-///     .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
-/// let store = RedisStore::new(pool).prefix("rl")?.timeout(Duration::from_millis(50));
+/// let store = RedisStore::from_url(url.as_deref().unwrap_or("redis://127.0.0.1/"))?
+///     .prefix("rl")?
+///     .timeout(Duration::from_millis(50));
+/// # if url.is_ok() {
+/// // At start: an unreachable Redis fails here, naming its host and port.
+/// store.connect().await?;
+/// # }
 /// let limiter = Limiter::builder(store)
 ///     .policy(Policy::sliding_window("api", 100, Duration::from_secs(60))?)
 ///     .policy(Policy::token_bucket("burst", 10, 10, Duration::from_secs(1))?)
@@ -96,17 +101,18 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 /// and the checks of 100,000 subjects over 16,384 slots almost never do (16 queued
 /// checks hold two of one slot with odds of about 0.7%).
 ///
-/// The store does not check a connection out of the pool per call: deadpool-redis
-/// recycles each checked-out connection with an `UNWATCH` + `PING` round trip of its
-/// own, which would double the cost of every decision, and its small default pool
-/// would cap concurrency. Instead the store takes ONE connection out of the pool
-/// (`Connection::take`, so the pool opens another for the application) and sends
-/// every call on it: on one server it is a `redis::aio::MultiplexedConnection`
-/// (on a cluster, [see below](#redis-cluster)), whose clones share
-/// one socket and pipeline the calls of all tasks, which is faster than a pool of
-/// connections used one call at a time. Being the store's alone, the socket is never
-/// stalled by a blocking command or redirected by a `SELECT` the application sends on
-/// pooled connections.
+/// The store keeps ONE connection and sends every call on it: on one server a
+/// `redis::aio::MultiplexedConnection` (on a cluster, [see below](#redis-cluster)),
+/// whose clones share one socket and pipeline the calls of all tasks, which is faster
+/// than a pool of connections used one call at a time. [`RedisStore::from_url`] opens
+/// it on a socket of the store's own, and drives it itself (see
+/// [`RedisStore::timeout`]). [`RedisStore::new`] takes it out of the application's
+/// pool (`Connection::take`, so the pool opens another for the application) rather
+/// than checking one out per call: deadpool-redis recycles each checked-out
+/// connection with an `UNWATCH` + `PING` round trip of its own, which would double the
+/// cost of every decision, and its small default pool would cap concurrency. Either
+/// way the socket is the store's alone, never stalled by a blocking command or
+/// redirected by a `SELECT` the application sends on its own connections.
 ///
 /// When a call fails with a connection error (or the connection has answered nothing
 /// for a second while calls time out), the store drops it and gets a fresh one from
@@ -114,20 +120,27 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 /// attempts back off (25 ms doubling to 250 ms), and calls made meanwhile fail at once
 /// with [`StoreErrorKind::Unavailable`](crate::store::StoreErrorKind): no reconnect
 /// storm, no queue of waiting calls during an outage. Only the calls made before the
-/// very first connection exists wait for it, within their timeout.
+/// very first connection exists wait for it, within their timeout; call
+/// [`RedisStore::connect`] at start instead, so that none waits. A connection to a
+/// primary that a failover demoted (every call answered `READONLY`) is replaced the
+/// same way, at the same pace, until the address leads to the new primary. Failed
+/// attempts are logged at warn (at most a line a second) with the address, and once
+/// calls are answered again, one line at info says so.
 ///
 /// # Timeouts, and what counts as a failure
 ///
 /// The timeout ([`RedisStore::timeout`], 50 ms by default) measures Redis, not the
 /// application: a call fails with [`StoreErrorKind::Timeout`](crate::store::StoreErrorKind)
-/// when the connection has delivered no reply at all for that long, which is what a
+/// when the connection has delivered nothing at all for that long, which is what a
 /// stopped, paused or unreachable server looks like. Redis answers in order on one
 /// connection, so while replies to the calls sent before it keep arriving, a call is
 /// only behind a busy app or a deep pipeline, and it waits for its own reply, at most
-/// 1 s from the send: under a flood of connections, limits stay on (unless the app is
-/// so starved of CPU that no call at all completes for the timeout). A call that
-/// timed out may still have run; it is never sent again, and the layer never refunds
-/// a request it let through for it.
+/// 1 s from its send; a check queued for a batch waits for its turn however long the
+/// line (see [`RedisStore::max_queue`]): under a flood of connections or a burst,
+/// limits stay on. On the store's own connection ([`RedisStore::from_url`]) a reply
+/// that arrived is a decision however starved the app: see [`RedisStore::timeout`].
+/// A call that timed out may still have run; it is never sent again, and the layer
+/// never refunds a request it let through for it.
 ///
 /// Every call that ends without a decision (timed out, refused, failed on the
 /// connection) is counted: [`RedisStore::calls_failed`] and
@@ -305,10 +318,15 @@ fn without_password(url: &str) -> String {
 pub struct InvalidPrefix(pub String);
 
 impl RedisStore {
-    /// A store on `pool`, deciding on Redis `TIME`, with the prefix `rl` and a 50 ms
-    /// timeout.
+    /// A store on a connection it takes out of `pool`, deciding on Redis `TIME`, with
+    /// the prefix `rl` and a 50 ms timeout.
     ///
-    /// Connects lazily: the first call takes a connection from the pool.
+    /// For an application that already has a pool, or needs its TLS: the pool's
+    /// connection reads its replies on a task of redis's own, which a starved runtime
+    /// or host may run only after a call's timeout fired, so under such load a call
+    /// can time out (and fail open) on a reply that had arrived. Prefer
+    /// [`RedisStore::from_url`], whose connection the store drives itself. Connects
+    /// lazily; [`RedisStore::connect`] connects now.
     pub fn new(pool: Pool) -> Self {
         Self::on(Source::Node(pool))
     }
@@ -424,15 +442,21 @@ impl RedisStore {
     /// a rate limiter must not become the slow part of a request.
     ///
     /// The timeout measures Redis, not the application: a call times out when the
-    /// connection has delivered no reply at all for `timeout` (Redis stopped,
-    /// paused or unreachable). While replies keep arriving for the calls sent before
-    /// it (Redis answers in order on one connection), the call is only behind a busy
-    /// app or a deep pipeline, and it waits for its own reply: a reply that arrives is
-    /// a decision, however late the app reads it. That wait is bounded: at most 1 s
-    /// (or `timeout`, if longer) from the send. A reply is counted when the call it
-    /// answers reads it, so a runtime starved so badly that no call completes for a
-    /// whole `timeout` (measured beside two CPU hogs on two cores) still looks like a
-    /// silent Redis. On a Redis Cluster, whose connection
+    /// connection has delivered nothing at all for `timeout` after the call (or, for a
+    /// queued check, its queueing): Redis stopped, paused or unreachable. While
+    /// replies keep arriving for the calls sent before it (Redis answers in order on
+    /// one connection), the call is only behind a busy app or a deep pipeline, and it
+    /// waits for its own reply, at most 1 s (or `timeout`, if longer) from its send.
+    ///
+    /// On the store's own connection ([`RedisStore::from_url`]), a call whose timer
+    /// fires drives the connection itself before it judges: it reads what has
+    /// arrived, writes what waited unwritten, and looks into the socket for bytes the
+    /// runtime has not seen yet. A reply that arrived is a decision, however starved
+    /// the app that reads it late (2,000 checks of 17 policies at once, beside two
+    /// busy loops per core: all decided, BENCHMARKS.md). On a pool's connection
+    /// ([`RedisStore::new`]) replies are counted when the calls they answer read them,
+    /// so a runtime starved so badly that no call completes for a whole `timeout`
+    /// still looks like a silent Redis. On a Redis Cluster, whose connection
     /// multiplexes several nodes (one node's replies say nothing of another's), the
     /// timeout runs from the send.
     ///
