@@ -6,8 +6,10 @@
 #
 #   bash benches/overload.sh                      # 1,024 then 2,048 connections, 3 rounds
 #   BIN=/path/to/quickstart bash benches/overload.sh   # another build (say, an older commit)
+#   CONNECTIONS=256 BUSY=1 bash benches/overload.sh    # beside two busy loops per core
 #
-# Settings (environment): CONNECTIONS ("1024 2048"), DURATION (8), ROUNDS (3).
+# Settings (environment): CONNECTIONS ("1024 2048"), DURATION (8), ROUNDS (3), BUSY (0:
+# with 1, two busy loops per core run beside each wrk run, and stop with it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +30,10 @@ if [ -z "${BIN:-}" ]; then
   BIN=target/release/examples/quickstart
 fi
 
+busy=()
+# Whatever ends the script, no busy loop outlives it.
+trap 'if [ ${#busy[@]} -gt 0 ]; then kill "${busy[@]}" 2>/dev/null || true; fi' EXIT
+
 for round in $(seq "$ROUNDS"); do
   for c in $CONNECTIONS; do
     rport=$(free_port)
@@ -41,9 +47,14 @@ for round in $(seq "$ROUNDS"); do
     until python3 -c "import socket; socket.create_connection(('127.0.0.1', $aport))" 2>/dev/null; do
       sleep 0.1
     done
+    busy=()
+    if [ "${BUSY:-0}" = 1 ]; then
+      for _ in $(seq $(( $(nproc) * 2 ))); do (while :; do :; done) & busy+=($!); done
+    fi
     line=$(timeout $((DURATION + 20)) wrk -t2 -c"$c" -d"${DURATION}s" -s benches/wrk/api_keys.lua \
       "http://127.0.0.1:$aport/" | awk '/Requests\/sec/ { rps = $2 } /^answers/ { a = $0 } END { print rps, a }')
-    echo "round $round  -c$c  req/s $line"
+    if [ ${#busy[@]} -gt 0 ]; then kill "${busy[@]}"; fi
+    echo "round $round  -c$c  busy ${BUSY:-0}  req/s $line"
     kill "$app" "$redis"
     wait "$app" "$redis" 2>/dev/null || true
   done

@@ -1,0 +1,347 @@
+//! Bursts and a busy host: how many checks a burst leaves unchecked (a store error,
+//! which a fail-open layer lets through), and the memory it leaves behind.
+//!
+//! ```text
+//! cargo run --release --example burst                    # both sections, 3 rounds
+//! cargo run --release --example burst -- burst           # 50,000 checks at once, Redis healthy
+//! cargo run --release --example burst -- deep            # 2,000 checks of 17 policies, beside busy loops
+//! BURST=50000 DEEP=2000 ROUNDS=3 cargo run --release --example burst
+//! ```
+//!
+//! Starts its own `redis-server` on a free loopback port. In each round, in turn:
+//!
+//! - `from_url`: a `RedisStore::from_url` store (the store drives its own socket) at
+//!   the default 50 ms timeout, after `connect`;
+//! - `pool`: a `RedisStore::new(pool)` store (the pool's connection, read by redis's
+//!   task), the same;
+//! - `smallest`: the reference, the smallest script that makes a fixed-window decision
+//!   (`benches/reference/smallest_fixed_window.lua`), one `EVALSHA` per check on one
+//!   multiplexed connection, each within 50 ms of its send (`tokio::time::timeout`):
+//!   what a client with a plain per-call timeout leaves unchecked.
+//!
+//! The burst is `BURST` checks (50,000) of one fixed window each, on distinct
+//! subjects, spawned at once on a two-worker runtime; the live heap (a counting
+//! allocator) is read before the burst and after its tasks are gone. The deep pipeline
+//! is `DEEP` checks (2,000) of 17 policies each (the shape of
+//! `a_deep_pipeline_on_a_healthy_redis_is_decided_not_timed_out`), beside two busy
+//! loops per core that this program starts and stops (`sh -c 'while :; do :; done'`);
+//! `smallest` sends its one-policy script per check at the same depth.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redlimit::redis::{self, aio::MultiplexedConnection};
+use redlimit::{Limiter, Policy, RedisStore};
+use tokio::task::JoinSet;
+
+/// Counts live heap bytes: what a burst leaves allocated.
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: every call goes unchanged to the system allocator; the counter is only
+// bookkeeping.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+const TIMEOUT: Duration = Duration::from_millis(50);
+const SMALLEST: &str = include_str!("../reference/smallest_fixed_window.lua");
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn main() -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    match runtime.block_on(run()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("burst: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn setting(name: &str, default: usize) -> Result<usize, BoxError> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .map_err(|_| format!("{name}={v:?} is not a number").into()),
+        Err(_) => Ok(default),
+    }
+}
+
+async fn run() -> Result<(), BoxError> {
+    let only = std::env::args().nth(1);
+    let (burst, deep, rounds) = (
+        setting("BURST", 50_000)?,
+        setting("DEEP", 2_000)?,
+        setting("ROUNDS", 3)?,
+    );
+    let server = Server::start()?;
+    println!(
+        "redis-server {} on 127.0.0.1:{}",
+        server.version(),
+        server.port
+    );
+    if only.as_deref().is_none_or(|s| s == "burst") {
+        println!("\n{burst} checks at once, Redis healthy, 50 ms timeout");
+        println!("round  client     unchecked           took      calls   heap after - before");
+        for round in 1..=rounds {
+            for kind in rotate(&["from_url", "pool", "smallest"], round) {
+                let row = measure(&server, kind, burst, false, &format!("b{round}")).await?;
+                println!("{round:>5}  {kind:<9} {row}");
+            }
+        }
+    }
+    if only.as_deref().is_none_or(|s| s == "deep") {
+        let loops = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
+        println!(
+            "\n{deep} checks at once, 17 policies each, beside {loops} busy loops, 50 ms timeout"
+        );
+        println!("round  client     unchecked           took      calls   heap after - before");
+        for round in 1..=rounds {
+            for kind in rotate(&["from_url", "pool", "smallest"], round) {
+                let busy = Busy::start(loops)?;
+                let row = measure(&server, kind, deep, true, &format!("d{round}")).await;
+                drop(busy);
+                println!("{round:>5}  {kind:<9} {}", row?);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `kinds` starting at a different one each round.
+fn rotate<'a>(kinds: &[&'a str], round: usize) -> Vec<&'a str> {
+    let mut kinds = kinds.to_vec();
+    let by = round % kinds.len();
+    kinds.rotate_left(by);
+    kinds
+}
+
+fn policies(deep: bool) -> Result<Vec<Policy>, BoxError> {
+    let window = Duration::from_secs(3_600);
+    let mut policies = vec![Policy::fixed_window("burst", 100, window)?];
+    if deep {
+        policies[0] = Policy::sliding_log("a", 100, window)?;
+        for i in 0..4 {
+            policies.push(Policy::sliding_log(format!("log{i}"), 100, window)?);
+            policies.push(Policy::sliding_window(format!("sw{i}"), 100, window)?);
+            policies.push(Policy::fixed_window(format!("fw{i}"), 100, window)?);
+            policies.push(Policy::token_bucket(
+                format!("tb{i}"),
+                100,
+                1,
+                Duration::from_secs(1),
+            )?);
+        }
+    }
+    Ok(policies)
+}
+
+/// One burst of `checks` by `kind`; its row.
+async fn measure(
+    server: &Server,
+    kind: &str,
+    checks: usize,
+    deep: bool,
+    tag: &str,
+) -> Result<String, BoxError> {
+    let url = server.url();
+    let (unchecked, took, calls, heap) = if kind == "smallest" {
+        let client = redis::Client::open(url.as_str())?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let script = redis::Script::new(SMALLEST);
+        script.prepare_invoke().load_async(&mut conn).await?;
+        let before = LIVE.load(Ordering::Relaxed);
+        let started = Instant::now();
+        let unchecked = smallest_burst(&conn, script.get_hash(), checks, tag).await;
+        let took = started.elapsed();
+        drop(conn);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (
+            unchecked,
+            took,
+            checks as u64,
+            LIVE.load(Ordering::Relaxed) - before,
+        )
+    } else {
+        let store = if kind == "from_url" {
+            RedisStore::from_url(&url)?
+        } else {
+            let pool = redlimit::deadpool_redis::Config::from_url(url.as_str())
+                .create_pool(Some(redlimit::deadpool_redis::Runtime::Tokio1))?;
+            RedisStore::new(pool)
+        };
+        store.connect().await?;
+        let limiter = policies(deep)?
+            .into_iter()
+            .fold(Limiter::builder(store.clone()), |b, p| b.policy(p))
+            .build()?;
+        let limiter = Arc::new(limiter);
+        // One check before the count, so what the store keeps for good (its
+        // connection, the composed Lua) is in the heap before, not in the delta.
+        limiter.check(format!("{tag}:{kind}:warm"), 1).await?;
+        let sent = store.calls_sent();
+        let before = LIVE.load(Ordering::Relaxed);
+        let started = Instant::now();
+        let mut tasks = JoinSet::new();
+        for i in 0..checks {
+            let limiter = Arc::clone(&limiter);
+            let subject = format!("{tag}:{kind}:{i}");
+            tasks.spawn(async move { limiter.check(subject, 1).await.is_err() });
+        }
+        let mut unchecked = 0;
+        while let Some(failed) = tasks.join_next().await {
+            unchecked += usize::from(failed?);
+        }
+        let took = started.elapsed();
+        drop(tasks);
+        // The answers of calls that timed out may still be on their way.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let heap = LIVE.load(Ordering::Relaxed) - before;
+        (unchecked, took, store.calls_sent() - sent, heap)
+    };
+    Ok(format!(
+        "{unchecked:>6} ({:>6.3}%)  {:>9.1?}  {calls:>7}   {:>+10} B",
+        100.0 * unchecked as f64 / checks as f64,
+        took,
+        heap
+    ))
+}
+
+/// `checks` smallest-script calls at once, each within [`TIMEOUT`] of its send; how
+/// many timed out or failed.
+async fn smallest_burst(
+    conn: &MultiplexedConnection,
+    sha: &str,
+    checks: usize,
+    tag: &str,
+) -> usize {
+    let mut tasks = JoinSet::new();
+    for i in 0..checks {
+        let mut conn = conn.clone();
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(sha)
+            .arg(1)
+            .arg(format!("{tag}:smallest:{i}"))
+            .arg(3_600_000);
+        tasks.spawn(async move {
+            let call = cmd.query_async::<u64>(&mut conn);
+            !matches!(tokio::time::timeout(TIMEOUT, call).await, Ok(Ok(_)))
+        });
+    }
+    let mut unchecked = 0;
+    while let Some(failed) = tasks.join_next().await {
+        unchecked += usize::from(failed.unwrap_or(true));
+    }
+    unchecked
+}
+
+/// A `redis-server` on a free loopback port, stopped on drop.
+struct Server {
+    port: u16,
+    child: Child,
+}
+
+impl Server {
+    fn start() -> Result<Self, BoxError> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot run redis-server: {e}"))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > deadline {
+                return Err("redis-server did not start within 10 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(Self { port, child })
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn version(&self) -> String {
+        let out = Command::new("redis-server").arg("--version").output();
+        out.map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .nth(2)
+                .unwrap_or("?")
+                .to_owned()
+        })
+        .unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Busy loops in processes of their own, killed on drop.
+struct Busy(Vec<Child>);
+
+impl Busy {
+    fn start(loops: usize) -> Result<Self, BoxError> {
+        let children = (0..loops)
+            .map(|_| {
+                Command::new("sh")
+                    .args(["-c", "while :; do :; done"])
+                    .spawn()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self(children))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
