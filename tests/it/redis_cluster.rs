@@ -743,3 +743,51 @@ async fn calls_follow_a_slot_that_moves_to_another_master() {
     let second = limiter.check(new.as_str(), 1).await.unwrap();
     assert_eq!(second.remaining(), u64::from(LIMIT) - 2, "{second:?}");
 }
+
+/// `connect` on a cluster: the library on every master before the first check, so the
+/// first check of a subject on any master is one `FCALL` and no load; and a cluster
+/// that cannot be reached fails naming its nodes. The control: the masters had no
+/// library before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_loads_the_library_on_every_master() {
+    let cluster = RedisCluster::start();
+    let masters = cluster.masters().await;
+    let libraries = |port: u16| {
+        let node = cluster.node(port);
+        async move {
+            let listed: Vec<redis::Value> = redis::cmd("FUNCTION")
+                .arg("LIST")
+                .query_async(&mut node.conn().await)
+                .await
+                .unwrap();
+            listed.len()
+        }
+    };
+    for master in &masters {
+        assert_eq!(libraries(master.port).await, 0, "master {}", master.port);
+    }
+    let store = RedisStore::cluster_from_urls(cluster.urls()).unwrap();
+    store.connect().await.unwrap();
+    for master in &masters {
+        assert_eq!(libraries(master.port).await, 1, "master {}", master.port);
+    }
+    let limiter = Limiter::new(
+        store.timeout(Duration::from_secs(2)),
+        Policy::fixed_window("connect", 5, Duration::from_secs(60)).unwrap(),
+    );
+    for i in 0..30 {
+        assert!(limiter
+            .check(format!("user:{i}"), 1)
+            .await
+            .unwrap()
+            .is_allowed());
+    }
+    assert_eq!(
+        command_calls(&cluster, &masters, "function|load").await,
+        masters.len() as u64
+    );
+
+    let unreachable = RedisStore::cluster_from_urls(["redis://127.0.0.1:1"]).unwrap();
+    let message = unreachable.connect().await.unwrap_err().to_string();
+    assert!(message.contains("127.0.0.1:1"), "{message}");
+}
