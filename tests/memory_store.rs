@@ -1,37 +1,15 @@
 //! The memory store under a flood of one-off subjects: memory must come back.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
 use redlimit::clock::FakeClock;
 use redlimit::{Limiter, MemoryStore, Policy};
 
 /// Counts live heap bytes, so the test measures memory exactly instead of guessing
-/// from RSS (the system allocator keeps freed pages).
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the counter is
-// only bookkeeping.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+/// from RSS.
+#[path = "../benches/support/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::{live, Counting};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -50,7 +28,7 @@ async fn a_million_subjects_leave_no_memory_behind() {
     limiter.check("warm-up", 1).await.unwrap();
     clock.advance(Duration::from_secs(5));
     store.sweep();
-    let before = LIVE.load(Ordering::SeqCst);
+    let before = live();
 
     const SUBJECTS: u32 = 1_000_000;
     for i in 0..SUBJECTS {
@@ -62,7 +40,7 @@ async fn a_million_subjects_leave_no_memory_behind() {
             clock.advance(Duration::from_millis(100));
         }
     }
-    let peak = LIVE.load(Ordering::SeqCst);
+    let peak = live();
     assert!(
         peak - before > 50 * SUBJECTS as isize,
         "the flood should hold state while its windows last ({} B)",
@@ -73,7 +51,7 @@ async fn a_million_subjects_leave_no_memory_behind() {
     // thread of a store on a real clock, do the same one shard at a time).
     clock.advance(Duration::from_secs(3));
     store.sweep();
-    let after = LIVE.load(Ordering::SeqCst);
+    let after = live();
     assert!(store.len() <= 1, "{} entries left", store.len());
     assert!(
         after - before < 256 * 1024,

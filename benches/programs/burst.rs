@@ -27,9 +27,7 @@
 //! loops per core that this program starts and stops (`sh -c 'while :; do :; done'`);
 //! `smallest` sends its one-policy script per check at the same depth.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,29 +36,9 @@ use redlimit::{Limiter, Policy, RedisStore};
 use tokio::task::JoinSet;
 
 /// Counts live heap bytes: what a burst leaves allocated.
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call goes unchanged to the system allocator; the counter is only
-// bookkeeping.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+#[path = "../support/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::{live, Counting};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -177,18 +155,13 @@ async fn measure(
         let mut conn = client.get_multiplexed_async_connection().await?;
         let script = redis::Script::new(SMALLEST);
         script.prepare_invoke().load_async(&mut conn).await?;
-        let before = LIVE.load(Ordering::Relaxed);
+        let before = live();
         let started = Instant::now();
         let unchecked = smallest_burst(&conn, script.get_hash(), checks, tag).await;
         let took = started.elapsed();
         drop(conn);
         tokio::time::sleep(Duration::from_millis(100)).await;
-        (
-            unchecked,
-            took,
-            checks as u64,
-            LIVE.load(Ordering::Relaxed) - before,
-        )
+        (unchecked, took, checks as u64, live() - before)
     } else {
         let store = if kind == "from_url" {
             RedisStore::from_url(&url)?
@@ -207,7 +180,7 @@ async fn measure(
         // connection, the composed Lua) is in the heap before, not in the delta.
         limiter.check(format!("{tag}:{kind}:warm"), 1).await?;
         let sent = store.calls_sent();
-        let before = LIVE.load(Ordering::Relaxed);
+        let before = live();
         let started = Instant::now();
         let mut tasks = JoinSet::new();
         for i in 0..checks {
@@ -223,7 +196,7 @@ async fn measure(
         drop(tasks);
         // The answers of calls that timed out may still be on their way.
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let heap = LIVE.load(Ordering::Relaxed) - before;
+        let heap = live() - before;
         (unchecked, took, store.calls_sent() - sent, heap)
     };
     Ok(format!(

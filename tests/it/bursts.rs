@@ -3,7 +3,7 @@
 //! Redis's silence alone); a check that finds the queue full is shed, and the layer
 //! never lets it through unchecked; the queue gives its memory back after a burst.
 
-use crate::support::RedisServer;
+use crate::support::{check_at_once, RedisServer};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -35,24 +35,6 @@ fn stores(server: &RedisServer) -> [(&'static str, RedisStore); 2] {
     ]
 }
 
-/// Checks `subjects` once each, all at once, on the runtime's workers as a server's
-/// requests are; how many were allowed, and the errors.
-async fn burst(limiter: &Arc<Limiter<RedisStore>>, subjects: Vec<String>) -> (usize, Vec<String>) {
-    let mut checks = JoinSet::new();
-    for subject in subjects {
-        let limiter = Arc::clone(limiter);
-        checks.spawn(async move { limiter.check(subject, 1).await });
-    }
-    let (mut allowed, mut errors) = (0, Vec::new());
-    while let Some(checked) = checks.join_next().await {
-        match checked.unwrap() {
-            Ok(decision) => allowed += usize::from(decision.is_allowed()),
-            Err(e) => errors.push(e.to_string()),
-        }
-    }
-    (allowed, errors)
-}
-
 /// 30,000 checks at once on a healthy Redis, at the default 50 ms timeout: every one
 /// decided (the whole burst takes far longer than any timeout, in a debug build), and
 /// the queue's memory back afterwards. Before, checks that queued more than 1 s before
@@ -68,8 +50,8 @@ async fn a_burst_is_decided_while_redis_answers_and_the_queue_gives_its_memory_b
         let limiter = Arc::new(Limiter::new(store.clone(), policy()));
         let (sent, failed) = (store.calls_sent(), store.calls_failed());
         let started = Instant::now();
-        let subjects = (0..CHECKS).map(|i| format!("{kind}:{i}")).collect();
-        let (allowed, errors) = burst(&limiter, subjects).await;
+        let subjects = (0..CHECKS).map(|i| format!("{kind}:{i}"));
+        let (allowed, errors) = check_at_once(&limiter, subjects).await;
         let took = started.elapsed();
         let calls = store.calls_sent() - sent;
         eprintln!("{kind}: {CHECKS} checks at once in {took:?}, {calls} calls");
@@ -143,8 +125,8 @@ async fn a_queued_check_waits_its_turn_while_redis_answers_however_long_the_line
         let stop = Arc::new(AtomicBool::new(false));
         let mut busy = keep_redis_busy(&server, 1, 10, &stop).await;
         let started = Instant::now();
-        let subjects = (0..CHECKS).map(|i| format!("{kind}:slow:{i}")).collect();
-        let (allowed, errors) = burst(&limiter, subjects).await;
+        let subjects = (0..CHECKS).map(|i| format!("{kind}:slow:{i}"));
+        let (allowed, errors) = check_at_once(&limiter, subjects).await;
         let took = started.elapsed();
         stop.store(true, Ordering::Relaxed);
         while let Some(done) = busy.join_next().await {

@@ -266,25 +266,8 @@ async fn a_deep_pipeline_on_a_healthy_redis_is_decided_not_timed_out() {
 
     // The checks start on the runtime's workers, as a server's requests do.
     let started = Instant::now();
-    let burst = tokio::spawn({
-        let limiter = Arc::clone(&limiter);
-        async move {
-            let mut calls = JoinSet::new();
-            for i in 0..CALLS {
-                let limiter = Arc::clone(&limiter);
-                calls.spawn(async move { limiter.check(format!("{kind}:{i}"), 1).await });
-            }
-            let (mut allowed, mut errors) = (0, Vec::new());
-            while let Some(result) = calls.join_next().await {
-                match result.unwrap() {
-                    Ok(decision) => allowed += usize::from(decision.is_allowed()),
-                    Err(e) => errors.push(e.to_string()),
-                }
-            }
-            (allowed, errors)
-        }
-    });
-    let (allowed, errors) = burst.await.unwrap();
+    let subjects = (0..CALLS).map(|i| format!("{kind}:{i}"));
+    let (allowed, errors) = support::check_at_once(&limiter, subjects).await;
     let took = started.elapsed();
     eprintln!(
         "{kind}: {CALLS} checks at once: answered in {took:?}; {allowed} allowed, {} failed",

@@ -362,6 +362,31 @@ fn ping(port: u16) -> bool {
         && &reply == b"+PONG\r\n"
 }
 
+/// Checks `subjects` once each through `limiter`, all at once, each in a task of its
+/// own on the runtime's workers as a server's requests are: how many were allowed,
+/// and the errors' texts.
+pub async fn check_at_once<S: redlimit::store::Store + Send + Sync + 'static>(
+    limiter: &std::sync::Arc<redlimit::Limiter<S>>,
+    subjects: impl IntoIterator<Item = String>,
+) -> (usize, Vec<String>)
+where
+    S::Future: Send,
+{
+    let mut checks = tokio::task::JoinSet::new();
+    for subject in subjects {
+        let limiter = std::sync::Arc::clone(limiter);
+        checks.spawn(async move { limiter.check(subject, 1).await });
+    }
+    let (mut allowed, mut errors) = (0, Vec::new());
+    while let Some(checked) = checks.join_next().await {
+        match checked.expect("a check panicked") {
+            Ok(decision) => allowed += usize::from(decision.is_allowed()),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    (allowed, errors)
+}
+
 /// The Redis Cluster hash tag of `key`: what Redis hashes to choose its slot.
 pub fn hash_tag(key: &[u8]) -> &[u8] {
     if let Some(open) = key.iter().position(|&b| b == b'{') {
