@@ -779,11 +779,28 @@ struct AfterLoss {
 
 const LOSS_LIMIT: u64 = 2_000;
 
+/// One step of the loss tests' fake clock, in ms: requests come two a step, a window
+/// is 2,000 steps. Redis counts its TTLs in real time: with steps of a second, a key
+/// written with a TTL of `d` ms outlives the `2d / 1,000` requests the fake clock takes
+/// to reach its end unless they take half a second each. (With steps of a
+/// millisecond, a fixed window's key written when the limit was reached expired in
+/// real time before the 1,400 denials after it had run on a busy machine, and the
+/// control without leases admitted 2,391 of 2,000.)
+const STEP_MS: u64 = 1_000;
+
+/// The loss tests' lease settings: a lifetime of a tenth of the window, leasing from
+/// two units a lifetime (each instance sees half a unit a step).
+fn loss_leases() -> Leases {
+    Leases::new()
+        .lifetime(Duration::from_millis(200 * STEP_MS))
+        .min_rate(0)
+}
+
 /// Four instances (with `leases`, or plain) on one Redis and a shared fake clock send
-/// a subject twice the limit of `policy` (2,000 per 2 s): a whole window, then 300 ms
-/// of the next, then the loss, then the rest of that window. `drained`: from the loss
-/// on, only instances 0 and 1 are sent anything (the others are drained, as in a
-/// rolling deploy), so what they held can only come back as give-backs.
+/// a subject twice the limit of `policy` (2,000 per 2,000 steps): a whole window, then
+/// 300 steps of the next, then the loss, then the rest of that window. `drained`: from
+/// the loss on, only instances 0 and 1 are sent anything (the others are drained, as
+/// in a rolling deploy), so what they held can only come back as give-backs.
 async fn lose_state(
     server: &mut RedisServer,
     policy: &Policy,
@@ -807,8 +824,8 @@ async fn lose_state(
             .unwrap(),
         })
         .collect();
-    let window_end = 1_000_000_000 + 4_000;
-    let loss_at = 1_000_000_000 + 2_300;
+    let window_end = 1_000_000_000 + 4_000 * STEP_MS;
+    let loss_at = 1_000_000_000 + 2_300 * STEP_MS;
     let mut after = AfterLoss {
         admitted: 0,
         held: 0,
@@ -865,11 +882,11 @@ async fn lose_state(
         }
         // Let give-backs spawned by this check reach Redis.
         tokio::task::yield_now().await;
-        // Twice the limit: 2 requests a millisecond; every instance sweeps its expired
-        // leases every 50 ms (a quarter lifetime), as its background task would.
+        // Twice the limit: 2 requests a step; every instance sweeps its expired leases
+        // every 50 steps (a quarter lifetime), as its background task would.
         if request % 2 == 0 {
-            clock.advance(Duration::from_millis(1));
-            if clock.now_ms() % 50 == 0 {
+            clock.advance(Duration::from_millis(STEP_MS));
+            if clock.now_ms() % (50 * STEP_MS) == 0 {
                 for limiter in &limiters {
                     limiter.sweep_leases().await;
                 }
@@ -884,11 +901,11 @@ async fn lose_state(
 /// leases.
 async fn loss_is_bounded_by_the_units_held(loss: Loss) {
     let mut server = RedisServer::start();
-    let window = Duration::from_secs(2);
-    // After the loss, 1,700 ms of the window are left. A window policy admits its
-    // limit in them; a bucket of 1,000 refilled 1 every 2 ms, its capacity and the
+    let window = Duration::from_millis(2_000 * STEP_MS);
+    // After the loss, 1,700 steps of the window are left. A window policy admits its
+    // limit in them; a bucket of 1,000 refilled 1 every 2 steps, its capacity and the
     // refill (850), and with leases the burst grows by at most a lifetime's refill
-    // (200 ms, a tenth of its fill time: 100).
+    // (200 steps, a tenth of its fill time: 100).
     for (policy, budget, lease_burst) in [
         (
             Policy::fixed_window("api", LOSS_LIMIT as u32, window).unwrap(),
@@ -912,7 +929,7 @@ async fn loss_is_bounded_by_the_units_held(loss: Loss) {
             "{loss:?} without leases, {policy:?}: {control:?}"
         );
         for drained in [false, true] {
-            let after = lose_state(&mut server, &policy, loss, Some(Leases::new()), drained).await;
+            let after = lose_state(&mut server, &policy, loss, Some(loss_leases()), drained).await;
             eprintln!(
                 "{loss:?}, {:?}, drained {drained}: {} admitted after the loss (at most {budget} without leases, {} held at the loss); without leases {}",
                 policy.algorithm(),
