@@ -56,6 +56,17 @@ fn instance(
         .expect("a set that can lease")
 }
 
+/// One step of the fake clock, in ms, for the tests that run many requests against
+/// Redis: a second, where a real step takes a millisecond or so. Redis counts TTLs in
+/// real time: with steps of a second, every TTL a call writes is a second or more, and
+/// a key outlives, in real time, the steps the fake clock takes to reach its end
+/// unless each takes about a second. (With steps of a millisecond, the loss tests'
+/// fixed window key, written when the limit was reached, expired in real time before
+/// the 1,400 denials after it had run on a busy machine, and the control without
+/// leases admitted 2,391 of 2,000; a lease granted 2 ms before its window ends is
+/// lost by a step that takes 2 ms.)
+const STEP_MS: u64 = 1_000;
+
 fn sliding(limit: u32, window_ms: u64) -> Policy {
     Policy::sliding_window("api", limit, Duration::from_millis(window_ms)).unwrap()
 }
@@ -719,19 +730,21 @@ fn the_bound_checker_catches_one_unit_too_many() {
 #[tokio::test]
 async fn the_lua_lease_and_the_model_grant_the_same_units() {
     let server = RedisServer::start();
+    let steps = |n: u64| Duration::from_millis(n * STEP_MS);
     for policy in [
-        Policy::fixed_window("p", 40, Duration::from_secs(2)).unwrap(),
-        sliding(40, 2_000),
-        Policy::token_bucket("p", 40, 20, Duration::from_secs(1)).unwrap(),
+        Policy::fixed_window("p", 40, steps(2_000)).unwrap(),
+        sliding(40, 2_000 * STEP_MS),
+        Policy::token_bucket("p", 40, 20, steps(1_000)).unwrap(),
     ] {
-        let clock = FakeClock::new(3_000_000);
+        let clock = FakeClock::new(3_000 * STEP_MS * 1_000);
         // Leases end with their window (a lifetime longer than it), so no give-back,
         // which runs in the background at moments that differ between the stores, can
         // change state between two compared steps (give-backs are tested above).
+        // Leasing from two units a lifetime: the trace asks about 0.2 units a second.
         let leases = Leases::new()
-            .lifetime(Duration::from_secs(5))
+            .lifetime(steps(5_000))
             .max_units(8)
-            .min_rate(1);
+            .min_rate(0);
         let redis = instance(&server, &clock, &policy, leases.clone());
         let memory = Limiter::builder(MemoryStore::with_clock(clock.clone()))
             .policy(policy.clone())
@@ -739,18 +752,22 @@ async fn the_lua_lease_and_the_model_grant_the_same_units() {
             .leases(leases)
             .build()
             .unwrap();
+        let mut leased = 0;
         for i in 0..400u64 {
-            clock.advance(Duration::from_millis(i % 7 * 3));
+            clock.advance(steps(i % 7 * 3));
             let cost = 1 + (i % 3) as u32;
             let (a, b) = (
                 redis.check("s", cost).await.unwrap(),
                 memory.check("s", cost).await.unwrap(),
             );
             assert_eq!(a, b, "{policy:?} step {i}");
+            leased += u32::from(a.origin() == Origin::Lease);
             if i % 50 == 0 {
                 assert_eq!(redis.sweep_leases().await, memory.sweep_leases().await);
             }
         }
+        eprintln!("{:?}: {leased} of 400 from leases", policy.algorithm());
+        assert!(leased >= 100, "{policy:?}: {leased} of 400 from leases");
     }
 }
 
@@ -778,15 +795,6 @@ struct AfterLoss {
 }
 
 const LOSS_LIMIT: u64 = 2_000;
-
-/// One step of the loss tests' fake clock, in ms: requests come two a step, a window
-/// is 2,000 steps. Redis counts its TTLs in real time: with steps of a second, a key
-/// written with a TTL of `d` ms outlives the `2d / 1,000` requests the fake clock takes
-/// to reach its end unless they take half a second each. (With steps of a
-/// millisecond, a fixed window's key written when the limit was reached expired in
-/// real time before the 1,400 denials after it had run on a busy machine, and the
-/// control without leases admitted 2,391 of 2,000.)
-const STEP_MS: u64 = 1_000;
 
 /// The loss tests' lease settings: a lifetime of a tenth of the window, leasing from
 /// two units a lifetime (each instance sees half a unit a step).
