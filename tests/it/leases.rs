@@ -511,19 +511,21 @@ struct Fleet {
     instances: usize,
     lifetime_ms: u64,
     max_units: u64,
-    /// Per step: instance, ms to advance first, cost, and whether every instance
-    /// sweeps its expired leases first.
+    /// Per step: instance, ms to advance first (whole steps of [`STEP_MS`]), cost, and
+    /// whether every instance sweeps its expired leases first.
     steps: Vec<(usize, u64, u32, bool)>,
 }
 
 fn fleet() -> impl Strategy<Value = Fleet> {
     let kind = prop_oneof![Just(Kind::Fixed), Just(Kind::Sliding), Just(Kind::Bucket)];
-    // Windows of seconds: keys expire in real time and must outlive the run.
+    // Windows of 2,000 to 8,000 steps of a second: keys expire in real time and must
+    // outlive the run (see `STEP_MS`).
     (kind, 5u32..=200, 2_000u64..=8_000, 2usize..=8).prop_flat_map(
-        |(kind, limit, window_ms, instances)| {
+        |(kind, limit, window, instances)| {
+            let window_ms = window * STEP_MS;
             let step = (
                 0..instances,
-                0..=window_ms / 40,
+                (0..=window / 40).prop_map(|steps| steps * STEP_MS),
                 1u32..=3,
                 prop::bool::weighted(0.05),
             );
@@ -532,7 +534,7 @@ fn fleet() -> impl Strategy<Value = Fleet> {
                 Just(limit),
                 Just(window_ms),
                 Just(instances),
-                10..=window_ms / 4,
+                (10..=window / 4).prop_map(|steps| steps * STEP_MS),
                 1..=u64::from(limit),
                 prop::collection::vec(step, 200..500),
             )
@@ -567,10 +569,12 @@ impl Fleet {
 async fn admitted(server: &RedisServer, fleet: &Fleet, subject: &str) -> Vec<(u64, u64)> {
     let clock = FakeClock::new(1_000_000_000);
     let policy = fleet.policy();
+    // Leasing from two units a lifetime: a fleet asks about a unit every 25 to 100
+    // steps.
     let leases = Leases::new()
         .lifetime(Duration::from_millis(fleet.lifetime_ms))
         .max_units(fleet.max_units)
-        .min_rate(1);
+        .min_rate(0);
     let limiters: Vec<_> = (0..fleet.instances)
         .map(|_| instance(server, &clock, &policy, leases.clone()))
         .collect();
