@@ -1112,12 +1112,16 @@ async fn a_skewed_local_clock_never_carries_units_into_the_next_window() {
         StepBack,
     }
     let server = RedisServer::start();
-    let policy = Policy::fixed_window("api", 100, Duration::from_secs(1)).unwrap();
+    // Times in steps of a second (see `STEP_MS`): windows of 1,000 steps.
+    let steps = |n: u64| n * STEP_MS;
+    let window = steps(1_000);
+    let policy = Policy::fixed_window("api", 100, Duration::from_millis(window)).unwrap();
     // Long leases of up to half the limit: a lease can hold what is left of a window.
+    // Leasing from two units a lifetime.
     let leases = Leases::new()
-        .lifetime(Duration::from_secs(1))
+        .lifetime(Duration::from_millis(window))
         .max_units(50)
-        .min_rate(1);
+        .min_rate(0);
     for (skew, leases) in [
         (Skew::None, None),
         (Skew::HalfSpeed, None),
@@ -1126,7 +1130,7 @@ async fn a_skewed_local_clock_never_carries_units_into_the_next_window() {
         (Skew::StepBack, Some(leases.clone())),
         (Skew::HalfSpeed, Some(leases)),
     ] {
-        let start = 50_000_000;
+        let start = 50_000 * window;
         let (store_clock, local) = (FakeClock::new(start), FakeClock::new(start));
         let store = RedisStore::new(server.pool())
             .client_clock(store_clock.clone())
@@ -1142,20 +1146,20 @@ async fn a_skewed_local_clock_never_carries_units_into_the_next_window() {
         let subject = format!("skew-{skew:?}-{}", leases.is_some());
         let mut per_window = std::collections::BTreeMap::<u64, u64>::new();
         let mut stepped = false;
-        // Half the limit in even windows (a request every 20 ms of the store's clock),
-        // so a lease holds units at their end, and in the first half of odd ones five
-        // times the limit's rate (every 2 ms), so units carried into them would be
-        // admitted beyond the limit.
-        while store_clock.now_ms() < start + 4_000 {
+        // Half the limit in even windows (a request every 20 steps of the store's
+        // clock), so a lease holds units at their end, and in the first half of odd
+        // ones five times the limit's rate (every 2 steps), so units carried into them
+        // would be admitted beyond the limit.
+        while store_clock.now_ms() < start + 4 * window {
             let now = store_clock.now_ms();
             match skew {
                 Skew::None => local.set_ms(now),
                 Skew::HalfSpeed => local.set_ms(start + (now - start) / 2),
-                // 10 ms before the end of the first window, the local clock steps back
-                // 500 ms, and runs on from there.
+                // 10 steps before the end of the first window, the local clock steps
+                // back 500 steps, and runs on from there.
                 Skew::StepBack => {
-                    stepped |= now - start >= 990;
-                    local.set_ms(if stepped { now - 500 } else { now });
+                    stepped |= now - start >= steps(990);
+                    local.set_ms(if stepped { now - steps(500) } else { now });
                 }
             }
             if limiter
@@ -1164,16 +1168,16 @@ async fn a_skewed_local_clock_never_carries_units_into_the_next_window() {
                 .unwrap()
                 .is_allowed()
             {
-                *per_window.entry(now / 1_000).or_default() += 1;
+                *per_window.entry(now / window).or_default() += 1;
             }
             tokio::task::yield_now().await;
-            let into = now % 1_000;
-            let next = match (now / 1_000 % 2, into) {
-                (0, _) => 20,
-                (_, ..500) => 2,
+            let into = now % window;
+            let next = match (now / window % 2, into / STEP_MS) {
+                (0, _) => steps(20),
+                (_, ..500) => steps(2),
                 // Nothing more in this window: what a store call denies there after
                 // units were carried in cannot make up for them.
-                _ => 1_000 - into,
+                _ => window - into,
             };
             store_clock.advance(Duration::from_millis(next));
         }
