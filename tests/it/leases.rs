@@ -56,6 +56,17 @@ fn instance(
         .expect("a set that can lease")
 }
 
+/// One step of the fake clock, in ms, for the tests that run many requests against
+/// Redis: a second, where a real step takes a millisecond or so. Redis counts TTLs in
+/// real time: with steps of a second, every TTL a call writes is a second or more, and
+/// a key outlives, in real time, the steps the fake clock takes to reach its end
+/// unless each takes about a second. (With steps of a millisecond, the loss tests'
+/// fixed window key, written when the limit was reached, expired in real time before
+/// the 1,400 denials after it had run on a busy machine, and the control without
+/// leases admitted 2,391 of 2,000; a lease granted 2 ms before its window ends is
+/// lost by a step that takes 2 ms.)
+const STEP_MS: u64 = 1_000;
+
 fn sliding(limit: u32, window_ms: u64) -> Policy {
     Policy::sliding_window("api", limit, Duration::from_millis(window_ms)).unwrap()
 }
@@ -500,19 +511,21 @@ struct Fleet {
     instances: usize,
     lifetime_ms: u64,
     max_units: u64,
-    /// Per step: instance, ms to advance first, cost, and whether every instance
-    /// sweeps its expired leases first.
+    /// Per step: instance, ms to advance first (whole steps of [`STEP_MS`]), cost, and
+    /// whether every instance sweeps its expired leases first.
     steps: Vec<(usize, u64, u32, bool)>,
 }
 
 fn fleet() -> impl Strategy<Value = Fleet> {
     let kind = prop_oneof![Just(Kind::Fixed), Just(Kind::Sliding), Just(Kind::Bucket)];
-    // Windows of seconds: keys expire in real time and must outlive the run.
+    // Windows of 2,000 to 8,000 steps of a second: keys expire in real time and must
+    // outlive the run (see `STEP_MS`).
     (kind, 5u32..=200, 2_000u64..=8_000, 2usize..=8).prop_flat_map(
-        |(kind, limit, window_ms, instances)| {
+        |(kind, limit, window, instances)| {
+            let window_ms = window * STEP_MS;
             let step = (
                 0..instances,
-                0..=window_ms / 40,
+                (0..=window / 40).prop_map(|steps| steps * STEP_MS),
                 1u32..=3,
                 prop::bool::weighted(0.05),
             );
@@ -521,7 +534,7 @@ fn fleet() -> impl Strategy<Value = Fleet> {
                 Just(limit),
                 Just(window_ms),
                 Just(instances),
-                10..=window_ms / 4,
+                (10..=window / 4).prop_map(|steps| steps * STEP_MS),
                 1..=u64::from(limit),
                 prop::collection::vec(step, 200..500),
             )
@@ -556,10 +569,12 @@ impl Fleet {
 async fn admitted(server: &RedisServer, fleet: &Fleet, subject: &str) -> Vec<(u64, u64)> {
     let clock = FakeClock::new(1_000_000_000);
     let policy = fleet.policy();
+    // Leasing from two units a lifetime: a fleet asks about a unit every 25 to 100
+    // steps.
     let leases = Leases::new()
         .lifetime(Duration::from_millis(fleet.lifetime_ms))
         .max_units(fleet.max_units)
-        .min_rate(1);
+        .min_rate(0);
     let limiters: Vec<_> = (0..fleet.instances)
         .map(|_| instance(server, &clock, &policy, leases.clone()))
         .collect();
@@ -719,19 +734,21 @@ fn the_bound_checker_catches_one_unit_too_many() {
 #[tokio::test]
 async fn the_lua_lease_and_the_model_grant_the_same_units() {
     let server = RedisServer::start();
+    let steps = |n: u64| Duration::from_millis(n * STEP_MS);
     for policy in [
-        Policy::fixed_window("p", 40, Duration::from_secs(2)).unwrap(),
-        sliding(40, 2_000),
-        Policy::token_bucket("p", 40, 20, Duration::from_secs(1)).unwrap(),
+        Policy::fixed_window("p", 40, steps(2_000)).unwrap(),
+        sliding(40, 2_000 * STEP_MS),
+        Policy::token_bucket("p", 40, 20, steps(1_000)).unwrap(),
     ] {
-        let clock = FakeClock::new(3_000_000);
+        let clock = FakeClock::new(3_000 * STEP_MS * 1_000);
         // Leases end with their window (a lifetime longer than it), so no give-back,
         // which runs in the background at moments that differ between the stores, can
         // change state between two compared steps (give-backs are tested above).
+        // Leasing from two units a lifetime: the trace asks about 0.2 units a second.
         let leases = Leases::new()
-            .lifetime(Duration::from_secs(5))
+            .lifetime(steps(5_000))
             .max_units(8)
-            .min_rate(1);
+            .min_rate(0);
         let redis = instance(&server, &clock, &policy, leases.clone());
         let memory = Limiter::builder(MemoryStore::with_clock(clock.clone()))
             .policy(policy.clone())
@@ -739,18 +756,22 @@ async fn the_lua_lease_and_the_model_grant_the_same_units() {
             .leases(leases)
             .build()
             .unwrap();
+        let mut leased = 0;
         for i in 0..400u64 {
-            clock.advance(Duration::from_millis(i % 7 * 3));
+            clock.advance(steps(i % 7 * 3));
             let cost = 1 + (i % 3) as u32;
             let (a, b) = (
                 redis.check("s", cost).await.unwrap(),
                 memory.check("s", cost).await.unwrap(),
             );
             assert_eq!(a, b, "{policy:?} step {i}");
+            leased += u32::from(a.origin() == Origin::Lease);
             if i % 50 == 0 {
                 assert_eq!(redis.sweep_leases().await, memory.sweep_leases().await);
             }
         }
+        eprintln!("{:?}: {leased} of 400 from leases", policy.algorithm());
+        assert!(leased >= 100, "{policy:?}: {leased} of 400 from leases");
     }
 }
 
@@ -779,11 +800,19 @@ struct AfterLoss {
 
 const LOSS_LIMIT: u64 = 2_000;
 
+/// The loss tests' lease settings: a lifetime of a tenth of the window, leasing from
+/// two units a lifetime (each instance sees half a unit a step).
+fn loss_leases() -> Leases {
+    Leases::new()
+        .lifetime(Duration::from_millis(200 * STEP_MS))
+        .min_rate(0)
+}
+
 /// Four instances (with `leases`, or plain) on one Redis and a shared fake clock send
-/// a subject twice the limit of `policy` (2,000 per 2 s): a whole window, then 300 ms
-/// of the next, then the loss, then the rest of that window. `drained`: from the loss
-/// on, only instances 0 and 1 are sent anything (the others are drained, as in a
-/// rolling deploy), so what they held can only come back as give-backs.
+/// a subject twice the limit of `policy` (2,000 per 2,000 steps): a whole window, then
+/// 300 steps of the next, then the loss, then the rest of that window. `drained`: from
+/// the loss on, only instances 0 and 1 are sent anything (the others are drained, as
+/// in a rolling deploy), so what they held can only come back as give-backs.
 async fn lose_state(
     server: &mut RedisServer,
     policy: &Policy,
@@ -807,8 +836,8 @@ async fn lose_state(
             .unwrap(),
         })
         .collect();
-    let window_end = 1_000_000_000 + 4_000;
-    let loss_at = 1_000_000_000 + 2_300;
+    let window_end = 1_000_000_000 + 4_000 * STEP_MS;
+    let loss_at = 1_000_000_000 + 2_300 * STEP_MS;
     let mut after = AfterLoss {
         admitted: 0,
         held: 0,
@@ -865,11 +894,11 @@ async fn lose_state(
         }
         // Let give-backs spawned by this check reach Redis.
         tokio::task::yield_now().await;
-        // Twice the limit: 2 requests a millisecond; every instance sweeps its expired
-        // leases every 50 ms (a quarter lifetime), as its background task would.
+        // Twice the limit: 2 requests a step; every instance sweeps its expired leases
+        // every 50 steps (a quarter lifetime), as its background task would.
         if request % 2 == 0 {
-            clock.advance(Duration::from_millis(1));
-            if clock.now_ms() % 50 == 0 {
+            clock.advance(Duration::from_millis(STEP_MS));
+            if clock.now_ms() % (50 * STEP_MS) == 0 {
                 for limiter in &limiters {
                     limiter.sweep_leases().await;
                 }
@@ -884,11 +913,11 @@ async fn lose_state(
 /// leases.
 async fn loss_is_bounded_by_the_units_held(loss: Loss) {
     let mut server = RedisServer::start();
-    let window = Duration::from_secs(2);
-    // After the loss, 1,700 ms of the window are left. A window policy admits its
-    // limit in them; a bucket of 1,000 refilled 1 every 2 ms, its capacity and the
+    let window = Duration::from_millis(2_000 * STEP_MS);
+    // After the loss, 1,700 steps of the window are left. A window policy admits its
+    // limit in them; a bucket of 1,000 refilled 1 every 2 steps, its capacity and the
     // refill (850), and with leases the burst grows by at most a lifetime's refill
-    // (200 ms, a tenth of its fill time: 100).
+    // (200 steps, a tenth of its fill time: 100).
     for (policy, budget, lease_burst) in [
         (
             Policy::fixed_window("api", LOSS_LIMIT as u32, window).unwrap(),
@@ -912,7 +941,7 @@ async fn loss_is_bounded_by_the_units_held(loss: Loss) {
             "{loss:?} without leases, {policy:?}: {control:?}"
         );
         for drained in [false, true] {
-            let after = lose_state(&mut server, &policy, loss, Some(Leases::new()), drained).await;
+            let after = lose_state(&mut server, &policy, loss, Some(loss_leases()), drained).await;
             eprintln!(
                 "{loss:?}, {:?}, drained {drained}: {} admitted after the loss (at most {budget} without leases, {} held at the loss); without leases {}",
                 policy.algorithm(),
@@ -1083,12 +1112,16 @@ async fn a_skewed_local_clock_never_carries_units_into_the_next_window() {
         StepBack,
     }
     let server = RedisServer::start();
-    let policy = Policy::fixed_window("api", 100, Duration::from_secs(1)).unwrap();
+    // Times in steps of a second (see `STEP_MS`): windows of 1,000 steps.
+    let steps = |n: u64| n * STEP_MS;
+    let window = steps(1_000);
+    let policy = Policy::fixed_window("api", 100, Duration::from_millis(window)).unwrap();
     // Long leases of up to half the limit: a lease can hold what is left of a window.
+    // Leasing from two units a lifetime.
     let leases = Leases::new()
-        .lifetime(Duration::from_secs(1))
+        .lifetime(Duration::from_millis(window))
         .max_units(50)
-        .min_rate(1);
+        .min_rate(0);
     for (skew, leases) in [
         (Skew::None, None),
         (Skew::HalfSpeed, None),
@@ -1097,7 +1130,7 @@ async fn a_skewed_local_clock_never_carries_units_into_the_next_window() {
         (Skew::StepBack, Some(leases.clone())),
         (Skew::HalfSpeed, Some(leases)),
     ] {
-        let start = 50_000_000;
+        let start = 50_000 * window;
         let (store_clock, local) = (FakeClock::new(start), FakeClock::new(start));
         let store = RedisStore::new(server.pool())
             .client_clock(store_clock.clone())
@@ -1113,20 +1146,20 @@ async fn a_skewed_local_clock_never_carries_units_into_the_next_window() {
         let subject = format!("skew-{skew:?}-{}", leases.is_some());
         let mut per_window = std::collections::BTreeMap::<u64, u64>::new();
         let mut stepped = false;
-        // Half the limit in even windows (a request every 20 ms of the store's clock),
-        // so a lease holds units at their end, and in the first half of odd ones five
-        // times the limit's rate (every 2 ms), so units carried into them would be
-        // admitted beyond the limit.
-        while store_clock.now_ms() < start + 4_000 {
+        // Half the limit in even windows (a request every 20 steps of the store's
+        // clock), so a lease holds units at their end, and in the first half of odd
+        // ones five times the limit's rate (every 2 steps), so units carried into them
+        // would be admitted beyond the limit.
+        while store_clock.now_ms() < start + 4 * window {
             let now = store_clock.now_ms();
             match skew {
                 Skew::None => local.set_ms(now),
                 Skew::HalfSpeed => local.set_ms(start + (now - start) / 2),
-                // 10 ms before the end of the first window, the local clock steps back
-                // 500 ms, and runs on from there.
+                // 10 steps before the end of the first window, the local clock steps
+                // back 500 steps, and runs on from there.
                 Skew::StepBack => {
-                    stepped |= now - start >= 990;
-                    local.set_ms(if stepped { now - 500 } else { now });
+                    stepped |= now - start >= steps(990);
+                    local.set_ms(if stepped { now - steps(500) } else { now });
                 }
             }
             if limiter
@@ -1135,16 +1168,16 @@ async fn a_skewed_local_clock_never_carries_units_into_the_next_window() {
                 .unwrap()
                 .is_allowed()
             {
-                *per_window.entry(now / 1_000).or_default() += 1;
+                *per_window.entry(now / window).or_default() += 1;
             }
             tokio::task::yield_now().await;
-            let into = now % 1_000;
-            let next = match (now / 1_000 % 2, into) {
-                (0, _) => 20,
-                (_, ..500) => 2,
+            let into = now % window;
+            let next = match (now / window % 2, into / STEP_MS) {
+                (0, _) => steps(20),
+                (_, ..500) => steps(2),
                 // Nothing more in this window: what a store call denies there after
                 // units were carried in cannot make up for them.
-                _ => 1_000 - into,
+                _ => window - into,
             };
             store_clock.advance(Duration::from_millis(next));
         }

@@ -6,8 +6,7 @@
 //! Two tests that measure memory stay binaries of their own, so no test runs beside
 //! them: `tests/memory_store.rs` counts the process's live allocations with a global
 //! allocator, and `tests/redis_memory.rs` reads Redis `used_memory` deltas over 2,000
-//! subjects, which a busy process moves by tens of bytes a subject (the store's
-//! pipelined reads leave larger client buffers).
+//! subjects, taken apart from the other tests' load.
 
 mod support;
 

@@ -437,12 +437,17 @@ async fn failover(mut cluster: RedisCluster, full_coverage: bool) {
     assert!(victims.ok > 0, "{victims:?}");
     let others_failed = others.timeouts + others.unavailable;
     if full_coverage {
-        // Refused for about a second of the failover (measured as time: a refusal
-        // comes back at once, so how many calls failed says how fast they were sent).
+        // Refused while the cluster is down: from the moment the lost master is
+        // flagged failed until its replica is promoted. That is Redis's election,
+        // about a second on an idle machine and two on a busy one (it runs on each
+        // node's cron), so the bound is on the store: decided again as soon as every
+        // node reports the cluster whole, within a call's timeout and margin.
+        let last_failure = others.failing.map(|(_, last)| last);
         assert!(
-            others.ok > 0 && others.failing_for() <= Duration::from_millis(1_500),
-            "{others:?}: failing for {:?}",
-            others.failing_for()
+            others.ok > 0 && last_failure.is_some_and(|last| last <= promoted + bound),
+            "{others:?}: failing for {:?}, until {:?} after the promotion was seen",
+            others.failing_for(),
+            last_failure.map(|last| last.saturating_duration_since(promoted))
         );
     } else {
         // None refused; allow a rare call late on a loaded machine.

@@ -90,6 +90,10 @@ pub mod replica;
 /// How long a server may take to accept connections.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long the test's own commands wait for a reply: a bound for a hung server, not
+/// for a slow one.
+pub const TEST_REPLY_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A `redis-server` on a loopback port, in its own temporary directory, killed on drop.
 #[derive(Debug)]
 pub struct RedisServer {
@@ -144,11 +148,16 @@ impl RedisServer {
             .expect("cannot build a deadpool-redis pool")
     }
 
-    /// A fresh multiplexed connection, for the test's own commands.
+    /// A fresh multiplexed connection, for the test's own commands. It waits up to
+    /// [`TEST_REPLY_TIMEOUT`] for a reply: redis-rs gives up after 500 ms by default,
+    /// which a large pipeline or a scan outlasts on a busy machine.
     pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(START_TIMEOUT))
+            .set_response_timeout(Some(TEST_REPLY_TIMEOUT));
         redis::Client::open(self.url())
             .expect("bad url")
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&config)
             .await
             .unwrap_or_else(|e| {
                 panic!("cannot connect to {}: {e}\n{}", self.url(), self.log_tail())
