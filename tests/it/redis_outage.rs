@@ -262,7 +262,7 @@ async fn a_deep_pipeline_on_a_healthy_redis_is_decided_not_timed_out() {
     }
     let limiter = Arc::new(limiter.build().unwrap());
     store.connect().await.unwrap();
-    let failed_before = store.calls_failed();
+    let (failed_before, sent_before) = (store.calls_failed(), store.calls_sent());
 
     // The checks start on the runtime's workers, as a server's requests do.
     let started = Instant::now();
@@ -286,6 +286,10 @@ async fn a_deep_pipeline_on_a_healthy_redis_is_decided_not_timed_out() {
     );
     assert_eq!(allowed, CALLS);
     assert_eq!(store.calls_failed(), failed_before);
+    // A batch makes at most 64 policy decisions: 3 checks of 17 policies, so that a
+    // reply never waits for many of Redis's time slices on a contended CPU.
+    let calls = store.calls_sent() - sent_before;
+    assert!(calls >= (CALLS / 3) as u64, "{calls} calls for {CALLS} checks");
 
     // Control: a Redis that answers nobody still times out, within the bound.
     let timed_out = store.calls_timed_out();
