@@ -475,7 +475,10 @@ impl RedisStore {
     /// (all or nothing across its own policies, in the order they queued, never
     /// across checks). Redis then pays the call, its parsing and its reply once per
     /// batch: a fraction of the Redis CPU per decision under load, and more
-    /// decisions a second (BENCHMARKS.md). At low load nothing queues. `1` (or `0`)
+    /// decisions a second (BENCHMARKS.md). A batch also makes at most 64 policy
+    /// decisions (one check's, however many policies it has): 32 checks of one or two
+    /// policies, 3 of seventeen, so no call holds Redis long. At low load nothing
+    /// queues. `1` (or `0`)
     /// turns batching off. Leasing checks, give-backs and admin operations always go
     /// alone (they are rare), and so does every call on a Redis Cluster, where the
     /// checks of different subjects mostly lie in different slots.
