@@ -6,6 +6,7 @@
 //! cargo run --release --example burst -- burst           # 50,000 checks at once, Redis healthy
 //! cargo run --release --example burst -- deep            # 2,000 checks of 17 policies, beside busy loops
 //! BURST=50000 DEEP=2000 ROUNDS=3 cargo run --release --example burst
+//! BUSY=0 cargo run --release --example burst -- deep     # the control: no busy loops
 //! ```
 //!
 //! Starts its own `redis-server` on a free loopback port. In each round, in turn:
@@ -24,7 +25,7 @@
 //! allocator) is read before the burst and after its tasks are gone. The deep pipeline
 //! is `DEEP` checks (2,000) of 17 policies each (the shape of
 //! `a_deep_pipeline_on_a_healthy_redis_is_decided_not_timed_out`), beside two busy
-//! loops per core that this program starts and stops (`sh -c 'while :; do :; done'`);
+//! loops per core (`BUSY`, 2) that this program starts and stops (`sh -c 'while :; do :; done'`);
 //! `smallest` sends its one-policy script per check at the same depth.
 
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -96,7 +97,8 @@ async fn run() -> Result<(), BoxError> {
         }
     }
     if only.as_deref().is_none_or(|s| s == "deep") {
-        let loops = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
+        let per_core = setting("BUSY", 2)?;
+        let loops = per_core * std::thread::available_parallelism().map_or(2, |n| n.get());
         println!(
             "\n{deep} checks at once, 17 policies each, beside {loops} busy loops, 50 ms timeout"
         );

@@ -289,7 +289,10 @@ async fn a_deep_pipeline_on_a_healthy_redis_is_decided_not_timed_out() {
     // A batch makes at most 64 policy decisions: 3 checks of 17 policies, so that a
     // reply never waits for many of Redis's time slices on a contended CPU.
     let calls = store.calls_sent() - sent_before;
-    assert!(calls >= (CALLS / 3) as u64, "{calls} calls for {CALLS} checks");
+    assert!(
+        calls >= (CALLS / 3) as u64,
+        "{calls} calls for {CALLS} checks"
+    );
 
     // Control: a Redis that answers nobody still times out, within the bound.
     let timed_out = store.calls_timed_out();

@@ -207,7 +207,7 @@ impl Link {
                 self.spawn_attempt();
             }
             if tokio::time::timeout_at(deadline, settled).await.is_err() {
-                return Err(self.unreachable("no connection within 5 s"));
+                return Err(self.unreachable(&format!("no connection within {READY_TIMEOUT:?}")));
             }
         }
     }
