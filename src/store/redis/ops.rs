@@ -21,7 +21,7 @@ use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::store::{
     AdminStore, Backend, GiveBack, GiveBackFuture, LeaseAsk, LeaseFuture, LeaseStore, Operation,
-    PolicySet, StoreError,
+    PolicySet, StoreError, StoreErrorKind,
 };
 use crate::subject::Subject;
 
@@ -43,7 +43,10 @@ impl RedisStore {
     pub async fn connect(&self) -> Result<(), StoreError> {
         let mut lent = self.link.connect().await?;
         self.link.load_library_now(&mut lent).await?;
-        let set = PolicySet::new(vec![ready_policy()]);
+        // A peek, which writes nothing, of a policy that is valid by construction.
+        let policy = crate::policy::Policy::fixed_window("ready", 1, Duration::from_secs(1))
+            .map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))?;
+        let set = PolicySet::new(vec![policy]);
         let call = self.call(&Subject::new("~ready"), &set, 1, Admin(AdminOp::Peek));
         let reply = exchange(&self.link, &call, link::READY_TIMEOUT, None, 1).await?;
         decode::<Reply>(reply)?.decision_each(&call.policies)?;
@@ -118,12 +121,6 @@ impl AdminStore for RedisStore {
         let call = self.call(&subject, set, cost, Admin(admin));
         Box::pin(one(Arc::clone(&self.link), call, self.settings.timeout))
     }
-}
-
-/// The policy of [`RedisStore::connect`]'s call: a peek, which writes nothing.
-fn ready_policy() -> crate::policy::Policy {
-    crate::policy::Policy::fixed_window("ready", 1, Duration::from_secs(1))
-        .unwrap_or_else(|_| unreachable!("a valid policy"))
 }
 
 /// One call alone, its decision. The round trip's future is made inside the box: one
