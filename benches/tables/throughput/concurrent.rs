@@ -163,7 +163,12 @@ struct Setup {
 }
 
 async fn setup(server: &RedisServer, case: &Case, subjects: &[Subject]) -> Setup {
-    let store = RedisStore::new(server.pool())
+    // REDLIMIT_STORE=from_url: the store on its own socket instead of the pool's.
+    let store = match std::env::var("REDLIMIT_STORE").as_deref() {
+        Ok("from_url") => RedisStore::from_url(&server.url()).expect("the server's URL"),
+        _ => RedisStore::new(server.pool()),
+    };
+    let store = store
         .timeout(Duration::from_secs(5))
         .max_in_flight(env_usize("REDLIMIT_MAX_IN_FLIGHT", 2))
         .max_batch(env_usize("REDLIMIT_MAX_BATCH", 32));
