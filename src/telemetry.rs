@@ -11,7 +11,7 @@
 //! | name | kind | labels |
 //! |---|---|---|
 //! | `redlimit_decisions_total` | counter | `outcome` (allowed, denied), `origin` (store, block_cache, fallback), `policy` |
-//! | `redlimit_store_errors_total` | counter | `kind` (timeout, unavailable, protocol), `handled` (fallback or not) |
+//! | `redlimit_store_errors_total` | counter | `kind` (timeout, unavailable, protocol, overloaded), `handled` (fallback or not) |
 //! | `redlimit_shadow_denials_total` | counter | `policy` (the shadow policy that would have denied) |
 //! | `redlimit_refused_costs_total` | counter | `reason` (zero, too_high): requests the layer refused because no policy can take their cost |
 //! | `redlimit_refunds_total` | counter | `outcome` (done, failed): refunds the layer made for [`refund_on`](crate::RateLimitLayer::refund_on) |
