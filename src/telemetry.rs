@@ -75,12 +75,17 @@ fn shadow_denied(decision: &Decision, policy: &str) {
     .increment(1);
 }
 
-/// A store call failed. Logged at warn only when the fallback hid it from the caller;
+/// A store call failed. Logged at warn (at most a line a second) only when the fallback
+/// hid it from the caller;
 /// otherwise the caller gets the error and reports it (the layer does, per its
 /// failure mode), so logging it here too would double every line of an outage.
 pub(crate) fn store_failed(error: &StoreError, handled_by_fallback: bool) {
     if handled_by_fallback {
-        tracing::warn!(%error, "rate-limit store failed; decided by the local fallback");
+        // At most a line a second: an outage under load fails every request.
+        static FALLBACK: LogThrottle = LogThrottle::new();
+        if let Some(suppressed) = FALLBACK.admit(uptime_ms()) {
+            tracing::warn!(%error, suppressed, "rate-limit store failed; decided by the local fallback");
+        }
     } else {
         tracing::debug!(%error, "rate-limit store failed");
     }

@@ -439,21 +439,31 @@ fn policy() -> Policy {
 }
 
 /// A primary and its replica, the replication stream through a forwarder the test
-/// can stall (a link that lags), and the address the application knows: a proxy in
-/// front of whichever is primary.
+/// can stall (a link that lags) or straight, and the address the application knows: a
+/// proxy in front of whichever is primary.
 struct Pair {
     primary: RedisServer,
     replica: RedisServer,
-    link: Forwarder,
+    link: Option<Forwarder>,
     proxy: Forwarder,
 }
 
 impl Pair {
-    /// A pair whose primary gets `primary_args`.
+    /// A pair whose primary gets `primary_args`, its replication through a forwarder.
     fn start(primary_args: &[&str]) -> Self {
+        Self::start_linked(primary_args, true)
+    }
+
+    /// A pair whose replica reads its primary straight (`linked` false): the test's
+    /// own forwarder runs on the test's runtime, and on a loaded machine it holds the
+    /// replication stream back by itself.
+    fn start_linked(primary_args: &[&str], linked: bool) -> Self {
         let primary = RedisServer::start_primary_with(primary_args);
-        let link = Forwarder::start(primary.port());
-        let replica = RedisServer::start_replica_of_port(link.port());
+        let link = linked.then(|| Forwarder::start(primary.port()));
+        let replica = match &link {
+            Some(link) => RedisServer::start_replica_of_port(link.port()),
+            None => RedisServer::start_replica_of(&primary),
+        };
         let proxy = Forwarder::start(primary.port());
         Self {
             primary,
@@ -461,6 +471,19 @@ impl Pair {
             link,
             proxy,
         }
+    }
+
+    /// Stalls the replication stream (it goes through the forwarder).
+    fn hold_link(&self) {
+        self.link
+            .as_ref()
+            .expect("a pair started with its link through a forwarder")
+            .hold();
+    }
+
+    /// Bytes the stalled link kept.
+    fn held(&self) -> usize {
+        self.link.as_ref().map_or(0, Forwarder::held)
     }
 }
 
@@ -531,11 +554,14 @@ async fn kill_and_promote(replica: Replica) {
         "--min-replicas-max-lag",
         &max_lag,
     ];
-    let mut pair = Pair::start(if replica == Replica::LaggingRefused {
+    let args: &[&str] = if replica == Replica::LaggingRefused {
         &refusing
     } else {
         &[]
-    });
+    };
+    // In sync: the replica reads its primary straight, as a replica on its own
+    // machine does; the others stall it through the forwarder.
+    let mut pair = Pair::start_linked(args, replica != Replica::InSync);
     let store = RedisStore::new(pair.proxy.pool()).timeout(TIMEOUT);
     let policy = policy();
     let limiter = Limiter::new(store.clone(), policy.clone());
@@ -552,7 +578,7 @@ async fn kill_and_promote(replica: Replica) {
     // The link stalls: what the primary decides from now on never reaches its replica.
     let held_at = Instant::now();
     if replica != Replica::InSync {
-        pair.link.hold();
+        pair.hold_link();
     }
     stream
         .admitted_since(held_at, 10, "in the primary's last moments")
@@ -613,7 +639,7 @@ async fn kill_and_promote(replica: Replica) {
         tally.failing_for(),
         resumed.saturating_duration_since(killed_at),
         resumed.saturating_duration_since(switched_at),
-        pair.link.held(),
+        pair.held(),
     );
     tally.assert_answered();
     assert!(
