@@ -87,7 +87,8 @@ async fn bytes_per_subject(policy: Policy, cost: u32, subjects: usize) -> f64 {
     // A client clock at the start of a window: every key lives a whole window (or
     // more) in real time, so none expires while the figures are taken.
     let limiter = Limiter::new(
-        RedisStore::new(server.pool())
+        server
+            .store()
             .timeout(Duration::from_secs(10))
             .client_clock(FakeClock::new(START_MS)),
         policy,

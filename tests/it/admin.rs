@@ -25,7 +25,8 @@ fn every_algorithm(limit: u32) -> Vec<Policy> {
 }
 
 fn redis_store(server: &RedisServer, clock: &FakeClock) -> RedisStore {
-    RedisStore::new(server.pool())
+    server
+        .store()
         .client_clock(clock.clone())
         .timeout(Duration::from_secs(5))
 }
@@ -212,7 +213,7 @@ async fn reset_forgets_every_policy_of_the_subject_only() {
         });
     })
     .await;
-    let store = RedisStore::new(server.pool());
+    let store = server.store();
     let all = every_algorithm(2);
     let limiter = all
         .iter()
@@ -230,7 +231,7 @@ async fn reset_forgets_every_policy_of_the_subject_only() {
 #[tokio::test]
 async fn a_redis_reset_deletes_the_keys() {
     let server = RedisServer::start();
-    let store = RedisStore::new(server.pool());
+    let store = server.store();
     let policies = every_algorithm(5).into_iter();
     let limiter = policies
         .fold(
@@ -302,7 +303,7 @@ async fn a_shadow_policy_never_denies_and_says_it_would_have() {
 async fn a_shadow_policy_keeps_the_enforced_key_and_state_format() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    let store = RedisStore::new(server.pool());
+    let store = server.store();
     let policy = Policy::fixed_window("trial", 5, Duration::from_secs(3_600)).unwrap();
     let shadow = Limiter::new(store.clone(), policy.clone().shadow());
     shadow.check("s", 2).await.unwrap();

@@ -21,7 +21,8 @@ use tokio::task::JoinSet;
 
 /// One call in flight at a time: every check made meanwhile waits for the next batch.
 fn store(server: &RedisServer) -> RedisStore {
-    RedisStore::new(server.pool())
+    server
+        .store()
         .timeout(Duration::from_secs(5))
         .max_in_flight(1)
 }
@@ -116,7 +117,8 @@ async fn a_batch_mixes_limiters_subjects_and_algorithms() {
 async fn many_tasks_batched_admit_exactly_what_the_memory_store_admits() {
     let server = RedisServer::start();
     let clock = FakeClock::new(1_700_000_000_000);
-    let redis_store = RedisStore::new(server.pool())
+    let redis_store = server
+        .store()
         .timeout(Duration::from_secs(5))
         .client_clock(clock.clone());
     let policies = || {
@@ -302,7 +304,8 @@ async fn the_batch_settings_bound_what_one_call_decides() {
         (32, usize::MAX, 7), // never queues
         (usize::MAX, 1, 2),  // read as the largest batch, 255
     ] {
-        let store = RedisStore::new(server.pool())
+        let store = server
+            .store()
             .timeout(Duration::from_secs(5))
             .max_batch(max_batch)
             .max_in_flight(max_in_flight);

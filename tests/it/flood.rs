@@ -6,14 +6,14 @@ use crate::support;
 use std::time::Duration;
 
 use deadpool_redis::redis;
-use redlimit::{Limiter, Origin, Policy, RedisStore};
+use redlimit::{Limiter, Origin, Policy};
 use support::RedisServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_from_one_subject_barely_reaches_redis() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    let limiter = Limiter::builder(RedisStore::new(server.pool()).timeout(Duration::from_secs(1)))
+    let limiter = Limiter::builder(server.store().timeout(Duration::from_secs(1)))
         .policy(Policy::sliding_window("api", 20, Duration::from_secs(60)).unwrap())
         .block_cache(10_000)
         .build()

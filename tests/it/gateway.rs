@@ -15,7 +15,7 @@ use http_body_util::BodyExt;
 use redlimit::clock::FakeClock;
 use redlimit::key::Secret;
 use redlimit::store::Store;
-use redlimit::{MemoryStore, Policy, RedisStore};
+use redlimit::{MemoryStore, Policy};
 use tower::ServiceExt;
 
 use crate::support::RedisServer;
@@ -147,7 +147,8 @@ async fn the_gateway_as_two_instances_on_one_redis() {
     // figures were an outage's.
     let apps: Vec<Router> = (0..2)
         .map(|_| {
-            let store = RedisStore::new(server.pool())
+            let store = server
+                .store()
                 .client_clock(clock.clone())
                 .timeout(Duration::from_secs(5));
             gateway(store, 1000, 3)
@@ -167,7 +168,8 @@ async fn the_gateway_answers_its_completions_with_redis_down_under_fail_open() {
     let mut server = RedisServer::start();
     let clock = FakeClock::new(1_700_000_000_000);
     // A timeout no busy machine reaches, so the control is decided, not failed open.
-    let store = RedisStore::new(server.pool())
+    let store = server
+        .store()
         .client_clock(clock)
         .timeout(Duration::from_secs(5));
     let app = gateway(store, 1000, 3);

@@ -37,7 +37,8 @@ fn in_flight(limit: u32) -> Policy {
 }
 
 fn redis_store(server: &RedisServer, clock: &FakeClock) -> RedisStore {
-    RedisStore::new(server.pool())
+    server
+        .store()
         .client_clock(clock.clone())
         .timeout(Duration::from_secs(5))
 }
@@ -581,7 +582,8 @@ async fn slots_written_by_a_clock_ahead_count_its_lead_longer_or_are_foreign() {
 
 /// A Redis store on `server` with a timeout short enough for a test to wait it out.
 fn quick_store(server: &RedisServer, clock: &FakeClock) -> RedisStore {
-    RedisStore::new(server.pool())
+    server
+        .store()
         .client_clock(clock.clone())
         .timeout(Duration::from_millis(300))
 }

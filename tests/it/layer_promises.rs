@@ -53,7 +53,7 @@ async fn body(response: http::Response<Body>) -> String {
 }
 
 fn redis_limiter(server: &RedisServer, policy: Policy) -> LimiterBuilder<RedisStore> {
-    Limiter::builder(RedisStore::new(server.pool())).policy(policy)
+    Limiter::builder(server.store()).policy(policy)
 }
 
 #[tokio::test]

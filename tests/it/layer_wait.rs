@@ -25,7 +25,7 @@ use redlimit::clock::FakeClock;
 use redlimit::internals::{AdminStore, Backend, CheckNow, Operation, PolicySet};
 use redlimit::layer::{FailureMode, OverLimit, Wait};
 use redlimit::store::{StoreError, StoreErrorKind};
-use redlimit::{Decision, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore, Subject};
+use redlimit::{Decision, Limiter, MemoryStore, Policy, RateLimitLayer, Subject};
 use tokio::task::JoinHandle;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_service::Service;
@@ -763,7 +763,8 @@ async fn on_redis_a_token_bucket_burst_admits_each_waiter_at_its_own_slot() {
         let _ = held.recv();
     });
     let clock = TokioClock::at(5_000_000);
-    let store = RedisStore::new(server.pool())
+    let store = server
+        .store()
         .client_clock(clock.clone())
         .timeout(Duration::from_secs(3_600));
     let limiter = Limiter::new(store, Policy::token_bucket("tb", 10, 10, S).unwrap());

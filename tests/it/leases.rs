@@ -45,7 +45,8 @@ fn instance(
     policy: &Policy,
     leases: Leases,
 ) -> Limiter<RedisStore> {
-    let store = RedisStore::new(server.pool())
+    let store = server
+        .store()
         .client_clock(clock.clone())
         .timeout(Duration::from_secs(5));
     Limiter::builder(store)
@@ -217,10 +218,7 @@ async fn a_denied_hot_subject_is_answered_locally_until_it_may_ask_again() {
     let clock = FakeClock::new(10_000);
     let policy = Policy::fixed_window("api", 50, Duration::from_secs(1)).unwrap();
     let limiter = instance(&server, &clock, &policy, Leases::new().min_rate(1));
-    let plain = Limiter::new(
-        RedisStore::new(server.pool()).client_clock(clock.clone()),
-        policy.clone(),
-    );
+    let plain = Limiter::new(server.store().client_clock(clock.clone()), policy.clone());
     let store = limiter.store().clone();
     let mut admitted = 0;
     for _ in 0..500 {
@@ -390,7 +388,8 @@ async fn a_redis_that_stops_or_hangs_under_a_leasing_subject_is_never_a_429() {
     let policy = Policy::sliding_window("api", 100_000, Duration::from_secs(1)).unwrap();
     let clock = FakeClock::new(30_000_000);
     // A short timeout: the hang costs each call 100 ms.
-    let store = RedisStore::new(server.pool())
+    let store = server
+        .store()
         .client_clock(clock.clone())
         .timeout(Duration::from_millis(100));
     let leases = Leases::new()
@@ -826,7 +825,8 @@ async fn lose_state(
         .map(|_| match &leases {
             Some(leases) => instance(server, &clock, policy, leases.clone()),
             None => Limiter::builder(
-                RedisStore::new(server.pool())
+                server
+                    .store()
                     .client_clock(clock.clone())
                     .timeout(Duration::from_secs(5)),
             )
@@ -980,7 +980,7 @@ async fn reset_and_refund_forget_the_subject_s_lease_and_kept_denial() {
     let policy = Policy::fixed_window("api", 20, Duration::from_secs(1_000)).unwrap();
     let leased = instance(&server, &clock, &policy, Leases::new().min_rate(1));
     // The control: the block cache keeps denials too, and forgets them.
-    let cached = Limiter::builder(RedisStore::new(server.pool()).client_clock(clock.clone()))
+    let cached = Limiter::builder(server.store().client_clock(clock.clone()))
         .policy(policy.clone())
         .local_clock(clock.clone())
         .block_cache(10)
@@ -1132,7 +1132,8 @@ async fn a_skewed_local_clock_never_carries_units_into_the_next_window() {
     ] {
         let start = 50_000 * window;
         let (store_clock, local) = (FakeClock::new(start), FakeClock::new(start));
-        let store = RedisStore::new(server.pool())
+        let store = server
+            .store()
             .client_clock(store_clock.clone())
             .timeout(Duration::from_secs(5));
         let limiter = Limiter::builder(store)
@@ -1284,7 +1285,7 @@ async fn extreme_lease_settings_are_errors_or_keep_the_limit() {
                 let clock = FakeClock::new(80_000_000);
                 let what = format!("{name}, {:?}, Redis {on_redis}", policy.algorithm());
                 let admitted = if on_redis {
-                    let store = RedisStore::new(server.pool()).client_clock(clock.clone());
+                    let store = server.store().client_clock(clock.clone());
                     let limiter = Limiter::builder(store)
                         .policy(policy.clone())
                         .local_clock(clock.clone())
@@ -1392,11 +1393,7 @@ async fn a_give_back_after_a_reset_changes_nothing_in_lua_and_in_the_model() {
     let set = Limiter::new(MemoryStore::new(), policy)
         .policy_set()
         .clone();
-    let redis = run(
-        &RedisStore::new(server.pool()).client_clock(clock.clone()),
-        &set,
-    )
-    .await;
+    let redis = run(&server.store().client_clock(clock.clone()), &set).await;
     let memory = run(&MemoryStore::with_clock(clock.clone()), &set).await;
     // (A give-back answers as a peek of its units.) 22 counted, 5 back: 17, so 78
     // after 5 more; after the reset 1 counted (99 after one more), and the give-back

@@ -91,7 +91,7 @@ async fn connections_received(server: &RedisServer) -> u64 {
 async fn killed_under_load_every_call_is_answered_and_limits_return_within_a_second() {
     const LIMIT: u32 = 5;
     let mut server = RedisServer::start();
-    let store = RedisStore::new(server.pool()).timeout(TIMEOUT);
+    let store = server.store().timeout(TIMEOUT);
     let load_limiter = Limiter::new(
         store.clone(),
         Policy::fixed_window("load", 1_000_000, Duration::from_secs(3_600)).unwrap(),

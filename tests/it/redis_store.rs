@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 
 /// A store that tolerates a loaded CI machine: 5 s before a call times out.
 fn store(server: &RedisServer) -> RedisStore {
-    RedisStore::new(server.pool()).timeout(Duration::from_secs(5))
+    server.store().timeout(Duration::from_secs(5))
 }
 
 fn store_kind(result: &Result<redlimit::Decision, Error>) -> Option<StoreErrorKind> {
@@ -302,7 +302,7 @@ async fn a_restart_is_an_error_then_calls_succeed_again() {
 async fn a_slow_server_is_a_timeout_not_a_denial() {
     let server = RedisServer::start();
     let limiter = Limiter::new(
-        RedisStore::new(server.pool()).timeout(Duration::from_millis(50)),
+        server.store().timeout(Duration::from_millis(50)),
         Policy::fixed_window("p", 10, Duration::from_secs(60)).unwrap(),
     );
     assert!(limiter.check("s", 1).await.unwrap().is_allowed());
@@ -840,7 +840,7 @@ async fn every_timeout_is_a_defined_meaning_never_a_panic() {
         Duration::from_secs(10u64.pow(15)),
     ];
     for (i, timeout) in huge.into_iter().enumerate() {
-        let store = RedisStore::new(server.pool()).timeout(timeout);
+        let store = server.store().timeout(timeout);
         let limiter = Limiter::new(store, Policy::fixed_window("p", 2, window).unwrap());
         let subject = format!("huge:{i}");
         for n in 0..3 {
@@ -855,7 +855,7 @@ async fn every_timeout_is_a_defined_meaning_never_a_panic() {
             );
         }
     }
-    let store = RedisStore::new(server.pool()).timeout(Duration::ZERO);
+    let store = server.store().timeout(Duration::ZERO);
     let limiter = Limiter::new(store, Policy::fixed_window("p", 2, window).unwrap());
     for n in 0..20 {
         match limiter.check(format!("zero:{n}"), 1).await {

@@ -213,7 +213,8 @@ fn redis(server: &RedisServer, clock: &FakeClock, policy: Policy) -> Arc<Limiter
 }
 
 fn redis_store(server: &RedisServer, clock: &FakeClock) -> RedisStore {
-    RedisStore::new(server.pool())
+    server
+        .store()
         .client_clock(clock.clone())
         .timeout(Duration::from_secs(5))
 }

@@ -148,6 +148,14 @@ impl RedisServer {
             .expect("cannot build a deadpool-redis pool")
     }
 
+    /// A store on this server, on a socket of its own (`RedisStore::from_url`): what
+    /// the docs lead with, and the one whose calls are written before they may time
+    /// out and read however starved the test's runtime. Tests of a pool's connection
+    /// build `RedisStore::new(server.pool())` themselves.
+    pub fn store(&self) -> redlimit::RedisStore {
+        redlimit::RedisStore::from_url(&self.url()).expect("the server's own URL parses")
+    }
+
     /// A fresh multiplexed connection, for the test's own commands. It waits up to
     /// [`TEST_REPLY_TIMEOUT`] for a reply: redis-rs gives up after 500 ms by default,
     /// which a large pipeline or a scan outlasts on a busy machine.

@@ -101,7 +101,8 @@ impl SideBySide {
     ) -> Self {
         let subject = subject.into();
         let clock = FakeClock::new(start_ms);
-        let store = RedisStore::new(server.pool())
+        let store = server
+            .store()
             .client_clock(clock.clone())
             .timeout(Duration::from_secs(5));
         let redis = limiter(store.clone(), policies);
