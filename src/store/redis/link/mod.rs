@@ -341,22 +341,19 @@ impl Link {
             // both at once; a starved host runs either late): read what arrived,
             // then look for this call's reply once more.
             tokio::task::yield_now().await;
-            // Not silent if the call just found its own request unwritten, or bytes
-            // waiting that the runtime has not read: the app was late, not Redis.
-            let busy = self.read_now(generation) != Read::Done;
+            let silent = self.heard_nothing(generation, heard);
             let polled = std::future::poll_fn(|cx| Poll::Ready(eval.as_mut().poll(cx))).await;
             if let Poll::Ready(reply) = polled {
                 return reply;
             }
             let now = tokio::time::Instant::now();
-            let seen = self.activity.heard();
             // A cluster connection multiplexes several nodes: one node's replies say
             // nothing of another's, so there the timeout runs from `since` alone.
-            if (seen == heard && !busy) || now >= bound || repairs_itself {
+            if silent || now >= bound || repairs_itself {
                 self.timed_out(generation, stall);
                 return Err(self.silent_error(timeout));
             }
-            heard = seen;
+            heard = self.activity.heard();
             deadline = (now + timeout).min(bound);
         }
     }
@@ -375,7 +372,15 @@ impl Link {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .generation;
-        self.read_now(generation) == Read::Done && self.activity.heard() == since.heard
+        self.heard_nothing(generation, since.heard)
+    }
+
+    /// Whether connection `generation` has delivered nothing since it had delivered
+    /// `heard`, once driven on the caller's task ([`Link::read_now`]). Not silent when
+    /// the call found requests unwritten, or bytes waiting that the runtime has not
+    /// read: then the app was late, not Redis.
+    fn heard_nothing(&self, generation: u64, heard: u64) -> bool {
+        self.read_now(generation) == Read::Done && self.activity.heard() == heard
     }
 
     /// Drives connection `generation` once on the caller's task, if the store drives
