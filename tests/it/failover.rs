@@ -464,6 +464,7 @@ impl Pair {
             Some(link) => RedisServer::start_replica_of_port(link.port()),
             None => RedisServer::start_replica_of(&primary),
         };
+        primary.wait_until_streaming();
         let proxy = Forwarder::start(primary.port());
         Self {
             primary,

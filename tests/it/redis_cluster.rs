@@ -692,6 +692,18 @@ async fn set_slot(cluster: &RedisCluster, port: u16, slot: u16, how: &[&str]) {
 /// store follows both itself: every call decided, none counted twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_follow_a_slot_that_moves_to_another_master() {
+    follow_a_moving_slot(false).await;
+}
+
+/// The same move onto a master without the function library (a replica promoted
+/// before the library reached it, a `FUNCTION FLUSH`): a redirected call the node
+/// cannot run is sent as its script in full, as on the node the slot map names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_redirected_to_a_master_without_the_library_is_decided() {
+    follow_a_moving_slot(true).await;
+}
+
+async fn follow_a_moving_slot(library_flushed_on_target: bool) {
     const LIMIT: u32 = 5;
     let cluster = RedisCluster::start();
     let masters = cluster.masters().await;
@@ -712,6 +724,14 @@ async fn calls_follow_a_slot_that_moves_to_another_master() {
         assert!(first_decision(&limiter, old).await.is_allowed());
     }
 
+    if library_flushed_on_target {
+        let mut conn = cluster.node(to.port).conn().await;
+        let () = redis::cmd("FUNCTION")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .expect("FUNCTION FLUSH");
+    }
     set_slot(&cluster, to.port, slot, &["IMPORTING", &from.id]).await;
     set_slot(&cluster, from.port, slot, &["MIGRATING", &to.id]).await;
     // A key the migrating master lacks: ASK, answered by the importing one.

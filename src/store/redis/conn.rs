@@ -222,6 +222,9 @@ async fn follow(
     loop {
         redirects += 1;
         let node = SingleNodeRoutingInfo::ByAddress { host, port };
+        // Routed commands hand a server's error back as a value, where `query_async`
+        // makes it the error it is: the callers' handling (`Function not found`, a
+        // redirect) looks at errors.
         let reply = if ask {
             let mut asking = redis::pipe();
             asking.cmd("ASKING").add_command(cmd.clone());
@@ -231,7 +234,8 @@ async fn follow(
         } else {
             conn.route_command(cmd.clone(), RoutingInfo::SingleNode(node))
                 .await
-        };
+        }
+        .and_then(Value::extract_error);
         match reply.as_ref().err().and_then(redirect) {
             Some(next) if redirects < MAX_REDIRECTS => (ask, host, port) = next,
             _ => return reply,

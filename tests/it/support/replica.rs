@@ -86,6 +86,54 @@ impl RedisServer {
         }
     }
 
+    /// Waits (bounded) until this primary streams its writes to a replica. A replica
+    /// reports its link up once it has loaded the primary's snapshot, but the
+    /// primary holds the stream back until it has reaped the snapshot's child and
+    /// heard the replica's next acknowledgement (up to a second later): what it
+    /// decides meanwhile waits in its own buffer, and dies with it.
+    pub fn wait_until_streaming(&self) {
+        let client = redis::Client::open(self.url()).expect("bad url");
+        let mut conn = client
+            .get_connection_with_timeout(Duration::from_secs(1))
+            .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", self.port()));
+        let marker = "redlimit-test:streaming";
+        // A primary with `min-replicas-to-write` refuses the write (NOREPLICAS)
+        // until then: try again.
+        let deadline = Instant::now() + SYNC_TIMEOUT;
+        loop {
+            let set: redis::RedisResult<()> = redis::cmd("SET")
+                .arg(marker)
+                .arg(1)
+                .arg("PX")
+                .arg(60_000)
+                .query(&mut conn);
+            match set {
+                Ok(()) => break,
+                Err(e) if e.code() == Some("NOREPLICAS") && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("SET on {}: {e}\n{}", self.port(), self.log_tail()),
+            }
+        }
+        let timeout_ms = u64::try_from(SYNC_TIMEOUT.as_millis()).unwrap_or(u64::MAX);
+        let acked: u64 = redis::cmd("WAIT")
+            .arg(1)
+            .arg(timeout_ms)
+            .query(&mut conn)
+            .unwrap_or_else(|e| panic!("WAIT on {}: {e}", self.port()));
+        assert_eq!(
+            acked,
+            1,
+            "no replica of port {} acknowledged a write within {SYNC_TIMEOUT:?}:\n{}",
+            self.port(),
+            self.log_tail()
+        );
+        let _: u64 = redis::cmd("DEL")
+            .arg(marker)
+            .query(&mut conn)
+            .unwrap_or_else(|e| panic!("DEL on {}: {e}", self.port()));
+    }
+
     /// Waits (bounded) until this replica has lost its link to its primary: it
     /// has read everything the primary sent before the link closed.
     pub fn wait_until_link_down(&self) {
