@@ -264,8 +264,8 @@ async fn usage<S: Store>(limiter: Arc<Limiter<S>>, key: Header, headers: HeaderM
     let Some([tokens, slots]) = peek.each_policy() else {
         return (StatusCode::INTERNAL_SERVER_ERROR, "no usage\n").into_response();
     };
-    // A peek of 1: its `remaining` is after that one, when it fits.
-    let tokens_remaining = if tokens.allowed {
+    // A peek of 1: its `remaining` is after that one, when it would be admitted.
+    let tokens_remaining = if peek.is_allowed() {
         tokens.remaining + 1
     } else {
         tokens.remaining

@@ -3,6 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use crate::policy::Policy;
 
 /// Where a decision came from.
@@ -47,7 +49,8 @@ pub struct PolicyOutcome {
     pub allowed: bool,
     /// The policy's limit (capacity for a token bucket).
     pub limit: u64,
-    /// Units left after this request (before it, when denied).
+    /// Units left after this request if the decision admits it; when it denies,
+    /// nothing is taken, and this is what is left now.
     pub remaining: u64,
     /// Milliseconds until the subject's state for this policy is back to unused.
     pub reset_after_ms: u64,
@@ -77,14 +80,15 @@ pub struct Decision {
     /// holds none ([`Limiter::hold`](crate::Limiter::hold)).
     spared_slot: bool,
     policies: Arc<[Policy]>,
-    /// Every policy's outcome, for the admin operations' answers only: a check keeps
-    /// the binding one alone, so it stays small.
+    /// Every policy's outcome, as its store answered, when there is more than one
+    /// (the `RateLimit` header shows each budget) and in the admin operations'
+    /// answers; a decision of one policy keeps it alone, with no allocation.
     each: Option<Arc<[PolicyOutcome]>>,
 }
 
 /// Equal when they decide alike: the same verdict, binding policy and figures, origin
-/// and policies. [`Decision::each_policy`], which only the admin operations' answers
-/// carry, is not compared (a peek equals the check it foretells).
+/// and policies. [`Decision::each_policy`] is not compared: the other policies'
+/// figures inform a client, they do not decide (a peek equals the check it foretells).
 impl PartialEq for Decision {
     fn eq(&self, other: &Self) -> bool {
         self.allowed == other.allowed
@@ -98,12 +102,14 @@ impl PartialEq for Decision {
 }
 
 impl Decision {
-    /// Folds per-policy outcomes (in `policies` order) into one decision.
+    /// Folds per-policy outcomes (in `policies` order) of a check of `cost` into one
+    /// decision.
     ///
     /// Both stores use this, so the choice of the binding policy is made in one place.
     pub(crate) fn from_outcomes(
         policies: &Arc<[Policy]>,
         outcomes: impl IntoIterator<Item = PolicyOutcome>,
+        cost: u64,
     ) -> Self {
         let mut outcomes = outcomes.into_iter();
         if policies.len() == 1 {
@@ -111,11 +117,15 @@ impl Decision {
                 return Self::from_outcome(policies, outcome);
             }
         }
-        Self::fold(policies, outcomes)
+        Self::fold(policies, outcomes, cost)
     }
 
     /// The general rule of [`Decision::from_outcomes`], over any number of policies.
-    fn fold(policies: &Arc<[Policy]>, outcomes: impl Iterator<Item = PolicyOutcome>) -> Self {
+    fn fold(
+        policies: &Arc<[Policy]>,
+        outcomes: impl Iterator<Item = PolicyOutcome>,
+        cost: u64,
+    ) -> Self {
         // The binding policy among the enforced ones (among all when every policy is a
         // shadow, read as admitting); the shadow denier with the longest wait apart.
         let mut best: Option<(usize, PolicyOutcome)> = None;
@@ -123,7 +133,9 @@ impl Decision {
         let mut spared_slot = false;
         let mut allowed = true;
         let all_shadow = policies.iter().all(Policy::is_shadow);
+        let mut each: SmallVec<[PolicyOutcome; 4]> = SmallVec::new();
         for (i, mut o) in outcomes.enumerate() {
+            each.push(o);
             if policies.get(i).is_some_and(Policy::is_shadow) {
                 if !o.allowed && shadow.is_none_or(|(_, wait)| o.retry_after_ms > wait) {
                     shadow = Some((i, o.retry_after_ms));
@@ -149,6 +161,16 @@ impl Decision {
                 best = Some((i, o));
             }
         }
+        if !allowed {
+            // Nothing was taken: a policy that would have admitted still has the
+            // units (the slot) its outcome counted as spent.
+            for (policy, o) in policies.iter().zip(each.iter_mut()) {
+                if o.allowed {
+                    let units = if policy.is_in_flight() { 1 } else { cost };
+                    o.remaining = o.remaining.saturating_add(units).min(o.limit);
+                }
+            }
+        }
         let (index, outcome) = best.unwrap_or((
             0,
             PolicyOutcome {
@@ -172,7 +194,7 @@ impl Decision {
             },
             spared_slot: allowed && spared_slot,
             policies: Arc::clone(policies),
-            each: None,
+            each: Some(Arc::from(each.as_slice())),
         }
     }
 
@@ -205,6 +227,7 @@ impl Decision {
     /// A cached denial seen again, `retry_ms` before its retry time and `reset_ms`
     /// before its reset time.
     pub(crate) fn rebase(&mut self, retry_ms: u64, reset_ms: u64, origin: Origin) {
+        self.age_others(reset_ms);
         self.outcome.retry_after_ms = retry_ms;
         self.outcome.reset_after_ms = reset_ms;
         self.origin = origin;
@@ -213,9 +236,33 @@ impl Decision {
     /// An admission seen again from a lease: `remaining` units known left and
     /// `reset_ms` before the reset time.
     pub(crate) fn rebase_allowed(&mut self, remaining: u64, reset_ms: u64, origin: Origin) {
+        self.age_others(reset_ms);
         self.outcome.remaining = remaining;
         self.outcome.reset_after_ms = reset_ms;
         self.origin = origin;
+    }
+
+    /// Counts the other policies' waits from now too, when the binding one's reset,
+    /// a fixed time, is `reset_ms` away: they are as much older. Their units are as
+    /// the store last told (a denial consumed none; what refilled since is not
+    /// shown, so a client is never told of more than there is).
+    fn age_others(&mut self, reset_ms: u64) {
+        let Some(each) = &self.each else {
+            return;
+        };
+        let aged = self.outcome.reset_after_ms.saturating_sub(reset_ms);
+        if aged == 0 {
+            return;
+        }
+        self.each = Some(
+            each.iter()
+                .map(|o| PolicyOutcome {
+                    reset_after_ms: o.reset_after_ms.saturating_sub(aged),
+                    retry_after_ms: o.retry_after_ms.saturating_sub(aged),
+                    ..*o
+                })
+                .collect(),
+        );
     }
 
     /// The decision of a request let through because the store could not decide: allowed,
@@ -240,9 +287,13 @@ impl Decision {
         }
     }
 
-    /// This decision with every policy's outcome (an admin operation's answer).
+    /// This decision with every policy's outcome (an admin operation's answer): a
+    /// decision of several has them already; one of one policy gets its own, as the
+    /// store gave it.
     pub(crate) fn with_each(mut self, outcomes: Arc<[PolicyOutcome]>) -> Self {
-        self.each = Some(outcomes);
+        if self.each.is_none() {
+            self.each = Some(outcomes);
+        }
         self
     }
 
@@ -302,13 +353,19 @@ impl Decision {
         &self.outcome
     }
 
-    /// Every policy's verdict, in the order of [`policies`](Decision::policies), for
-    /// the answers of [`Limiter::peek`](crate::Limiter::peek),
-    /// [`refund`](crate::Limiter::refund) and the other admin operations (a usage
-    /// page showing each budget); `None` for a check's, which keeps the binding one
-    /// alone to stay small.
+    /// Every policy's verdict, in the order of [`policies`](Decision::policies), as
+    /// the store gave it (a shadow policy's own, even where the decision reads it as
+    /// admitting): in every decision over more than one policy, and in the answers of
+    /// [`Limiter::peek`](crate::Limiter::peek), [`refund`](crate::Limiter::refund) and
+    /// the other admin operations (a usage page showing each budget). `None` for a
+    /// check of one policy, whose one verdict is [`outcome`](Decision::outcome).
     pub fn each_policy(&self) -> Option<&[PolicyOutcome]> {
         self.each.as_deref()
+    }
+
+    /// [`Decision::each_policy`], shared (the response headers carry it).
+    pub(crate) fn each_outcomes(&self) -> Option<Arc<[PolicyOutcome]>> {
+        self.each.clone()
     }
 
     /// The binding policy's limit.
@@ -381,19 +438,24 @@ mod tests {
             Policy::fixed_window("trial", 10, s).unwrap().shadow(),
         ]
         .into();
-        let d = Decision::from_outcomes(&policies, [outcome(true, 4, 0), outcome(false, 0, 300)]);
+        let d =
+            Decision::from_outcomes(&policies, [outcome(true, 4, 0), outcome(false, 0, 300)], 1);
         assert!(d.is_allowed());
         assert!(d.would_deny());
         assert_eq!(d.shadow_denied_by(), Some("trial"));
         assert_eq!(d.policy().name(), "real", "a shadow never binds");
         assert_eq!(d.retry_after(), None);
         // Denied by the enforced one: denied, and nothing was spared by shadow mode.
-        let d = Decision::from_outcomes(&policies, [outcome(false, 0, 50), outcome(false, 0, 300)]);
+        let d = Decision::from_outcomes(
+            &policies,
+            [outcome(false, 0, 50), outcome(false, 0, 300)],
+            1,
+        );
         assert_eq!(d.denied_by(), Some("real"));
         assert!(!d.would_deny());
         // Only shadows: allowed, and the tightest one describes it.
         let only: Arc<[Policy]> = vec![Policy::fixed_window("t", 10, s).unwrap().shadow()].into();
-        let d = Decision::from_outcomes(&only, [outcome(false, 0, 300)]);
+        let d = Decision::from_outcomes(&only, [outcome(false, 0, 300)], 1);
         assert!(d.is_allowed());
         assert_eq!(d.shadow_denied_by(), Some("t"));
         assert_eq!(d.outcome().retry_after_ms, 0);
@@ -408,15 +470,17 @@ mod tests {
         ]
         .into();
         // The rate's longer wait names it, and the slot is still spared.
-        let d = Decision::from_outcomes(&policies, [outcome(false, 0, 900), outcome(false, 0, 5)]);
+        let d =
+            Decision::from_outcomes(&policies, [outcome(false, 0, 900), outcome(false, 0, 5)], 1);
         assert_eq!(d.shadow_denied_by(), Some("rate"));
         assert!(d.spared_a_slot());
-        let d = Decision::from_outcomes(&policies, [outcome(false, 0, 900), outcome(true, 1, 0)]);
+        let d =
+            Decision::from_outcomes(&policies, [outcome(false, 0, 900), outcome(true, 1, 0)], 1);
         assert!(d.would_deny() && !d.spared_a_slot());
         let alone: Arc<[Policy]> =
             vec![Policy::in_flight("running", 3, s).unwrap().shadow()].into();
-        assert!(Decision::from_outcomes(&alone, [outcome(false, 0, 5)]).spared_a_slot());
-        assert!(!Decision::from_outcomes(&alone, [outcome(true, 2, 0)]).spared_a_slot());
+        assert!(Decision::from_outcomes(&alone, [outcome(false, 0, 5)], 1).spared_a_slot());
+        assert!(!Decision::from_outcomes(&alone, [outcome(true, 2, 0)], 1).spared_a_slot());
     }
 
     #[test]
@@ -428,10 +492,77 @@ mod tests {
             for o in [outcome(true, 4, 0), outcome(false, 0, 300)] {
                 assert_eq!(
                     Decision::from_outcome(&policies, o),
-                    Decision::fold(&policies, [o].into_iter()),
+                    Decision::fold(&policies, [o].into_iter(), 1),
                     "shadow {shadow}, {o:?}"
                 );
             }
         }
+    }
+
+    #[test]
+    fn every_policy_is_kept_and_a_denial_spends_nothing_of_the_others() {
+        let s = Duration::from_secs(1);
+        let policies: Arc<[Policy]> = vec![
+            Policy::fixed_window("minute", 10, s).unwrap(),
+            Policy::in_flight("slots", 10, s).unwrap(),
+            Policy::fixed_window("second", 10, s).unwrap(),
+        ]
+        .into();
+        let admitted = [
+            outcome(true, 4, 0),
+            outcome(true, 7, 0),
+            outcome(true, 2, 0),
+        ];
+        let d = Decision::from_outcomes(&policies, admitted, 3);
+        assert_eq!(d.each_policy(), Some(&admitted[..]));
+        // "second" denies a cost of 3: "minute" still has the 3 its outcome counted
+        // as spent, "slots" the one slot.
+        let d = Decision::from_outcomes(
+            &policies,
+            [
+                outcome(true, 4, 0),
+                outcome(true, 7, 0),
+                outcome(false, 2, 500),
+            ],
+            3,
+        );
+        let left: Vec<u64> = d
+            .each_policy()
+            .unwrap()
+            .iter()
+            .map(|o| o.remaining)
+            .collect();
+        assert_eq!(left, [7, 8, 2]);
+        assert_eq!(d.denied_by(), Some("second"));
+        // One policy alone allocates nothing.
+        let one: Arc<[Policy]> = vec![Policy::fixed_window("one", 10, s).unwrap()].into();
+        assert!(Decision::from_outcomes(&one, [outcome(true, 4, 0)], 1)
+            .each_policy()
+            .is_none());
+    }
+
+    #[test]
+    fn a_decision_seen_again_ages_every_policy_s_waits() {
+        let s = Duration::from_secs(1);
+        let policies: Arc<[Policy]> = vec![
+            Policy::fixed_window("a", 10, s).unwrap(),
+            Policy::fixed_window("b", 10, s).unwrap(),
+        ]
+        .into();
+        let waiting = |retry| PolicyOutcome {
+            reset_after_ms: 2_000,
+            ..outcome(false, 0, retry)
+        };
+        let mut d = Decision::from_outcomes(&policies, [waiting(900), waiting(1_500)], 1);
+        assert_eq!(d.policy().name(), "b");
+        // Seen again 400 ms later, from the block cache.
+        d.rebase(1_100, 1_600, Origin::BlockCache);
+        let each = d.each_policy().unwrap();
+        assert_eq!(
+            each.iter()
+                .map(|o| (o.retry_after_ms, o.reset_after_ms))
+                .collect::<Vec<_>>(),
+            [(500, 1_600), (1_100, 1_600)]
+        );
     }
 }

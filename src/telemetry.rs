@@ -137,15 +137,49 @@ pub(crate) fn redis_answers_again(address: &str, failing_for: std::time::Duratio
     );
 }
 
-/// The layer gave back a request's cost (`refund_on`). A failed refund only costs the
-/// client budget, so it is a warning, not an error.
-pub(crate) fn layer_refunded(result: &Result<Option<Decision>, Error>) {
+/// The units each rate policy has left after a refund or a charge (slots are not
+/// theirs to change), from its answer: a peek of `peeked` units, whose `remaining`
+/// counts them as taken when it would admit them.
+pub(crate) struct UnitsLeft<'a> {
+    pub(crate) answer: &'a Decision,
+    pub(crate) peeked: u64,
+}
+
+impl std::fmt::Display for UnitsLeft<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let outcomes = self
+            .answer
+            .each_policy()
+            .unwrap_or(std::slice::from_ref(self.answer.outcome()));
+        let taken = if self.answer.is_allowed() {
+            self.peeked
+        } else {
+            0
+        };
+        let mut first = true;
+        for (policy, outcome) in self.answer.policies().iter().zip(outcomes) {
+            if policy.is_in_flight() {
+                continue;
+            }
+            if !first {
+                f.write_str(", ")?;
+            }
+            first = false;
+            let left = outcome.remaining.saturating_add(taken).min(outcome.limit);
+            write!(f, "{}={left}", policy.name())?;
+        }
+        Ok(())
+    }
+}
+
+/// The layer gave back a request's cost (`refund_on`), `cost` units. A failed refund
+/// only costs the client budget, so it is a warning, not an error.
+pub(crate) fn layer_refunded(result: &Result<Option<Decision>, Error>, cost: u64) {
     match result {
         // Nothing to give back: the cost was taken nowhere (no fallback any more).
         Ok(None) => return,
-        Ok(Some(decision)) => tracing::debug!(
-            remaining = decision.remaining(),
-            policy = decision.policy().name(),
+        Ok(Some(answer)) => tracing::debug!(
+            remaining = %UnitsLeft { answer, peeked: cost },
             "rate-limit cost refunded"
         ),
         Err(error) => tracing::warn!(%error, "rate-limit refund failed"),
@@ -158,15 +192,19 @@ pub(crate) fn layer_refunded(result: &Result<Option<Decision>, Error>) {
     .increment(1);
 }
 
-/// A reservation settled on its reported cost: `refunded` when less was used than
-/// reserved (the rest given back), else the excess charged.
-pub(crate) fn layer_settled(result: &Result<Option<Decision>, Error>, refunded: bool) {
-    let direction = if refunded { "refund" } else { "charge" };
+/// A reservation settled on its reported cost: `refunded` units given back when less
+/// was used than reserved, else the excess charged (`None`).
+pub(crate) fn layer_settled(result: &Result<Option<Decision>, Error>, refunded: Option<u64>) {
+    let direction = if refunded.is_some() {
+        "refund"
+    } else {
+        "charge"
+    };
     match result {
         Ok(None) => return,
-        Ok(Some(decision)) => tracing::debug!(
-            remaining = decision.remaining(),
-            policy = decision.policy().name(),
+        // A refund answers as a peek of what it gave back, a charge as a peek of 1.
+        Ok(Some(answer)) => tracing::debug!(
+            remaining = %UnitsLeft { answer, peeked: refunded.unwrap_or(1) },
             direction,
             "rate-limit reservation settled"
         ),
@@ -300,7 +338,47 @@ impl LogThrottle {
 
 #[cfg(test)]
 mod tests {
-    use super::LogThrottle;
+    use super::{LogThrottle, UnitsLeft};
+    use crate::{Limiter, MemoryStore, Policy};
+    use std::time::Duration;
+
+    /// The gateway's shape: a token budget beside an in-flight limit, 500 reserved.
+    #[tokio::test]
+    async fn a_settlement_says_what_each_budget_has_left() {
+        let limiter = Limiter::builder(MemoryStore::new())
+            .policy(Policy::sliding_window("tokens", 10_000, Duration::from_secs(60)).unwrap())
+            .policy(Policy::in_flight("in_flight", 4, Duration::from_secs(30)).unwrap())
+            .build()
+            .unwrap();
+        let checked = limiter.check("k", 500).await.unwrap();
+        let refunded = limiter.refund("k", 200).await.unwrap();
+        let left = UnitsLeft {
+            answer: &refunded,
+            peeked: 200,
+        };
+        assert_eq!(left.to_string(), "tokens=9700");
+        let charged = limiter
+            .charge_from(checked.origin(), "k".into(), 300)
+            .await
+            .unwrap()
+            .unwrap();
+        let left = UnitsLeft {
+            answer: &charged,
+            peeked: 1,
+        };
+        assert_eq!(left.to_string(), "tokens=9400");
+        // Every slot taken: the answer denies, and takes nothing.
+        for _ in 0..3 {
+            limiter.check("k", 1).await.unwrap();
+        }
+        let refunded = limiter.refund("k", 100).await.unwrap();
+        assert!(!refunded.is_allowed());
+        let left = UnitsLeft {
+            answer: &refunded,
+            peeked: 100,
+        };
+        assert_eq!(left.to_string(), "tokens=9497");
+    }
 
     #[test]
     fn one_line_a_second_with_the_count_of_those_left_out() {

@@ -649,7 +649,8 @@ pub(crate) mod tests {
                     }
                 }
                 let (outcomes, keep) = decide_all(&policies, &mut states, now, u64::from(cost));
-                let decision = Decision::from_outcomes(&policies, outcomes.iter().copied());
+                let decision =
+                    Decision::from_outcomes(&policies, outcomes.iter().copied(), u64::from(cost));
                 assert_eq!(
                     (decision.is_allowed(), decision.would_deny()),
                     (expected, trace.would_deny.contains(&i)),

@@ -324,14 +324,14 @@ impl<S: Store> Settles for Limiter<S> {
     fn settle(self: Arc<Self>, origin: Origin, subject: Subject, reserved: u64, used: u64) {
         run_off_path(
             async move {
-                let settled = if used < reserved {
-                    // At most the reservation, which was a valid cost.
-                    let back = u32::try_from(reserved - used).unwrap_or(u32::MAX);
-                    self.refund_from(origin, subject, back).await
-                } else {
-                    self.charge_from(origin, subject, used - reserved).await
+                // At most the reservation, which was a valid cost.
+                let back =
+                    (used < reserved).then(|| u32::try_from(reserved - used).unwrap_or(u32::MAX));
+                let settled = match back {
+                    Some(back) => self.refund_from(origin, subject, back).await,
+                    None => self.charge_from(origin, subject, used - reserved).await,
                 };
-                crate::telemetry::layer_settled(&settled, used < reserved);
+                crate::telemetry::layer_settled(&settled, back.map(u64::from));
             },
             "rate-limit settlement",
         );
@@ -346,7 +346,7 @@ fn refund_now<S: Store>(limiter: Arc<Limiter<S>>, subject: Subject, cost: u32, o
     run_off_path(
         async move {
             let refunded = limiter.refund_from(origin, subject, cost).await;
-            crate::telemetry::layer_refunded(&refunded);
+            crate::telemetry::layer_refunded(&refunded, u64::from(cost));
         },
         "rate-limit refund",
     );

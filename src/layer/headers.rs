@@ -1,26 +1,34 @@
 //! The rate-limit response headers: IETF structured fields, or the legacy `X-RateLimit-*`.
 //!
-//! [`HeaderStyle::Ietf`] follows draft-ietf-httpapi-ratelimit-headers: `RateLimit-Policy`
-//! lists every policy the limiter checks, `RateLimit` describes the binding one.
+//! [`HeaderStyle::Ietf`] follows draft-ietf-httpapi-ratelimit-headers (draft 10, the
+//! current one): `RateLimit-Policy` lists every policy the limiter enforces,
+//! `RateLimit` gives each one's units left (`r`) and seconds until more are free
+//! (`t`), the binding one first. An in-flight policy counts requests at once: it has
+//! no window, and says so with the draft's quota unit `concurrent-requests`.
 //!
 //! ```text
 //! RateLimit-Policy: "burst";q=10;w=1, "hourly";q=1000;w=3600
-//! RateLimit: "burst";r=0;t=1
+//! RateLimit: "burst";r=0;t=1, "hourly";r=990;t=3599
 //! Retry-After: 1
 //! ```
 //!
 //! All numbers are whole seconds, rounded up: a client that waits `t` seconds never
-//! comes back too early.
+//! comes back too early. Shadow policies are trials, never shown to clients: a
+//! client must not slow down for a limit that does not hold.
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use sfv::{KeyRef, ListSerializer, StringRef};
 
-use crate::decision::Decision;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use crate::decision::{Decision, PolicyOutcome};
 use crate::policy::Policy;
 
-/// `RateLimit`: the binding policy's remaining quota and seconds until it frees up.
+/// `RateLimit`: each policy's remaining quota and seconds until it frees up.
 pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-/// `RateLimit-Policy`: every policy the limiter checks, with its quota and window.
+/// `RateLimit-Policy`: every policy the limiter enforces, with its quota and window.
 pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `X-RateLimit-Limit` (legacy style): the binding policy's limit.
 pub(crate) const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -73,9 +81,10 @@ pub(crate) fn ceil_secs(ms: u64) -> u64 {
 
 /// What the headers say about one decision, in the numbers they show.
 ///
-/// Small and `Copy`, so the response future can carry it across the inner call instead
-/// of the whole [`Decision`] (which goes to the request's extensions).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Small, so the response future can carry it across the inner call instead of the
+/// whole [`Decision`] (which goes to the request's extensions): the other policies'
+/// outcomes are shared, not copied.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Snapshot {
     /// The binding policy's position in the limiter.
     index: usize,
@@ -86,22 +95,30 @@ pub(crate) struct Snapshot {
     /// Seconds until quota frees up: the retry-after when denied (for an in-flight
     /// policy, its hint: a slot frees whenever a request ends), else the reset.
     wait_secs: u64,
+    /// Every policy's outcome, when the limiter has more than one.
+    each: Option<Arc<[PolicyOutcome]>>,
 }
 
 impl Snapshot {
     pub(crate) fn of(decision: &Decision) -> Self {
-        let reset_secs = ceil_secs(decision.outcome().reset_after_ms);
-        let wait_secs = match decision.retry_after() {
-            Some(_) => retry_after_secs(decision),
-            None => reset_secs,
-        };
+        let outcome = decision.outcome();
         Self {
             index: decision.policy_index(),
             limit: decision.limit(),
             remaining: decision.remaining(),
-            reset_secs,
-            wait_secs,
+            reset_secs: ceil_secs(outcome.reset_after_ms),
+            wait_secs: wait_secs(outcome),
+            each: decision.each_outcomes(),
         }
+    }
+}
+
+/// `t` of one policy's outcome: its retry-after when it denies, else its reset.
+fn wait_secs(outcome: &PolicyOutcome) -> u64 {
+    if outcome.allowed {
+        ceil_secs(outcome.reset_after_ms)
+    } else {
+        ceil_secs(outcome.retry_after_ms).max(1)
     }
 }
 
@@ -122,7 +139,8 @@ pub(crate) struct PolicyHeaders {
 
 #[derive(Debug, Clone)]
 struct PolicyParts {
-    /// The policy name as a structured-field string, quotes included.
+    /// The policy name as a structured-field string, quotes included; `None` for a
+    /// policy the headers do not show (a shadow one).
     item: Option<Box<str>>,
     /// `X-RateLimit-Limit`.
     limit: HeaderValue,
@@ -136,13 +154,20 @@ impl PolicyHeaders {
             // Policy names are checked to `[A-Za-z0-9_.-]`, always a valid sf-string; a
             // name that somehow is not is left out of the headers rather than sent
             // malformed (its entry stays, so indices still match the limiter's).
-            let name = StringRef::from_str(policy.name()).ok();
+            let name = StringRef::from_str(policy.name())
+                .ok()
+                .filter(|_| !policy.is_shadow());
             if let Some(name) = name {
                 let item = list
                     .bare_item(name)
                     .parameter(KeyRef::constant("q"), sf_integer(policy.limit()));
                 // Requests in flight have no window: their quota is requests at once.
-                if !policy.is_in_flight() {
+                if policy.is_in_flight() {
+                    item.parameter(
+                        KeyRef::constant("qu"),
+                        StringRef::constant("concurrent-requests"),
+                    );
+                } else {
                     item.parameter(
                         KeyRef::constant("w"),
                         sf_integer(ceil_secs(policy.window_ms())),
@@ -176,21 +201,19 @@ impl PolicyHeaders {
     /// Adds the headers of `style` for `snapshot` to `headers`.
     ///
     /// The structured fields are lists, so they are appended: an outer and an inner
-    /// limiter both show. The legacy fields hold one number each, so an existing value
-    /// (from a limiter nearer the handler) is kept.
+    /// limiter both show. The legacy fields hold one number each (the binding
+    /// policy's), so an existing value (from a limiter nearer the handler) is kept.
     pub(crate) fn write(&self, style: HeaderStyle, snapshot: &Snapshot, headers: &mut HeaderMap) {
-        let policy = self.policies.get(snapshot.index);
         self.write_quota(style, headers);
         if style.ietf() {
-            if let Some(value) = policy
-                .and_then(|p| p.item.as_deref())
-                .and_then(|item| ratelimit_value(item, snapshot))
-            {
+            if let Some(value) = self.ratelimit_value(snapshot) {
                 headers.append(RATELIMIT, value);
             }
         }
-        if style.legacy() {
-            let limit = match policy {
+        let binding = self.policies.get(snapshot.index);
+        // A shadow policy binds only when every policy is one: nothing is shown.
+        if style.legacy() && binding.is_none_or(|p| p.item.is_some()) {
+            let limit = match binding {
                 Some(p) => p.limit.clone(),
                 None => HeaderValue::from(snapshot.limit),
             };
@@ -203,6 +226,36 @@ impl PolicyHeaders {
                 .or_insert_with(|| HeaderValue::from(snapshot.reset_secs));
         }
     }
+
+    /// `RateLimit`: `"name";r=<remaining>;t=<seconds>` for the binding policy, then for
+    /// each other one shown, in the limiter's order. One limiter's list is written on
+    /// the stack (a heap buffer only past 256 bytes) and copied once into the value.
+    fn ratelimit_value(&self, snapshot: &Snapshot) -> Option<HeaderValue> {
+        let mut buf: SmallVec<[u8; 256]> = SmallVec::new();
+        if let Some(item) = self.shown(snapshot.index) {
+            push_item(&mut buf, item, snapshot.remaining, snapshot.wait_secs);
+        }
+        for (i, outcome) in snapshot
+            .each
+            .iter()
+            .flat_map(|each| each.iter().enumerate())
+        {
+            if i == snapshot.index {
+                continue;
+            }
+            if let Some(item) = self.shown(i) {
+                push_item(&mut buf, item, outcome.remaining, wait_secs(outcome));
+            }
+        }
+        (!buf.is_empty())
+            .then(|| HeaderValue::from_bytes(&buf).ok())
+            .flatten()
+    }
+
+    /// The structured-field name of policy `i`, if the headers show it.
+    fn shown(&self, i: usize) -> Option<&str> {
+        self.policies.get(i).and_then(|p| p.item.as_deref())
+    }
 }
 
 fn sf_integer(n: u64) -> sfv::Integer {
@@ -211,58 +264,30 @@ fn sf_integer(n: u64) -> sfv::Integer {
     sfv::Integer::try_from(n.min(MAX_SF_INTEGER)).unwrap_or(sfv::Integer::MAX)
 }
 
-/// `"name";r=<remaining>;t=<seconds>`, written on the stack and copied once into the
-/// header value: the one allocation of the allowed path's headers.
-fn ratelimit_value(item: &str, snapshot: &Snapshot) -> Option<HeaderValue> {
-    let mut buf = StackBuf::new();
-    buf.push(item.as_bytes())?;
-    buf.push(b";r=")?;
-    buf.push_decimal(snapshot.remaining.min(MAX_SF_INTEGER))?;
-    buf.push(b";t=")?;
-    buf.push_decimal(snapshot.wait_secs.min(MAX_SF_INTEGER))?;
-    HeaderValue::from_bytes(buf.as_bytes()).ok()
+/// Appends one `RateLimit` item, after a `, ` when the list has one already.
+fn push_item(buf: &mut SmallVec<[u8; 256]>, item: &str, remaining: u64, wait_secs: u64) {
+    if !buf.is_empty() {
+        buf.extend_from_slice(b", ");
+    }
+    buf.extend_from_slice(item.as_bytes());
+    buf.extend_from_slice(b";r=");
+    push_decimal(buf, remaining.min(MAX_SF_INTEGER));
+    buf.extend_from_slice(b";t=");
+    push_decimal(buf, wait_secs.min(MAX_SF_INTEGER));
 }
 
-/// A header value under construction. 128 bytes hold the longest `RateLimit` item: a
-/// 64-byte name in quotes and two 15-digit integers.
-struct StackBuf {
-    bytes: [u8; 128],
-    len: usize,
-}
-
-impl StackBuf {
-    fn new() -> Self {
-        Self {
-            bytes: [0; 128],
-            len: 0,
+fn push_decimal(buf: &mut SmallVec<[u8; 256]>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
         }
     }
-
-    /// Appends `s`, or `None` if it does not fit.
-    fn push(&mut self, s: &[u8]) -> Option<()> {
-        let end = self.len.checked_add(s.len())?;
-        self.bytes.get_mut(self.len..end)?.copy_from_slice(s);
-        self.len = end;
-        Some(())
-    }
-
-    fn push_decimal(&mut self, mut n: u64) -> Option<()> {
-        let mut digits = [0u8; 20];
-        let mut start = digits.len();
-        loop {
-            start -= 1;
-            digits[start] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        self.push(&digits[start..])
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..self.len]
-    }
+    buf.extend_from_slice(&digits[start..]);
 }
 
 #[cfg(test)]
@@ -277,6 +302,27 @@ mod tests {
         ]
     }
 
+    fn outcome(allowed: bool, remaining: u64, reset_ms: u64, retry_ms: u64) -> PolicyOutcome {
+        PolicyOutcome {
+            allowed,
+            limit: 5,
+            remaining,
+            reset_after_ms: reset_ms,
+            retry_after_ms: retry_ms,
+        }
+    }
+
+    fn snapshot(index: usize, remaining: u64, wait_secs: u64) -> Snapshot {
+        Snapshot {
+            index,
+            limit: 5,
+            remaining,
+            reset_secs: wait_secs,
+            wait_secs,
+            each: None,
+        }
+    }
+
     #[test]
     fn policy_list_is_a_structured_list_with_windows_rounded_up() {
         let headers = PolicyHeaders::new(&policies());
@@ -288,15 +334,55 @@ mod tests {
     }
 
     #[test]
-    fn ratelimit_value_parses_as_a_structured_list() {
-        let snapshot = Snapshot {
-            index: 0,
-            limit: 5,
-            remaining: 0,
-            reset_secs: 9,
-            wait_secs: 7,
+    fn an_in_flight_policy_is_a_quota_of_concurrent_requests_and_shadows_are_not_shown() {
+        let policies = [
+            Policy::in_flight("slots", 4, Duration::from_secs(30)).unwrap(),
+            Policy::fixed_window("trial", 1, Duration::from_secs(10))
+                .unwrap()
+                .shadow(),
+            Policy::fixed_window("minute", 60, Duration::from_secs(60)).unwrap(),
+        ];
+        let headers = PolicyHeaders::new(&policies);
+        let list = headers.policy_list.as_ref().unwrap().to_str().unwrap();
+        assert_eq!(
+            list,
+            r#""slots";q=4;qu="concurrent-requests", "minute";q=60;w=60"#
+        );
+        let mut map = HeaderMap::new();
+        let snap = Snapshot {
+            each: Some(Arc::from(
+                &[
+                    outcome(true, 3, 30_000, 0),
+                    outcome(false, 0, 9_000, 9_000),
+                    outcome(true, 40, 31_500, 0),
+                ][..],
+            )),
+            ..snapshot(0, 3, 30)
         };
-        let value = ratelimit_value("\"default\"", &snapshot).unwrap();
+        headers.write(HeaderStyle::Ietf, &snap, &mut map);
+        // The shadow policy's denial is not the client's business.
+        assert_eq!(map[RATELIMIT], r#""slots";r=3;t=30, "minute";r=40;t=32"#);
+    }
+
+    #[test]
+    fn ratelimit_lists_every_policy_the_binding_one_first() {
+        let headers = PolicyHeaders::new(&policies());
+        let snap = Snapshot {
+            each: Some(Arc::from(
+                &[outcome(true, 4, 9_000, 0), outcome(false, 0, 2_500, 1_200)][..],
+            )),
+            ..snapshot(1, 0, 2)
+        };
+        let value = headers.ratelimit_value(&snap).unwrap();
+        assert_eq!(value, r#""burst";r=0;t=2, "default";r=4;t=9"#);
+        let parsed: sfv::List = sfv::Parser::new(value.as_bytes()).parse().unwrap();
+        assert_eq!(parsed.len(), 2);
+    }
+
+    #[test]
+    fn ratelimit_value_parses_as_a_structured_list() {
+        let headers = PolicyHeaders::new(&policies());
+        let value = headers.ratelimit_value(&snapshot(0, 0, 7)).unwrap();
         assert_eq!(value, "\"default\";r=0;t=7");
         let parsed: sfv::List = sfv::Parser::new(value.as_bytes()).parse().unwrap();
         assert_eq!(parsed.len(), 1);
@@ -304,15 +390,14 @@ mod tests {
 
     #[test]
     fn huge_numbers_are_clamped_to_fifteen_digits() {
-        let snapshot = Snapshot {
-            index: 0,
-            limit: 5,
+        let headers = PolicyHeaders::new(&policies());
+        let snap = Snapshot {
             remaining: u64::MAX,
-            reset_secs: 0,
             wait_secs: u64::MAX,
+            ..snapshot(0, 0, 0)
         };
-        let value = ratelimit_value("\"x\"", &snapshot).unwrap();
-        assert_eq!(value, "\"x\";r=999999999999999;t=999999999999999");
+        let value = headers.ratelimit_value(&snap).unwrap();
+        assert_eq!(value, "\"default\";r=999999999999999;t=999999999999999");
         assert!(sfv::Parser::new(value.as_bytes())
             .parse::<sfv::List>()
             .is_ok());
@@ -321,48 +406,59 @@ mod tests {
     #[test]
     fn decimals() {
         for n in [0u64, 7, 10, 1234567890, u64::MAX] {
-            let mut buf = StackBuf::new();
-            buf.push_decimal(n).unwrap();
-            assert_eq!(std::str::from_utf8(buf.as_bytes()).unwrap(), n.to_string());
+            let mut buf = SmallVec::new();
+            push_decimal(&mut buf, n);
+            assert_eq!(std::str::from_utf8(&buf).unwrap(), n.to_string());
         }
     }
 
     #[test]
-    fn an_overlong_value_is_left_out_not_truncated() {
-        let mut buf = StackBuf::new();
-        assert!(buf.push(&[b'a'; 128]).is_some());
-        assert!(buf.push(b"b").is_none());
-        let long_item = format!("\"{}\"", "n".repeat(200));
-        let snapshot = Snapshot {
-            index: 0,
-            limit: 1,
-            remaining: 0,
-            reset_secs: 1,
-            wait_secs: 1,
+    fn many_long_names_make_one_whole_value() {
+        let policies: Vec<Policy> = (0..8)
+            .map(|i| {
+                let name = format!("{i}{}", "n".repeat(63));
+                Policy::fixed_window(&name, 5, Duration::from_secs(10)).unwrap()
+            })
+            .collect();
+        let headers = PolicyHeaders::new(&policies);
+        let each: Vec<PolicyOutcome> = (0..8).map(|_| outcome(true, 4, 1_000, 0)).collect();
+        let snap = Snapshot {
+            each: Some(Arc::from(each)),
+            ..snapshot(3, 4, 1)
         };
-        assert!(ratelimit_value(&long_item, &snapshot).is_none());
+        let value = headers.ratelimit_value(&snap).unwrap();
+        let parsed: sfv::List = sfv::Parser::new(value.as_bytes()).parse().unwrap();
+        assert_eq!(parsed.len(), 8);
     }
 
     #[test]
     fn legacy_headers_keep_an_inner_limiters_values() {
         let headers = PolicyHeaders::new(&policies());
-        let snapshot = Snapshot {
-            index: 1,
+        let snap = Snapshot {
             limit: 20,
-            remaining: 3,
-            reset_secs: 2,
-            wait_secs: 2,
+            ..snapshot(1, 3, 2)
         };
         let mut map = HeaderMap::new();
         map.insert(X_RATELIMIT_REMAINING, HeaderValue::from_static("1"));
-        headers.write(HeaderStyle::Both, &snapshot, &mut map);
+        headers.write(HeaderStyle::Both, &snap, &mut map);
         assert_eq!(map[X_RATELIMIT_LIMIT], "20");
         assert_eq!(map[X_RATELIMIT_REMAINING], "1");
         assert_eq!(map[X_RATELIMIT_RESET], "2");
         assert_eq!(map[RATELIMIT], "\"burst\";r=3;t=2");
         // Appended twice, the lists combine into one list of both.
-        headers.write(HeaderStyle::Ietf, &snapshot, &mut map);
+        headers.write(HeaderStyle::Ietf, &snap, &mut map);
         assert_eq!(map.get_all(RATELIMIT).iter().count(), 2);
+    }
+
+    #[test]
+    fn a_limiter_of_shadow_policies_shows_nothing() {
+        let trial = Policy::fixed_window("trial", 1, Duration::from_secs(10))
+            .unwrap()
+            .shadow();
+        let headers = PolicyHeaders::new(&[trial]);
+        let mut map = HeaderMap::new();
+        headers.write(HeaderStyle::Both, &snapshot(0, 0, 9), &mut map);
+        assert!(map.is_empty(), "{map:?}");
     }
 
     #[test]

@@ -579,7 +579,7 @@ mod tests {
         policies: &Arc<[Policy]>,
         reply: Value,
     ) -> Result<crate::decision::Decision, StoreError> {
-        decode::<Reply>(reply)?.decision(policies)
+        decode::<Reply>(reply)?.decision(policies, 1)
     }
 
     fn store() -> RedisStore {

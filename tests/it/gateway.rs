@@ -72,6 +72,19 @@ async fn the_gateway_contract(apps: &[Router]) {
     // Reserve 800, use 100: 900 left once the body has ended.
     let done = send(first, complete("a", "800", Some("100"))).await;
     assert_eq!(done.status(), StatusCode::OK);
+    // Each budget the policy list names is in `RateLimit`, the tightest first: the
+    // slots (2 of 3 left while it runs), then the tokens (800 reserved of 1000).
+    let header = |name| done.headers().get(name).and_then(|v| v.to_str().ok());
+    let policy = header("ratelimit-policy").unwrap_or_default();
+    assert!(
+        policy.contains(r#""tokens";q=1000;w=60"#) && policy.contains(r#""in_flight";q=3;"#),
+        "{policy}"
+    );
+    let ratelimit = header("ratelimit").unwrap_or_default().to_owned();
+    let items: Vec<&str> = ratelimit.split(", ").collect();
+    assert_eq!(items.len(), 2, "{ratelimit}");
+    assert!(items[0].starts_with(r#""in_flight";r=2;t="#), "{ratelimit}");
+    assert!(items[1].starts_with(r#""tokens";r=200;t="#), "{ratelimit}");
     assert_eq!(text(done).await.lines().last(), Some("done: 100 tokens"));
     usage_settles(last, "a", "tokens_remaining=900 in_flight=0").await;
     // Reserve 100, use 500: 500 left.

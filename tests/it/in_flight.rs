@@ -271,7 +271,7 @@ where
     );
     assert_eq!(
         header(ok[0].headers(), RATELIMIT_POLICY),
-        Some(r#""running";q=3"#)
+        Some(r#""running";q=3;qu="concurrent-requests""#)
     );
     assert_eq!(in_flight_now(&limiters[0], "alice", 3).await, 3);
     assert_eq!(bodies.len(), 3);

@@ -78,7 +78,7 @@ async fn retry_after_is_rounded_up_and_at_least_one() {
 }
 
 #[tokio::test]
-async fn policy_header_lists_every_policy_and_ratelimit_names_the_binding_one() {
+async fn policy_header_lists_every_policy_and_ratelimit_each_one_the_binding_first() {
     let clock = FakeClock::new(0);
     let svc = ServiceBuilder::new()
         .layer(layer_on(
@@ -91,8 +91,11 @@ async fn policy_header_lists_every_policy_and_ratelimit_names_the_binding_one() 
         header(ok.headers(), RATELIMIT_POLICY),
         Some(r#""second";q=3;w=1, "minute";q=5;w=60"#)
     );
-    // The tightest policy after one request: "second" has 2 left, "minute" 4.
-    assert_eq!(header(ok.headers(), RATELIMIT), Some(r#""second";r=2;t=1"#));
+    // Every policy, the tightest first: "second" has 2 left, "minute" 4.
+    assert_eq!(
+        header(ok.headers(), RATELIMIT),
+        Some(r#""second";r=2;t=1, "minute";r=4;t=60"#)
+    );
 
     for _ in 0..2 {
         svc.clone().oneshot(request("a")).await.unwrap();
@@ -100,7 +103,8 @@ async fn policy_header_lists_every_policy_and_ratelimit_names_the_binding_one() 
     let denied = svc.clone().oneshot(request("a")).await.unwrap();
     assert_eq!(
         header(denied.headers(), RATELIMIT),
-        Some(r#""second";r=0;t=1"#)
+        // Denied: nothing was taken, so "minute" still has 2.
+        Some(r#""second";r=0;t=1, "minute";r=2;t=60"#)
     );
 
     clock.advance(Duration::from_secs(1));
@@ -109,14 +113,14 @@ async fn policy_header_lists_every_policy_and_ratelimit_names_the_binding_one() 
     assert_eq!(last.status(), StatusCode::OK);
     assert_eq!(
         header(last.headers(), RATELIMIT),
-        Some(r#""minute";r=0;t=59"#)
+        Some(r#""minute";r=0;t=59, "second";r=1;t=1"#)
     );
     let denied = svc.oneshot(request("a")).await.unwrap();
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(header(denied.headers(), "retry-after"), Some("59"));
     assert_eq!(
         header(denied.headers(), RATELIMIT),
-        Some(r#""minute";r=0;t=59"#)
+        Some(r#""minute";r=0;t=59, "second";r=1;t=1"#)
     );
 }
 

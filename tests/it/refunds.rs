@@ -42,7 +42,10 @@ async fn server_errors_are_refunded_and_client_errors_are_not() {
             .await
             .unwrap();
         assert_eq!(failed.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(header(failed.headers(), RATELIMIT), Some(r#""fw";r=1;t=1"#));
+        assert_eq!(
+            header(failed.headers(), RATELIMIT),
+            Some(r#""fw";r=1;t=1, "sw";r=1;t=2, "tb";r=1;t=1, "sl";r=1;t=1"#)
+        );
     }
     // The budget is whole: two client errors pass, the third request is denied.
     for status in ["404", "400"] {

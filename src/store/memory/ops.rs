@@ -151,7 +151,7 @@ impl MemoryStore {
             let subject = subject.as_bytes();
             grant.epoch = lock_epochs(inner).keep(set.fingerprint(), subject, now, expires);
         }
-        (Decision::from_outcomes(policies, outcomes), grant)
+        (Decision::from_outcomes(policies, outcomes, cost), grant)
     }
 }
 
@@ -161,7 +161,7 @@ impl MemoryStore {
 fn decide_many(entry: &mut Entry, policies: &Arc<[Policy]>, now: u64, cost: u64) -> Decision {
     let (outcomes, keep) = algorithm::decide_all(policies, entry.states.as_mut_slice(), now, cost);
     entry.keep(now, keep);
-    Decision::from_outcomes(policies, outcomes)
+    Decision::from_outcomes(policies, outcomes, cost)
 }
 
 /// What `op` does to in-flight entries, if it is a release or a renewal (of `cost`
@@ -181,7 +181,7 @@ fn peek(policies: &Arc<[Policy]>, states: &[Option<State>], now: u64, cost: u64)
         .zip(states)
         .map(|(policy, state)| algorithm::decide(policy, state.as_ref(), now, cost).outcome)
         .collect();
-    Decision::from_outcomes(policies, outcomes.iter().copied()).with_each(outcomes)
+    Decision::from_outcomes(policies, outcomes.iter().copied(), cost).with_each(outcomes)
 }
 
 /// One policy set's subjects: each one's generation and when it expires (ms).

@@ -149,7 +149,7 @@ pub(super) async fn check(
     // `one`'s body, inline: awaiting it here would add its frame to every check's
     // boxed future (`a_check_s_future_stays_small`).
     let reply: Reply = decode(exchange(&link, &call, timeout, None, 1).await?)?;
-    reply.decision(&call.policies)
+    reply.decision(&call.policies, call.cost)
 }
 
 /// When a check goes: now, alone, or in the next batch.
@@ -192,7 +192,7 @@ async fn one(
     since: Option<Since>,
 ) -> Result<Decision, StoreError> {
     let reply: Reply = decode(exchange(link, call, timeout, since, 1).await?)?;
-    reply.decision(&call.policies)
+    reply.decision(&call.policies, call.cost)
 }
 
 /// A place among the calls in flight, held by a check or a batch: when it is given

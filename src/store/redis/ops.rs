@@ -49,7 +49,7 @@ impl RedisStore {
         let set = PolicySet::new(vec![policy]);
         let call = self.call(&Subject::new("~ready"), &set, 1, Admin(AdminOp::Peek));
         let reply = exchange(&self.link, &call, link::READY_TIMEOUT, None, 1).await?;
-        decode::<Reply>(reply)?.decision_each(&call.policies)?;
+        decode::<Reply>(reply)?.decision_each(&call.policies, call.cost)?;
         Ok(())
     }
 
@@ -131,10 +131,11 @@ async fn one<S: CallShape<Reply = Reply>>(
     timeout: Duration,
 ) -> Result<Decision, StoreError> {
     let reply: Reply = decode(exchange(&link, &call, timeout, None, 1).await?)?;
+    let cost = call.shape.answered_cost(call.cost);
     if call.shape.entry() == Entry::Admin {
-        return reply.decision_each(&call.policies);
+        return reply.decision_each(&call.policies, cost);
     }
-    reply.decision(&call.policies)
+    reply.decision(&call.policies, cost)
 }
 
 /// One round trip on `link`'s connection within `timeout` from `since` (see
@@ -187,7 +188,7 @@ impl LeaseStore for RedisStore {
         let sent = self.send(self.call(&subject, set, cost, Leasing(ask)));
         Box::pin(async move {
             let (call, reply) = sent.await?;
-            reply.decision(&call.policies)
+            reply.decision(&call.policies, call.cost)
         })
     }
 
@@ -195,7 +196,7 @@ impl LeaseStore for RedisStore {
         let sent = self.send(self.call(&subject, set, back.units, GivingBack(back)));
         Box::pin(async move {
             let (call, reply) = sent.await?;
-            reply.decision(&call.policies)
+            reply.decision(&call.policies, call.cost)
         })
     }
 

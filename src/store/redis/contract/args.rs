@@ -85,6 +85,10 @@ pub(crate) trait CallShape: Send + Sync {
     }
     /// Writes its own arguments, from `ARG_COST + 1` to its first policy's.
     fn push_head(&self, _cmd: &mut Cmd) {}
+    /// The cost the reply's outcomes are figured for, the call's being `cost`.
+    fn answered_cost(&self, cost: u64) -> u64 {
+        cost
+    }
 }
 
 /// A plain check: `cost, policies.., [clock]`.
@@ -150,6 +154,14 @@ impl CallShape for Admin {
     }
     fn push_head(&self, cmd: &mut Cmd) {
         cmd.arg(self.0.letter());
+    }
+    /// A charge, a release and a renewal answer as a peek of 1 would (their cost is
+    /// units owed or slots held); the others as a peek of their cost.
+    fn answered_cost(&self, cost: u64) -> u64 {
+        match self.0 {
+            AdminOp::Charge | AdminOp::Release | AdminOp::Renew => 1,
+            AdminOp::Peek | AdminOp::Refund | AdminOp::Reset => cost,
+        }
     }
 }
 

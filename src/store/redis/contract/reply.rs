@@ -108,17 +108,25 @@ fn count_error(expected: usize, got: usize) -> StoreError {
 }
 
 impl Reply {
-    /// The decision over `policies`, the call's.
-    pub(crate) fn decision(self, policies: &Arc<[Policy]>) -> Result<Decision, StoreError> {
+    /// The decision over `policies`, the call's of `cost`.
+    pub(crate) fn decision(
+        self,
+        policies: &Arc<[Policy]>,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
         if self.0.len() != policies.len() {
             return Err(count_error(policies.len(), self.0.len()));
         }
         let outcomes = policies.iter().zip(self.0).map(|(p, r)| r.outcome(p));
-        Ok(Decision::from_outcomes(policies, outcomes))
+        Ok(Decision::from_outcomes(policies, outcomes, cost))
     }
 
     /// [`Reply::decision`] with every policy's outcome kept (an admin operation's).
-    pub(crate) fn decision_each(self, policies: &Arc<[Policy]>) -> Result<Decision, StoreError> {
+    pub(crate) fn decision_each(
+        self,
+        policies: &Arc<[Policy]>,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
         if self.0.len() != policies.len() {
             return Err(count_error(policies.len(), self.0.len()));
         }
@@ -127,7 +135,7 @@ impl Reply {
             .zip(self.0)
             .map(|(p, r)| r.outcome(p))
             .collect();
-        Ok(Decision::from_outcomes(policies, outcomes.iter().copied()).with_each(outcomes))
+        Ok(Decision::from_outcomes(policies, outcomes.iter().copied(), cost).with_each(outcomes))
     }
 }
 
@@ -173,12 +181,13 @@ impl FromRedisValue for LeaseReply {
 }
 
 impl LeaseReply {
-    /// The decision over `policies`, the call's, and the lease.
+    /// The decision over `policies`, the call's of `cost`, and the lease.
     pub(crate) fn decision(
         self,
         policies: &Arc<[Policy]>,
+        cost: u64,
     ) -> Result<(Decision, Grant), StoreError> {
-        Ok((self.policies.decision(policies)?, self.grant))
+        Ok((self.policies.decision(policies, cost)?, self.grant))
     }
 }
 
@@ -218,7 +227,8 @@ impl BatchReply {
                     .iter()
                     .zip(replies.by_ref())
                     .map(|(p, r)| r.outcome(p));
-                Decision::from_outcomes(&call.policies, outcomes.collect::<SmallVec<[_; 4]>>())
+                let outcomes: SmallVec<[_; 4]> = outcomes.collect();
+                Decision::from_outcomes(&call.policies, outcomes, call.cost)
             })
             .collect())
     }

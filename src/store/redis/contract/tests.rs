@@ -183,7 +183,7 @@ async fn a_check_round_trips() {
             "{via:?}"
         );
         assert_eq!(fixed_state(&mut conn, &base).await.as_deref(), Some("10:3"));
-        let decision = reply.decision(&p).unwrap();
+        let decision = reply.decision(&p, 1).unwrap();
         assert!(!decision.is_allowed());
         assert_eq!(decision.retry_after(), Some(Duration::from_millis(750)));
     }
@@ -349,7 +349,7 @@ fn malformed_replies_are_protocol_errors_of_every_shape() {
     let p = policies();
     let one = decode::<Reply>(ints(&[1, 0, 0, 0])).unwrap();
     assert_eq!(
-        one.decision(&p).unwrap_err().kind(),
+        one.decision(&p, 1).unwrap_err().kind(),
         StoreErrorKind::Protocol
     );
     let batch = decode::<BatchReply>(ints(&[1, 0, 0, 0])).unwrap();
