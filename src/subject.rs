@@ -20,6 +20,8 @@ use std::fmt::{self, Write as _};
 
 use smallvec::SmallVec;
 
+use crate::error::debug_as_display;
+
 /// Subjects longer than this are stored as a 128-bit hash of their bytes.
 pub(crate) const MAX_RAW_LEN: usize = 128;
 
@@ -212,7 +214,7 @@ impl fmt::Debug for Secret {
 }
 
 /// Why a [`Secret`] could not be made.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SecretError {
     /// An empty secret would hash with a key everyone knows.
@@ -228,6 +230,8 @@ pub enum SecretError {
         name: String,
     },
 }
+
+debug_as_display!(SecretError);
 
 impl From<&str> for Subject {
     fn from(value: &str) -> Self {
