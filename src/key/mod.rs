@@ -85,7 +85,8 @@ pub use crate::subject::{Secret, SecretError};
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a key extractor",
     label = "this must implement `redlimit::key::KeyExtractor`",
-    note = "use one of `redlimit::key::*`, or `redlimit::key::from_fn(|parts| ...)`"
+    note = "use one of `redlimit::key::*`, or `redlimit::key::from_fn(|parts| ...)`",
+    note = "if it is a `Result` (of `Header::new(..)` or `Header::plain(..)`, say), add `?` to take the extractor out of it"
 )]
 pub trait KeyExtractor: Send + Sync + 'static {
     /// The subject to limit, or why there is none.
