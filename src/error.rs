@@ -1,9 +1,10 @@
-//! Errors of [`Limiter::check`](crate::Limiter::check).
+//! Errors of [`Limiter::check`](crate::Limiter::check), and how every error of the
+//! crate shows itself.
 
 use crate::store::StoreError;
 
 /// Why a check could not be decided.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A cost of zero would consume nothing; use a peek instead.
@@ -22,4 +23,191 @@ pub enum Error {
     /// The store failed; this is never a denial.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// Implements `Debug` as the type's `Display`: the crate's errors show their message,
+/// never their variant (`ZeroLimit("login")`), since `Debug` is what a `main` that
+/// returns an error prints (`Error: policy "login": the limit must be at least 1`), and
+/// what `unwrap` and `expect` print. Each message names the value it refuses, so
+/// nothing the variant said is lost; code that needs the variant matches on it.
+macro_rules! debug_as_display {
+    ($($error:ty),+ $(,)?) => {$(
+        impl ::std::fmt::Debug for $error {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                ::std::fmt::Display::fmt(self, f)
+            }
+        }
+    )+};
+}
+pub(crate) use debug_as_display;
+
+debug_as_display!(Error);
+
+/// What a user sees: every public error's `Debug` (what `main` prints) is its message,
+/// naming the value it refuses, never the variant.
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::key::{Global, Header, KeyRejection, Secret};
+    use crate::layer::Rules;
+    use crate::lease::Leases;
+    use crate::store::{StoreError, StoreErrorKind};
+    use crate::{Error, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore};
+
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    /// What a `main` returning `Result<(), Box<dyn std::error::Error>>` prints when
+    /// `?` hands it `error`: the standard library writes `Error: {:?}`.
+    fn printed(error: impl std::error::Error + 'static) -> String {
+        let boxed: Box<dyn std::error::Error> = Box::new(error);
+        format!("Error: {boxed:?}")
+    }
+
+    /// `error` prints as `Error: ` and its message, which holds each of `names`, and
+    /// does not hold `variant`.
+    fn reads<E: std::error::Error + 'static>(error: E, names: &[&str], variant: &str) {
+        let message = error.to_string();
+        let shown = printed(error);
+        assert_eq!(shown, format!("Error: {message}"));
+        for name in names {
+            assert!(shown.contains(name), "{name:?} is not in {shown:?}");
+        }
+        assert!(!shown.contains(variant), "{variant:?} is in {shown:?}");
+    }
+
+    #[test]
+    fn policy_errors() {
+        let zero = Policy::sliding_window("login", 0, MINUTE).unwrap_err();
+        reads(zero, &["\"login\"", "at least 1"], "ZeroLimit");
+        let bad = Policy::fixed_window("log in", 5, MINUTE).unwrap_err();
+        reads(bad, &["\"log in\""], "BadName");
+        let short = Policy::token_bucket("api", 5, 1, Duration::ZERO).unwrap_err();
+        reads(short, &["\"api\"", "1 ms"], "WindowTooShort");
+    }
+
+    #[test]
+    fn check_errors() {
+        let limiter = Limiter::new(
+            MemoryStore::new(),
+            Policy::fixed_window("login", 3, MINUTE).unwrap(),
+        );
+        let layer = RateLimitLayer::new(limiter, Global);
+        let too_high = layer.clone().cost(100).unwrap_err();
+        reads(too_high, &["100", "\"login\"", "3"], "CostTooHigh");
+        reads(layer.cost(0).unwrap_err(), &["at least 1"], "ZeroCost");
+        let store = Error::from(StoreError::new(
+            StoreErrorKind::Unavailable,
+            "connection refused",
+        ));
+        reads(store, &["unavailable", "connection refused"], "Store(");
+        reads(StoreError::timeout(), &["timed out"], "Timeout");
+    }
+
+    #[test]
+    fn build_errors() {
+        let none = Limiter::builder(MemoryStore::new()).build().unwrap_err();
+        reads(none, &["at least one policy"], "NoPolicy");
+        let twice = Limiter::builder(MemoryStore::new())
+            .policy(Policy::fixed_window("login", 3, MINUTE).unwrap())
+            .policy(Policy::sliding_window("login", 3, MINUTE).unwrap())
+            .build()
+            .unwrap_err();
+        reads(twice, &["\"login\"", "unique"], "DuplicateName");
+        let leased_log = Limiter::builder(MemoryStore::new())
+            .policy(Policy::sliding_log("exact", 3, MINUTE).unwrap())
+            .leases(Leases::new())
+            .build()
+            .unwrap_err();
+        reads(leased_log, &["\"exact\"", "sliding log"], "SlidingLog");
+    }
+
+    #[test]
+    fn key_errors() {
+        let unset = "REDLIMIT_ERROR_TEST_UNSET_SECRET";
+        std::env::remove_var(unset);
+        reads(Secret::from_env(unset).unwrap_err(), &[unset], "MissingEnv");
+        reads(Secret::new("").unwrap_err(), &["empty"], "Empty");
+        let secret = Secret::new("s").unwrap();
+        let header = Header::new("x api key", &secret).unwrap_err();
+        reads(
+            header,
+            &["\"x api key\"", "header name"],
+            "InvalidHeaderName",
+        );
+        let rejection = KeyRejection::new(http::StatusCode::UNAUTHORIZED, "not authenticated");
+        reads(rejection, &["401", "not authenticated"], "KeyRejection");
+    }
+
+    #[test]
+    fn rule_errors() {
+        let limiter = Limiter::new(
+            MemoryStore::new(),
+            Policy::fixed_window("api", 3, MINUTE).unwrap(),
+        );
+        let err = Rules::builder()
+            .path("/users/{id", limiter, Global)
+            .build()
+            .unwrap_err();
+        reads(err, &["rule 0", "\"/users/{id\""], "RuleError");
+    }
+
+    #[test]
+    fn redis_url_errors_hide_the_password() {
+        let err = RedisStore::from_url("redis://app:hunter2@db.internal:port/0").unwrap_err();
+        let shown = printed(err.clone());
+        assert!(!shown.contains("hunter2"), "{shown}");
+        reads(
+            err,
+            &["\"redis://app:***@db.internal:port/0\""],
+            "InvalidUrl",
+        );
+        let socket =
+            RedisStore::from_url("redis+unix:///run/r.sock?db=x&pass=hunter2").unwrap_err();
+        assert!(!printed(socket.clone()).contains("hunter2"), "{socket}");
+        reads(
+            socket,
+            &["redis+unix:///run/r.sock?db=x&pass=***"],
+            "InvalidUrl",
+        );
+
+        // The cluster's nodes: the one that does not parse, or all of them when they
+        // do not go together.
+        let err = RedisStore::cluster_from_urls(["redis://h1:7000", "redis://:hunter2@h2:x"])
+            .unwrap_err();
+        assert!(!printed(err.clone()).contains("hunter2"), "{err}");
+        reads(err, &["\"redis://:***@h2:x\""], "Config(");
+        let err = RedisStore::cluster_from_urls(["redis://:pw1@h1:7000", "redis://:pw2@h2:7000"])
+            .unwrap_err();
+        let shown = printed(err.clone());
+        assert!(!shown.contains("pw1") && !shown.contains("pw2"), "{shown}");
+        reads(
+            err,
+            &[
+                "\"redis://:***@h1:7000\", \"redis://:***@h2:7000\"",
+                "password",
+            ],
+            "Config(",
+        );
+        let none = RedisStore::cluster_from_urls([" ", ""]).unwrap_err();
+        reads(none, &["Redis Cluster URLs: none given"], "Config(");
+    }
+
+    #[test]
+    fn prefix_errors() {
+        let store = RedisStore::from_url("redis://127.0.0.1:1/").unwrap();
+        reads(
+            store.prefix("a b").unwrap_err(),
+            &["\"a b\""],
+            "InvalidPrefix",
+        );
+    }
+
+    #[cfg(feature = "config")]
+    #[test]
+    fn config_errors() {
+        let toml = "[[policies]]\nname = \"login\"\nalgorithm = \"fixed_window\"\nlimit = 0\nwindow = \"1m\"\n";
+        let err = crate::config::Config::from_toml_str(toml).unwrap_err();
+        reads(err, &["line 4", "policies[0]", "at least 1"], "ConfigError");
+    }
 }

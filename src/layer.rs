@@ -61,6 +61,39 @@
 //! [`FailureMode::Open`] let it pass
 //! ([`Decision::is_checked`](crate::Decision::is_checked) is then `false`); only a
 //! request that a [`Rules`] or [`Tiers`] plan leaves unlimited carries none.
+//!
+//! # Naming the layer's type
+//!
+//! To keep a layer in a struct field or return it from a function, write
+//! [`KeyedLayer<S, K>`](KeyedLayer) for one made by
+//! [`RateLimitLayer::new`](crate::RateLimitLayer::new)`(limiter, key)`: the store and
+//! the key extractor, such as `KeyedLayer<RedisStore, ClientIp>`. A rules or tiers
+//! layer is `RateLimitLayer<S, Rules<S>>` or `RateLimitLayer<S, Tiers<S, K>>`. The
+//! second parameter of `RateLimitLayer` is always its [`Plan`], never the extractor
+//! itself. A key made with a closure (`Extension::new(|user: &User| ..)`,
+//! [`from_fn`](crate::key::from_fn)) has a type no one can write: erase it with
+//! [`.boxed()`](crate::key::KeyExtractorExt::boxed) and write
+//! `KeyedLayer<S, Box<dyn KeyExtractor>>`.
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use redlimit::key::ClientIp;
+//! use redlimit::layer::KeyedLayer;
+//! use redlimit::{Limiter, MemoryStore, Policy, RateLimitLayer};
+//!
+//! struct AppState {
+//!     login_limit: KeyedLayer<MemoryStore, ClientIp>,
+//! }
+//!
+//! # fn main() -> Result<(), redlimit::PolicyError> {
+//! let policy = Policy::fixed_window("login", 5, Duration::from_secs(60))?;
+//! let state = AppState {
+//!     login_limit: RateLimitLayer::new(Limiter::new(MemoryStore::new(), policy), ClientIp::new()),
+//! };
+//! # let _ = state.login_limit;
+//! # Ok(()) }
+//! ```
 
 mod aftercare;
 pub(crate) mod future;
@@ -77,7 +110,7 @@ mod wait;
 pub use aftercare::Usage;
 pub(crate) use aftercare::{Aftercare, AtEnd, Refund};
 pub(crate) use middleware::{Config, Shared};
-pub use middleware::{FailureMode, OverLimit};
+pub use middleware::{FailureMode, KeyedLayer, OverLimit};
 pub use plan::{Keyed, Plan};
 pub(crate) use plan::{Limit, Pick, Sealed};
 pub use rules::{RuleError, Rules, RulesBuilder};

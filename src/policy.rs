@@ -19,6 +19,8 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::error::debug_as_display;
+
 /// Largest product of limit and window (in ms) or of capacity and emission interval (in
 /// µs): the Lua side computes in doubles, exact only below 2^53.
 const MAX_EXACT: u64 = 1 << 53;
@@ -95,7 +97,7 @@ impl fmt::Display for Algorithm {
 }
 
 /// Why a policy could not be built.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PolicyError {
     /// The name is empty, too long or has characters outside `[A-Za-z0-9_.-]`.
@@ -116,6 +118,8 @@ pub enum PolicyError {
     #[error("policy {0:?}: {1}")]
     OutOfRange(String, &'static str),
 }
+
+debug_as_display!(PolicyError);
 
 /// A rate-limit policy: algorithm, limit, window and a name for headers and keys.
 ///

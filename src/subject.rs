@@ -20,6 +20,8 @@ use std::fmt::{self, Write as _};
 
 use smallvec::SmallVec;
 
+use crate::error::debug_as_display;
+
 /// Subjects longer than this are stored as a 128-bit hash of their bytes.
 pub(crate) const MAX_RAW_LEN: usize = 128;
 
@@ -89,7 +91,7 @@ impl Subject {
     /// Two subjects as one (route and IP, say); `(a, b)` never equals another pair.
     pub fn pair(first: &Subject, second: &Subject) -> Self {
         let mut joined = Vec::with_capacity(first.bytes.len() + second.bytes.len() + 4);
-        let _ = write!(Counter(&mut joined), "{}:", first.bytes.len());
+        let _ = write!(Text(&mut joined), "{}:", first.bytes.len());
         joined.extend_from_slice(&first.bytes);
         joined.extend_from_slice(&second.bytes);
         Self::new(joined)
@@ -212,7 +214,7 @@ impl fmt::Debug for Secret {
 }
 
 /// Why a [`Secret`] could not be made.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SecretError {
     /// An empty secret would hash with a key everyone knows.
@@ -229,6 +231,8 @@ pub enum SecretError {
     },
 }
 
+debug_as_display!(SecretError);
+
 impl From<&str> for Subject {
     fn from(value: &str) -> Self {
         Subject::new(value)
@@ -241,6 +245,31 @@ impl From<String> for Subject {
     }
 }
 
+/// An integer (a user or tenant id) as a subject: its decimal text, so
+/// `Extension::new(|user: &User| user.id)` keys by the id as it is.
+///
+/// Two different numbers never give one subject, whatever their types (a sign is
+/// written, `-7`); the same number does, whatever its type, so an id keeps its count
+/// when its type widens from `u32` to `u64`. The text is the one `Subject::new` gives
+/// it: `7u64` and `"7"` are one subject. No built-in extractor gives a bare number (theirs
+/// read `ip=..`, `route=..`), so a number can only meet another subject of your own:
+/// give it a prefix (`format!("user:{}", user.id)`) where two kinds of id share a
+/// limiter.
+macro_rules! subject_from_integers {
+    ($($int:ty),+) => {$(
+        impl From<$int> for Subject {
+            fn from(value: $int) -> Self {
+                // 40 bytes hold every `i128` (39 digits and a sign): no allocation.
+                let mut text = SmallVec::<[u8; 40]>::new();
+                let _ = write!(Text(&mut text), "{value}");
+                Subject::new(&text[..])
+            }
+        }
+    )+};
+}
+
+subject_from_integers!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);
+
 impl fmt::Debug for Subject {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut shown = String::new();
@@ -249,12 +278,12 @@ impl fmt::Debug for Subject {
     }
 }
 
-/// `fmt::Write` over a byte vector, for `write!` of numbers.
-struct Counter<'a>(&'a mut Vec<u8>);
+/// `fmt::Write` over bytes (a `Vec`, a `SmallVec`), for `write!` of numbers.
+struct Text<'a, B>(&'a mut B);
 
-impl fmt::Write for Counter<'_> {
+impl<B: Extend<u8>> fmt::Write for Text<'_, B> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        self.0.extend_from_slice(s.as_bytes());
+        self.0.extend(s.bytes());
         Ok(())
     }
 }
@@ -326,6 +355,33 @@ mod tests {
         let from_env = Secret::from_env(name).unwrap();
         assert_eq!(from_env.subject("k"), s.subject("k"));
         std::env::remove_var(name);
+    }
+
+    #[test]
+    fn integers_are_their_decimal_text() {
+        assert_eq!(Subject::from(7u64), Subject::new("7"));
+        assert_eq!(Subject::from(7u32), Subject::from(7u64));
+        assert_eq!(Subject::from(-7i64), Subject::new("-7"));
+        assert_ne!(Subject::from(-7i64), Subject::from(7i64));
+        assert_eq!(
+            Subject::from(u128::MAX),
+            Subject::new(u128::MAX.to_string())
+        );
+        assert_eq!(
+            Subject::from(i128::MIN),
+            Subject::new(i128::MIN.to_string())
+        );
+        assert_eq!(key(&Subject::from(42usize)), "42");
+    }
+
+    proptest::proptest! {
+        /// Distinct values of one type are distinct subjects.
+        #[test]
+        fn distinct_integers_are_distinct_subjects(a: i128, b: i128, c: u64, d: u64) {
+            proptest::prop_assert_eq!(Subject::from(a) == Subject::from(b), a == b);
+            proptest::prop_assert_eq!(Subject::from(c) == Subject::from(d), c == d);
+            proptest::prop_assert_eq!(Subject::from(c), Subject::from(u128::from(c)));
+        }
     }
 
     #[test]

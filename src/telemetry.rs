@@ -1,6 +1,7 @@
 //! Logs and metrics of decisions, in one place.
 //!
-//! Decisions are `tracing` events at debug level, requests a shadow policy would have
+//! Decisions are `tracing` events at debug level (so is a request an
+//! [`Extension`](crate::key::Extension) key found no value in, naming its type), requests a shadow policy would have
 //! denied at info (the point of shadow mode is to read them), store failures at warn, at
 //! most one line a second per kind of failure (with the count of those left out), so an
 //! outage under load does not flood the logs.
@@ -232,6 +233,17 @@ pub(crate) fn layer_failed(error: &StoreError, let_through: bool) {
     if let Some(suppressed) = STORE.admit(uptime_ms()) {
         tracing::warn!(%error, kind = ?error.kind(), suppressed, "rate-limit store failed; {action}");
     }
+}
+
+/// A request had no `extension` (the type's name) for an `Extension` key, and was
+/// answered 401. At debug: a client that is not signed in is no news, but when every
+/// request is answered so, this line names what the key looked for (the layer that
+/// inserts it then runs inside the rate-limit layer instead of outside it).
+pub(crate) fn extension_missing(extension: &'static str) {
+    tracing::debug!(
+        extension,
+        "rate-limit key: the request has no {extension} extension; answered 401 (the layer that inserts it must run before the rate-limit layer)"
+    );
 }
 
 /// A request over its limit passed with its denial, for the handler to answer with less

@@ -88,6 +88,7 @@ use std::path::{Path, PathBuf};
 
 use ipnet::IpNet;
 
+use crate::error::debug_as_display;
 #[cfg(doc)]
 use crate::key::Header;
 use crate::key::{ClientIp, Secret};
@@ -121,7 +122,7 @@ pub struct Config {
 
 /// Why a configuration was refused: where (file, line) and which field, and what is
 /// wrong. Its `Display` is `line 7, rules[1].policy: unknown policy "logn"`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct ConfigError {
     path: Option<PathBuf>,
     line: Option<usize>,
@@ -174,6 +175,8 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+debug_as_display!(ConfigError);
 
 impl Config {
     /// Parses and checks a configuration.

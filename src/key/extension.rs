@@ -8,6 +8,7 @@ use http::StatusCode;
 
 use super::{KeyExtractor, KeyRejection};
 use crate::subject::Subject;
+use crate::telemetry;
 
 /// A type that names the subject it is limited as (an authenticated user, a tenant).
 ///
@@ -48,7 +49,16 @@ pub trait AsSubject {
 /// fall back to another key (say, the client address) with
 /// [`KeyExtractorExt::or`](super::KeyExtractorExt::or), or restate the rejection with
 /// [`reject_with`](super::KeyExtractorExt::reject_with). The rate limit layer must run
-/// after (inside) the layer that inserts the value.
+/// after (inside) the layer that inserts the value: when every request is answered
+/// 401, signed-in ones too, the order is the other way round, and a `tracing` line at
+/// debug names the type that was looked for (`the request has no myapp::User
+/// extension`). The body does not: it goes to every client that is not signed in,
+/// for whom "not authenticated" is the whole answer, and the type is the
+/// application's own business.
+///
+/// The mapping may return anything that converts into a [`Subject`]: a `String`, or
+/// an integer id as it is (`Extension::new(|user: &User| user.id)`, its decimal text;
+/// see [`Subject`]'s `From` impls).
 pub struct Extension<T, F = fn(&T) -> Subject> {
     map: F,
     _value: PhantomData<fn(&T)>,
@@ -88,10 +98,13 @@ where
     fn extract(&self, parts: &Parts) -> Result<Subject, KeyRejection> {
         match parts.extensions.get::<T>() {
             Some(value) => Ok((self.map)(value).into()),
-            None => Err(KeyRejection::new(
-                StatusCode::UNAUTHORIZED,
-                "not authenticated",
-            )),
+            None => {
+                telemetry::extension_missing(std::any::type_name::<T>());
+                Err(KeyRejection::new(
+                    StatusCode::UNAUTHORIZED,
+                    "not authenticated",
+                ))
+            }
         }
     }
 }

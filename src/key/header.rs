@@ -2,11 +2,12 @@
 
 use std::fmt;
 
-use http::header::{HeaderName, InvalidHeaderName};
+use http::header::HeaderName;
 use http::request::Parts;
 use http::StatusCode;
 
 use super::{KeyExtractor, KeyRejection, SubjectBuf};
+use crate::error::debug_as_display;
 use crate::subject::{Secret, Subject};
 
 /// Keys requests by a header's value: an API key, a tenant id.
@@ -68,8 +69,7 @@ impl Header {
     /// kept. Any case is accepted (`X-Api-Key` reads `x-api-key`); a name that is not a
     /// valid header name is an error.
     pub fn new(name: impl AsRef<str>, secret: &Secret) -> Result<Self, InvalidHeaderName> {
-        let name = HeaderName::from_bytes(name.as_ref().as_bytes())?;
-        Ok(Self::secret(name, secret))
+        Ok(Self::secret(header_name(name.as_ref())?, secret))
     }
 
     /// [`Header::new`] of a name already checked.
@@ -84,7 +84,7 @@ impl Header {
     /// A header whose value is not secret (a tenant id): kept readable, escaped. A name
     /// that is not a valid header name is an error, as for [`Header::new`].
     pub fn plain(name: impl AsRef<str>) -> Result<Self, InvalidHeaderName> {
-        let name = HeaderName::from_bytes(name.as_ref().as_bytes())?;
+        let name = header_name(name.as_ref())?;
         Ok(Self {
             mode: Mode::Plain,
             missing: missing(&name),
@@ -127,6 +127,33 @@ impl fmt::Debug for Header {
             .field("mode", &mode)
             .finish_non_exhaustive()
     }
+}
+
+/// A name that [`Header::new`] or [`Header::plain`] refused; its message names it
+/// (`"x api key" is not an HTTP header name: ...`).
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{name:?} is not an HTTP header name: use letters, digits and '-' (as in \"x-api-key\"), \
+     with no spaces"
+)]
+pub struct InvalidHeaderName {
+    name: String,
+}
+
+impl InvalidHeaderName {
+    /// The name as it was given.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+debug_as_display!(InvalidHeaderName);
+
+/// `name` as a header name (any case), or the error that names it.
+fn header_name(name: &str) -> Result<HeaderName, InvalidHeaderName> {
+    HeaderName::from_bytes(name.as_bytes()).map_err(|_| InvalidHeaderName {
+        name: name.to_owned(),
+    })
 }
 
 /// Separates headers: the same value in two headers gives two subjects. (The same
@@ -258,5 +285,22 @@ mod tests {
         assert!(Header::new("bad name", &secret("s")).is_err());
         assert!(Header::plain("").is_err());
         assert!(Header::plain("x\ny").is_err());
+    }
+
+    /// What `main` prints for `Header::new("x api key", ..)?`: the name, not
+    /// `InvalidHeaderName`.
+    #[test]
+    fn an_invalid_name_is_named() {
+        let err = Header::new("x api key", &secret("s")).unwrap_err();
+        assert_eq!(err.name(), "x api key");
+        let shown = format!("{err:?}");
+        assert!(
+            shown.starts_with("\"x api key\" is not an HTTP header name"),
+            "{shown}"
+        );
+        assert!(!shown.contains("InvalidHeaderName"), "{shown}");
+        assert_eq!(shown, err.to_string());
+        let err = Header::plain("x\ny").unwrap_err();
+        assert!(err.to_string().starts_with("\"x\\ny\" is not"), "{err}");
     }
 }

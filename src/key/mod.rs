@@ -59,6 +59,7 @@ use http::request::Parts;
 use http::StatusCode;
 use smallvec::SmallVec;
 
+use crate::error::debug_as_display;
 use crate::subject::Subject;
 
 mod client_ip;
@@ -75,7 +76,7 @@ pub use combine::{KeyExtractorExt, Or, Pair, RejectWith};
 pub use extension::{AsSubject, Extension};
 pub use from_fn::{from_fn, FromFn};
 pub use global::Global;
-pub use header::Header;
+pub use header::{Header, InvalidHeaderName};
 pub use route::Route;
 
 pub use crate::subject::{Secret, SecretError};
@@ -84,7 +85,8 @@ pub use crate::subject::{Secret, SecretError};
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a key extractor",
     label = "this must implement `redlimit::key::KeyExtractor`",
-    note = "use one of `redlimit::key::*`, or `redlimit::key::from_fn(|parts| ...)`"
+    note = "use one of `redlimit::key::*`, or `redlimit::key::from_fn(|parts| ...)`",
+    note = "if it is a `Result` (of `Header::new(..)` or `Header::plain(..)`, say), add `?` to take the extractor out of it"
 )]
 pub trait KeyExtractor: Send + Sync + 'static {
     /// The subject to limit, or why there is none.
@@ -151,15 +153,6 @@ impl PartialEq for KeyRejection {
 
 impl Eq for KeyRejection {}
 
-impl fmt::Debug for KeyRejection {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyRejection")
-            .field("status", &self.status)
-            .field("message", &self.message())
-            .finish()
-    }
-}
-
 impl fmt::Display for KeyRejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.status, self.message())
@@ -167,6 +160,8 @@ impl fmt::Display for KeyRejection {
 }
 
 impl std::error::Error for KeyRejection {}
+
+debug_as_display!(KeyRejection);
 
 /// A subject's text, built on the stack: subjects up to [`crate::subject::MAX_RAW_LEN`]
 /// bytes cost no allocation beyond the subject itself (longer ones are hashed anyway).
@@ -223,6 +218,9 @@ mod tests {
         );
         assert_eq!(shared, r);
         assert_eq!(format!("{:?}", shared.clone()), format!("{r:?}"));
-        assert!(format!("{r:?}").contains("\"client address unavailable\""));
+        assert_eq!(
+            format!("{r:?}"),
+            "403 Forbidden: client address unavailable"
+        );
     }
 }

@@ -88,13 +88,36 @@ pub enum OverLimit {
 /// Middleware that limits requests by a key taken from each request.
 ///
 /// Built from a [`Limiter`] and a [`KeyExtractor`] ([`RateLimitLayer::new`], whose plan
-/// is a [`Keyed`]), or from a [`Plan`] that picks the limiter per request:
+/// is a [`Keyed`]: its type is [`KeyedLayer<S, K>`](KeyedLayer)), or from a [`Plan`]
+/// that picks the limiter per request:
 /// [`RateLimitLayer::rules`], [`RateLimitLayer::tiers`]. The options are builder
 /// methods. Cloning and [`Layer::layer`] share the limiters and their state. See the
 /// [module docs](crate::layer) for an example.
 pub struct RateLimitLayer<S, P: Plan<S>> {
     pub(super) shared: Arc<Shared<S, P>>,
 }
+
+/// The type of [`RateLimitLayer::new`]'s layer: a limiter on store `S`, keyed by the
+/// key extractor `K`. Write it to keep a layer in a struct field or return one from a
+/// function (see the [module docs](crate::layer#naming-the-layers-type)):
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use redlimit::key::ClientIp;
+/// use redlimit::layer::KeyedLayer;
+/// use redlimit::{Limiter, MemoryStore, Policy, RateLimitLayer};
+///
+/// fn login_limit() -> Result<KeyedLayer<MemoryStore, ClientIp>, redlimit::PolicyError> {
+///     let policy = Policy::fixed_window("login", 5, Duration::from_secs(60))?;
+///     Ok(RateLimitLayer::new(Limiter::new(MemoryStore::new(), policy), ClientIp::new()))
+/// }
+/// # login_limit().unwrap();
+/// ```
+///
+/// The second parameter of [`RateLimitLayer`] is its [`Plan`], not the extractor:
+/// `KeyedLayer<S, K>` is `RateLimitLayer<S, Keyed<S, K>>`.
+pub type KeyedLayer<S, K> = RateLimitLayer<S, Keyed<S, K>>;
 
 /// What a layer and every service made of it share, behind one `Arc`: cloning either,
 /// and [`Layer::layer`], allocate nothing (axum layers a handler's route again for

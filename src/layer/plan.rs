@@ -29,7 +29,14 @@ pub trait Plan<S>: Sealed<S> + Send + Sync + 'static {}
 impl<S, P: Sealed<S> + Send + Sync + 'static> Plan<S> for P {}
 
 /// The sealed half of [`Plan`]: public in a private module, so it cannot be named or
-/// implemented outside the crate.
+/// implemented outside the crate. A type that is not a plan fails this bound, so the
+/// diagnostic is here: `RateLimitLayer<MemoryStore, ClientIp>` is the natural guess
+/// at a layer's type, and says to write `KeyedLayer<MemoryStore, ClientIp>`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a plan of a rate-limit layer",
+    label = "a plan: `Keyed<S, K>`, `Rules<S>` or `Tiers<S, K>`",
+    note = "a key extractor is not a plan: the layer of `RateLimitLayer::new(limiter, key)` is `redlimit::layer::KeyedLayer<S, K>` (`RateLimitLayer<S, Keyed<S, K>>`)"
+)]
 pub trait Sealed<S> {
     /// The limit and subject for this request.
     fn pick(&self, parts: &Parts) -> Pick<'_, S>;

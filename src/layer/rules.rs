@@ -6,6 +6,7 @@ use std::sync::Arc;
 use http::request::Parts;
 use http::Method;
 
+use crate::error::debug_as_display;
 use crate::key::KeyExtractor;
 use crate::layer::{Keyed, Limit, Pick, Sealed};
 use crate::limiter::Limiter;
@@ -82,13 +83,15 @@ pub struct RulesBuilder<S> {
 
 /// A pattern that cannot be matched, found by [`RulesBuilder::build`]: which rule (from
 /// 0, in the order added), its pattern and what is wrong with it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[error("rule {index}: pattern {pattern:?} {reason}")]
 pub struct RuleError {
     index: usize,
     pattern: String,
     reason: &'static str,
 }
+
+debug_as_display!(RuleError);
 
 impl RuleError {
     /// The rule's position, from 0, in the order the rules were added.

@@ -180,6 +180,7 @@ mod tests;
 
 use std::time::Duration;
 
+use crate::error::debug_as_display;
 use crate::policy::{Algorithm, Policy};
 use crate::store::PolicySet;
 
@@ -351,7 +352,7 @@ fn span_ms(policy: &Policy) -> u64 {
 }
 
 /// Why a limiter cannot lease as configured.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LeaseError {
     /// A sliding log promises exact admission; a lease would spend its units later
@@ -371,6 +372,8 @@ pub enum LeaseError {
     #[error("a limiter must track at least 1 subject to lease (Leases::max_subjects)")]
     ZeroSubjects,
 }
+
+debug_as_display!(LeaseError);
 
 /// [`Leases`] resolved for one policy set.
 #[derive(Debug, Clone, Copy)]

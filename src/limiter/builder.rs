@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::{Guard, Limiter};
 use crate::block_cache::BlockCache;
 use crate::clock::{Clock, MonotonicClock};
+use crate::error::debug_as_display;
 use crate::lease::{LeaseError, LeaseTable, Leases};
 use crate::policy::Policy;
 use crate::slot::SlotTable;
@@ -38,7 +39,7 @@ pub struct LimiterBuilder<S> {
 }
 
 /// Why [`LimiterBuilder::build`] refused its settings.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {
     /// Every check must have something to decide.
@@ -57,6 +58,8 @@ pub enum BuildError {
     #[error(transparent)]
     Leases(#[from] LeaseError),
 }
+
+debug_as_display!(BuildError);
 
 impl<S: Store> LimiterBuilder<S> {
     pub(super) fn new(store: S) -> Self {

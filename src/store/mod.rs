@@ -12,6 +12,8 @@ use std::fmt;
 use std::hash::Hasher;
 use std::sync::Arc;
 
+use crate::error::debug_as_display;
+
 pub(crate) mod backend;
 pub(crate) mod memory;
 pub(crate) mod redis;
@@ -63,7 +65,7 @@ pub(crate) use crate::lease::store::{
 ///
 /// A clone is the same failure with the same cause (shared): the requests waiting for
 /// one leasing check all answer with its error.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct StoreError {
     kind: StoreErrorKind,
     source: Option<Arc<dyn StdError + Send + Sync>>,
@@ -145,3 +147,5 @@ impl StdError for StoreError {
             .map(|e| e as &(dyn StdError + 'static))
     }
 }
+
+debug_as_display!(StoreError);

@@ -5,13 +5,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::cluster::{
-    ConfigError as ClusterConfigError, CreatePoolError as ClusterCreatePoolError,
-    Pool as ClusterPool,
-};
+use deadpool_redis::cluster::Pool as ClusterPool;
 use deadpool_redis::Pool;
 
 use crate::clock::Clock;
+use crate::error::debug_as_display;
 
 mod batch;
 mod conn;
@@ -276,44 +274,82 @@ struct Settings {
     batching: Batching,
 }
 
-/// A Redis URL that [`RedisStore::from_url`] cannot read; it shows the URL without
-/// its password.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("cannot read the Redis URL {url:?}: {reason}")]
+/// A Redis URL that [`RedisStore::from_url`] or [`RedisStore::cluster_from_urls`]
+/// cannot read: it names the URL (or the cluster's URLs), each with its password shown
+/// as `***`, and why.
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot read {}: {reason}", Shown(urls))]
 pub struct InvalidUrl {
-    url: String,
+    urls: Vec<String>,
     reason: String,
 }
 
 impl InvalidUrl {
-    fn new(url: &str, reason: impl fmt::Display) -> Self {
+    /// `urls` refused for `reason`: the one URL that did not parse, or all of a
+    /// cluster's when they do not go together (different passwords, say).
+    fn new<'a>(urls: impl IntoIterator<Item = &'a str>, reason: impl fmt::Display) -> Self {
         Self {
-            url: without_password(url),
+            urls: urls.into_iter().map(without_password).collect(),
             reason: reason.to_string(),
         }
     }
 }
 
-/// `url` with the password of its user part (`redis://user:password@host`) replaced
-/// by `***`.
-fn without_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    let Some((user, host)) = authority.rsplit_once('@') else {
-        return url.to_owned();
-    };
-    match user.split_once(':') {
-        Some((name, _password)) => format!("{scheme}://{name}:***@{host}{path}"),
-        None => url.to_owned(),
+debug_as_display!(InvalidUrl, InvalidPrefix);
+
+/// The URLs of an [`InvalidUrl`], as its message names them.
+struct Shown<'a>(&'a [String]);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            [] => f.write_str("the Redis Cluster URLs"),
+            [url] => write!(f, "the Redis URL {url:?}"),
+            urls => {
+                f.write_str("the Redis Cluster URLs ")?;
+                for (i, url) in urls.iter().enumerate() {
+                    let comma = if i == 0 { "" } else { ", " };
+                    write!(f, "{comma}{url:?}")?;
+                }
+                Ok(())
+            }
+        }
     }
+}
+
+/// `url` with its password shown as `***`: the user part's
+/// (`redis://user:password@host`) and a socket URL's `pass` parameter
+/// (`redis+unix:///run/redis.sock?pass=password`).
+///
+/// It is shown for URLs that did not parse, so it reads them warily: the user part runs
+/// from the scheme's `://` (or the start, when there is none) to the last `@`, and all
+/// of it after the first `:` is hidden, whatever it holds (an unescaped `@`, `/` or
+/// `:` in a password, a `:` missing from `redis://`).
+fn without_password(url: &str) -> String {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let mut shown = url.to_owned();
+    if let Some(at) = url[start..].rfind('@').map(|at| start + at) {
+        if let Some(colon) = url[start..at].find(':').map(|colon| start + colon) {
+            shown = format!("{}:***{}", &url[..colon], &url[at..]);
+        }
+    }
+    if let Some(query_at) = shown.find('?') {
+        let (head, query) = shown.split_at(query_at + 1);
+        let query: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((name, _)) if name == "pass" || name == "password" => format!("{name}=***"),
+                _ => pair.to_owned(),
+            })
+            .collect();
+        shown = format!("{head}{}", query.join("&"));
+    }
+    shown
 }
 
 /// A key prefix that is empty, too long, or has characters that could break the
 /// key's layout (`{`, `}`, spaces, control bytes).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[error("Redis key prefix {0:?} must be 1 to 32 characters of A-Z, a-z, 0-9, '_', '-', '.' or ':'")]
 pub struct InvalidPrefix(pub String);
 
@@ -348,7 +384,7 @@ impl RedisStore {
         use deadpool_redis::redis::IntoConnectionInfo;
         let info = url
             .into_connection_info()
-            .map_err(|e| InvalidUrl::new(url, e))?;
+            .map_err(|e| InvalidUrl::new([url], e))?;
         Ok(Self::on(Source::Direct(Box::new(info))))
     }
 
@@ -369,31 +405,46 @@ impl RedisStore {
     /// number of its nodes; the others are discovered), for a list such as
     /// `REDIS_CLUSTER=redis://h1:p1,redis://h2:p2` split at its commas.
     ///
-    /// Blank entries are skipped, so a trailing comma is harmless. Fails when no URL
-    /// is left or one cannot be parsed; connects lazily.
+    /// Blank entries are skipped, so a trailing comma is harmless. Connects lazily.
+    /// Fails when no URL is left, one does not parse, or they do not go together
+    /// (different passwords, a socket path); the error names the URLs without their
+    /// passwords.
     ///
     /// The store builds its own cluster client, with no retries: a call is sent again
     /// only after a node's `MOVED` or `ASK` (it did not run), never after an error
     /// that leaves its fate unknown (see [Redis Cluster](RedisStore#redis-cluster)).
-    pub fn cluster_from_urls<I>(urls: I) -> Result<Self, ClusterCreatePoolError>
+    pub fn cluster_from_urls<I>(urls: I) -> Result<Self, InvalidUrl>
     where
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
+        use deadpool_redis::redis::IntoConnectionInfo;
         let urls: Vec<String> = urls
             .into_iter()
             .map(|url| url.as_ref().trim().to_owned())
             .filter(|url| !url.is_empty())
             .collect();
-        // Checked as the pool would check them, so the errors stay the pool's.
-        deadpool_redis::cluster::Config::from_urls(urls.clone())
-            .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+        if urls.is_empty() {
+            return Err(InvalidUrl::new(
+                [],
+                "none given (blank entries are skipped)",
+            ));
+        }
+        let nodes = urls
+            .iter()
+            .map(|url| {
+                url.as_str()
+                    .into_connection_info()
+                    .map_err(|e| InvalidUrl::new([url.as_str()], e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         // No retries: the client would resend a call after an I/O error, when it may
-        // have run (a double count); the store follows redirects itself.
-        let client = deadpool_redis::cluster::ClusterClient::builder(urls)
+        // have run (a double count); the store follows redirects itself. What is left
+        // to refuse is about the URLs together (different passwords, say).
+        let client = deadpool_redis::cluster::ClusterClient::builder(nodes)
             .retries(0)
             .build()
-            .map_err(|e| ClusterCreatePoolError::Config(ClusterConfigError::Redis(e)))?;
+            .map_err(|e| InvalidUrl::new(urls.iter().map(String::as_str), e))?;
         Ok(Self::on(Source::ClusterClient(Box::new(client))))
     }
 
@@ -656,6 +707,22 @@ mod tests {
             assert!(store().prefix(bad).is_err(), "{bad:?}");
         }
         assert!(store().prefix("svc-1.rl:v2").is_ok());
+    }
+
+    #[test]
+    fn passwords_are_hidden_in_urls_that_do_not_parse() {
+        for (url, shown) in [
+            ("redis://u:p@ss@h:1/", "redis://u:***@h:1/"),
+            ("redis://u:p/ss:x@h", "redis://u:***@h"),
+            ("redis//u:pw@h", "redis//u:***@h"),
+            ("redis://:pw@h", "redis://:***@h"),
+            ("redis://user@h:1", "redis://user@h:1"),
+            ("redis://h:1/?password=pw", "redis://h:1/?password=***"),
+            ("redis://h:1", "redis://h:1"),
+            ("", ""),
+        ] {
+            assert_eq!(without_password(url), shown);
+        }
     }
 
     #[tokio::test]

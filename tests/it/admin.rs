@@ -5,13 +5,13 @@
 use crate::support;
 use redlimit::internals::{AdminStore, LimiterInternals, RedisStoreInternals};
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::redis::AsyncCommands;
 use redlimit::clock::FakeClock;
 use redlimit::{Limiter, LimiterBuilder, MemoryStore, Policy, RedisStore, Subject};
-use support::{key_of, RedisServer};
+use support::{key_of, Captured, RedisServer};
 
 const S: Duration = Duration::from_secs(1);
 
@@ -316,20 +316,6 @@ async fn a_shadow_policy_keeps_the_enforced_key_and_state_format() {
     assert_eq!(enforced.check("s", 3).await.unwrap().remaining(), 0);
     assert!(!enforced.check("s", 1).await.unwrap().is_allowed());
     server.assert_every_key_expires().await;
-}
-
-/// A `tracing` writer into a shared buffer, to read the log lines a test caused.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 #[tokio::test(flavor = "current_thread")]

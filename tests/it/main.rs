@@ -21,6 +21,7 @@ mod flood;
 mod gateway;
 mod grpc;
 mod in_flight;
+mod keys;
 mod layer;
 mod layer_costs;
 mod layer_promises;

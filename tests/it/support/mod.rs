@@ -87,6 +87,28 @@ pub mod props;
 /// A primary and its replica, for the failover tests.
 pub mod replica;
 
+/// A `tracing` writer into a shared buffer, to read the log lines a test caused (with
+/// `tracing::subscriber::set_default` on a current-thread runtime).
+#[derive(Clone, Default)]
+pub struct Captured(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Captured {
+    /// What was written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// How long a server may take to accept connections.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
