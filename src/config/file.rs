@@ -30,6 +30,7 @@ pub(super) struct RawPolicy {
     pub(super) window: Option<Spanned<String>>,
     pub(super) capacity: Option<Spanned<u32>>,
     pub(super) refill: Option<Spanned<u32>>,
+    pub(super) slot_ttl: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]

@@ -13,7 +13,7 @@
 //!
 //! [[policies]]
 //! name = "login"
-//! algorithm = "fixed_window"         # sliding_window, sliding_log, token_bucket
+//! algorithm = "fixed_window"         # sliding_window, sliding_log, token_bucket, in_flight
 //! limit = 3
 //! window = "1m"                      # 500ms, 10s, 1m, 1h, 1d
 //!
@@ -71,6 +71,9 @@
 //! );
 //! # Ok::<(), redlimit::config::ConfigError>(())
 //! ```
+//!
+//! Every field, key and algorithm (`in_flight` too: `limit` and `slot_ttl`) is in the
+//! crate's docs/config.md, whose complete example the tests load.
 //!
 //! Loading checks everything: unknown fields, types, policy names and their numbers,
 //! path patterns, methods, keys, proxy networks. Each error names the line and the field

@@ -50,19 +50,20 @@ fn policy_of(
         Some(span) => Err(source.error(span, field(what), why.to_owned())),
         None => Ok(()),
     };
-    let window = match &raw.window {
-        Some(window) => parse_duration(window.get_ref()).ok_or_else(|| {
+    let duration = |value: &Option<Spanned<String>>, what: &str| match value {
+        Some(value) => parse_duration(value.get_ref()).ok_or_else(|| {
             source.error(
-                window.span(),
-                field("window"),
+                value.span(),
+                field(what),
                 format!(
                     "{:?} is not a duration such as \"500ms\", \"10s\", \"1m\", \"1h\" or \"1d\"",
-                    window.get_ref()
+                    value.get_ref()
                 ),
             )
-        })?,
-        None => return Err(missing("window")),
+        }),
+        None => Err(missing(what)),
     };
+    let span = |value: &Option<Spanned<String>>| value.as_ref().map(Spanned::span);
     let algorithm = raw.algorithm.get_ref().as_str();
     // The field a constructor's complaint is about, for the line.
     let (built, blamed) = match algorithm {
@@ -77,6 +78,12 @@ fn policy_of(
                 "refill",
                 "only a token_bucket has a refill",
             )?;
+            unused(
+                span(&raw.slot_ttl),
+                "slot_ttl",
+                "only an in_flight policy has a `slot_ttl`; the others have a `window`",
+            )?;
+            let window = duration(&raw.window, "window")?;
             let limit = raw.limit.as_ref().ok_or_else(|| missing("limit"))?;
             let make = match algorithm {
                 "fixed_window" => Policy::fixed_window,
@@ -91,6 +98,12 @@ fn policy_of(
                 "limit",
                 "a token_bucket has a `capacity` (its burst) and a `refill` per `window`, not a `limit`",
             )?;
+            unused(
+                span(&raw.slot_ttl),
+                "slot_ttl",
+                "only an in_flight policy has a `slot_ttl`; a token_bucket refills per `window`",
+            )?;
+            let window = duration(&raw.window, "window")?;
             let capacity = raw.capacity.as_ref().ok_or_else(|| missing("capacity"))?;
             let refill = raw.refill.as_ref().ok_or_else(|| missing("refill"))?;
             (
@@ -98,12 +111,37 @@ fn policy_of(
                 capacity.span(),
             )
         }
+        "in_flight" => {
+            let rate_only = "an in_flight policy counts requests running at once: it has a \
+                             `limit` and a `slot_ttl`";
+            unused(
+                span(&raw.window),
+                "window",
+                &format!("{rate_only}, not a `window`"),
+            )?;
+            unused(
+                raw.capacity.as_ref().map(Spanned::span),
+                "capacity",
+                &format!("{rate_only}, not a `capacity`"),
+            )?;
+            unused(
+                raw.refill.as_ref().map(Spanned::span),
+                "refill",
+                &format!("{rate_only}, not a `refill`"),
+            )?;
+            let slot_ttl = duration(&raw.slot_ttl, "slot_ttl")?;
+            let limit = raw.limit.as_ref().ok_or_else(|| missing("limit"))?;
+            (
+                Policy::in_flight(name, *limit.get_ref(), slot_ttl),
+                limit.span(),
+            )
+        }
         other => {
             return Err(source.error(
                 raw.algorithm.span(),
                 field("algorithm"),
                 format!(
-                    "unknown algorithm {other:?}: use fixed_window, sliding_window, sliding_log or token_bucket"
+                    "unknown algorithm {other:?}: use fixed_window, sliding_window, sliding_log, token_bucket or in_flight"
                 ),
             ));
         }
@@ -111,10 +149,12 @@ fn policy_of(
     built.map_err(|error| {
         let (span, what) = match &error {
             PolicyError::BadName(_) => (raw.name.span(), "name"),
-            PolicyError::WindowTooShort(_) => (
-                raw.window.as_ref().map_or(policy.span(), Spanned::span),
-                "window",
-            ),
+            PolicyError::WindowTooShort(_) if algorithm == "in_flight" => {
+                (span(&raw.slot_ttl).unwrap_or(policy.span()), "slot_ttl")
+            }
+            PolicyError::WindowTooShort(_) => {
+                (span(&raw.window).unwrap_or(policy.span()), "window")
+            }
             PolicyError::ZeroRefill(_) => (
                 raw.refill.as_ref().map_or(policy.span(), Spanned::span),
                 "refill",

@@ -15,10 +15,11 @@ type TierOf = dyn for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync;
 /// Tiers: the limiter for a request chosen by its tier (a user's plan), in one layer.
 ///
 /// ```
+/// use std::net::SocketAddr;
 /// use std::time::Duration;
 ///
 /// use http::{Request, Response, StatusCode};
-/// use redlimit::key::Extension;
+/// use redlimit::key::{ClientIp, Extension, KeyExtractorExt};
 /// use redlimit::layer::Tiers;
 /// use redlimit::{Limiter, MemoryStore, Policy, RateLimitLayer, Subject};
 /// use tower::{ServiceBuilder, ServiceExt};
@@ -32,7 +33,8 @@ type TierOf = dyn for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync;
 /// let store = MemoryStore::new();
 /// let minute = Duration::from_secs(60);
 /// let tiers = Tiers::new(
-///     Extension::new(|user: &User| Subject::new(format!("user:{}", user.id))),
+///     // Users by id; anonymous callers (no `User`) by address, for the default tier.
+///     Extension::new(|user: &User| Subject::new(format!("user:{}", user.id))).or(ClientIp::new()),
 ///     |parts| parts.extensions.get::<User>().map(|user| user.plan.as_str()),
 /// )
 /// .tier("free", Limiter::new(store.clone(), Policy::sliding_window("free", 60, minute)?))
@@ -45,19 +47,29 @@ type TierOf = dyn for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync;
 ///         Ok::<_, std::convert::Infallible>(Response::new(String::new()))
 ///     });
 ///
-/// let mut request = Request::new(String::new());
-/// request.extensions_mut().insert(User { id: 7, plan: "pro".into() });
-/// let response = service.oneshot(request).await?;
-/// assert_eq!(response.status(), StatusCode::OK);
-/// assert_eq!(response.headers()["ratelimit-policy"], r#""pro";q=600;w=60"#);
+/// let request = |user: Option<User>| {
+///     let mut request = Request::new(String::new());
+///     request.extensions_mut().insert(SocketAddr::from(([192, 0, 2, 1], 40000)));
+///     if let Some(user) = user {
+///         request.extensions_mut().insert(user);
+///     }
+///     request
+/// };
+/// let pro = service.clone().oneshot(request(Some(User { id: 7, plan: "pro".into() }))).await?;
+/// assert_eq!(pro.headers()["ratelimit-policy"], r#""pro";q=600;w=60"#);
+/// let anonymous = service.oneshot(request(None)).await?;
+/// assert_eq!(anonymous.status(), StatusCode::OK);
+/// assert_eq!(anonymous.headers()["ratelimit-policy"], r#""anonymous";q=10;w=60"#);
 /// # Ok(()) }
 /// ```
 ///
 /// The tier function reads the request's head (typically an extension that the
-/// authentication layer, placed outside this one, inserted); the key extractor names the
-/// subject within the tier. A request without a tier, or with one not listed, is checked
-/// by the default; without a default it passes unchecked, so set one unless another
-/// layer limits such requests.
+/// authentication layer, placed outside this one, inserted: in axum, added after it);
+/// the key extractor names the subject within the tier. A request without a tier, or
+/// with one not listed, is checked by the default; without a default it passes
+/// unchecked, so set one unless another layer limits such requests. The key must name
+/// such requests too: `Extension` alone refuses a request without its value (401)
+/// before the default applies, hence the `.or(ClientIp::new())` above.
 pub struct Tiers<S, K> {
     key: K,
     tier_of: Box<TierOf>,

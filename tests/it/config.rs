@@ -1,13 +1,17 @@
 //! Configuration from TOML: a good file builds rules that behave as written; each kind
 //! of bad input is refused with its line and field.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use redlimit::clock::FakeClock;
 use redlimit::config::Config;
 use redlimit::key::Secret;
-use redlimit::{MemoryStore, RateLimitLayer};
+use redlimit::{Algorithm, Limiter, MemoryStore, RateLimitLayer};
+use tokio::sync::{mpsc, Semaphore};
 use tower::{service_fn, ServiceExt};
 
 const GOOD: &str = r#"
@@ -196,7 +200,7 @@ fn each_kind_of_bad_input_names_its_line_and_field() {
         // An unknown algorithm.
         (
             with(r#"algorithm = "sliding_log""#, r#"algorithm = "leaky_bucket""#),
-            r#"line 26, policies[3].algorithm: unknown algorithm "leaky_bucket": use fixed_window, sliding_window, sliding_log or token_bucket"#,
+            r#"line 26, policies[3].algorithm: unknown algorithm "leaky_bucket": use fixed_window, sliding_window, sliding_log, token_bucket or in_flight"#,
         ),
         // A value of the wrong type.
         (
@@ -216,7 +220,7 @@ fn each_kind_of_bad_input_names_its_line_and_field() {
         // A misspelt field.
         (
             with("capacity = 5", "capacty = 5"),
-            "line 14, policies[1].capacty: unknown field `capacty`, expected one of `name`, `algorithm`, `limit`, `window`, `capacity`, `refill`",
+            "line 14, policies[1].capacty: unknown field `capacty`, expected one of `name`, `algorithm`, `limit`, `window`, `capacity`, `refill`, `slot_ttl`",
         ),
         // A token bucket given a limit.
         (
@@ -363,4 +367,321 @@ fn header_keys_without_a_secret_are_refused_with_the_line_of_the_key() {
         .unwrap()
         .rules(MemoryStore::new())
         .is_ok());
+}
+
+/// The complete example of docs/config.md, as the page shows it: its one `toml` block
+/// with policies.
+fn page_example() -> &'static str {
+    const PAGE: &str = include_str!("../../docs/config.md");
+    let examples: Vec<&str> = PAGE
+        .split("```toml\n")
+        .skip(1)
+        .filter_map(|block| block.split_once("```").map(|(toml, _)| toml))
+        .filter(|toml| toml.contains("[[policies]]"))
+        .collect();
+    assert_eq!(examples.len(), 1, "docs/config.md shows one complete file");
+    examples[0]
+}
+
+fn hello() -> impl tower::Service<
+    Request<String>,
+    Response = Response<String>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone {
+    service_fn(|_req: Request<String>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+    })
+}
+
+#[tokio::test]
+async fn the_page_s_complete_example_builds_what_it_says() {
+    let config = Config::from_toml_str(page_example()).unwrap();
+    let policy = |name: &str| config.policy(name).unwrap().clone();
+    let expected = [
+        ("login", Algorithm::SlidingLog, 5, Duration::from_secs(60)),
+        (
+            "api-hour",
+            Algorithm::SlidingWindow,
+            1000,
+            Duration::from_secs(3600),
+        ),
+        (
+            "api-running",
+            Algorithm::InFlight,
+            8,
+            Duration::from_secs(30),
+        ),
+        ("site", Algorithm::FixedWindow, 100, Duration::from_secs(60)),
+        // A bucket's window is its fill time: 20 tokens at 10 a second.
+        (
+            "api-burst",
+            Algorithm::TokenBucket,
+            20,
+            Duration::from_secs(2),
+        ),
+    ];
+    for (name, algorithm, limit, window) in expected {
+        let p = policy(name);
+        assert_eq!(
+            (p.algorithm(), p.limit(), p.window()),
+            (algorithm, limit, window),
+            "{name}"
+        );
+    }
+    assert_eq!(policy("api-burst").emission_interval_us(), 100_000);
+
+    let clock = FakeClock::new(0);
+    let rules = config
+        .header_secret(secret("s1"))
+        .rules(MemoryStore::with_clock(clock.clone()))
+        .unwrap();
+    assert_eq!(rules.len(), 3);
+    let service = tower::ServiceBuilder::new()
+        .layer(RateLimitLayer::rules(rules))
+        .service(hello());
+    let send = |req| service.clone().oneshot(req);
+
+    // /login, POST only: 5 a minute per address, exactly.
+    for _ in 0..5 {
+        let ok = send(request("POST", "/login", [203, 0, 113, 1], &[]))
+            .await
+            .unwrap();
+        assert_eq!(ok.headers()["ratelimit-policy"], r#""login";q=5;w=60"#);
+    }
+    let denied = send(request("POST", "/login", [203, 0, 113, 1], &[]))
+        .await
+        .unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    // A trusted single address forwards its client's: a budget of its own.
+    let forwarded = [("x-forwarded-for", "203.0.113.2")];
+    let via_proxy = send(request("POST", "/login", [192, 0, 2, 10], &forwarded))
+        .await
+        .unwrap();
+    assert_eq!(via_proxy.headers()["ratelimit"], r#""login";r=4;t=60"#);
+    // GET /login is no rule's: the default, 100 a minute.
+    let page = send(request("GET", "/login", [203, 0, 113, 1], &[]))
+        .await
+        .unwrap();
+    assert_eq!(page.headers()["ratelimit-policy"], r#""site";q=100;w=60"#);
+
+    // /api: three policies in one check, the requests running at once among them.
+    let key = [("x-api-key", "k1")];
+    let api = send(request("GET", "/api/v1/items", [203, 0, 113, 1], &key))
+        .await
+        .unwrap();
+    assert_eq!(
+        api.headers()["ratelimit-policy"],
+        r#""api-burst";q=20;w=2, "api-hour";q=1000;w=3600, "api-running";q=8"#
+    );
+    let anonymous = send(request("GET", "/api/v1/items", [203, 0, 113, 1], &[]))
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+
+    // gRPC: one method of the service, per address and route.
+    let grpc = [("content-type", "application/grpc")];
+    let place = send(request(
+        "POST",
+        "/shop.v1.Orders/Place",
+        [203, 0, 113, 1],
+        &grpc,
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        place.headers()["ratelimit-policy"],
+        r#""api-burst";q=20;w=2"#
+    );
+    let cancel = send(request(
+        "POST",
+        "/shop.v1.Orders/Cancel",
+        [203, 0, 113, 1],
+        &grpc,
+    ))
+    .await
+    .unwrap();
+    assert_eq!(cancel.headers()["ratelimit-policy"], r#""site";q=100;w=60"#);
+}
+
+/// The fields a table of the file takes, as the loader lists them for a field it
+/// does not know.
+fn accepted_fields(table_header: &str) -> BTreeSet<String> {
+    let text = format!("{table_header}\nno_such_field = 1\n");
+    let error = Config::from_toml_str(&text).unwrap_err().to_string();
+    let (_, list) = error
+        .split_once("expected one of ")
+        .unwrap_or_else(|| panic!("{error}"));
+    list.split(", ")
+        .map(|field| field.trim().trim_matches('`').to_owned())
+        .collect()
+}
+
+/// The keys the example writes in each kind of table (`""`: the top level).
+fn written_fields(example: &str, table_header: &str) -> BTreeSet<String> {
+    let mut table = "";
+    let mut fields = BTreeSet::new();
+    for line in example.lines().map(str::trim) {
+        if line.starts_with('[') {
+            table = line.split('#').next().unwrap().trim();
+            if table_header.is_empty() {
+                fields.insert(table.trim_matches(['[', ']']).to_owned());
+            }
+        } else if let Some((key, _)) = line.split_once('=') {
+            if table == table_header && !line.starts_with('#') {
+                fields.insert(key.trim().to_owned());
+            }
+        }
+    }
+    fields
+}
+
+#[test]
+fn the_page_s_complete_example_shows_every_field_the_file_takes() {
+    let example = page_example();
+    for header in ["", "[[policies]]", "[[rules]]", "[default]"] {
+        let accepted = accepted_fields(header);
+        let mut written = written_fields(example, header);
+        if header == "[default]" {
+            // The default takes a rule's `policy` or `policies`: one is enough to show.
+            written.extend(written_fields(example, "[[rules]]"));
+        }
+        let missing: Vec<_> = accepted.difference(&written).collect();
+        assert!(
+            missing.is_empty(),
+            "docs/config.md's example has no {missing:?} in {header:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_in_flight_policy_from_the_file_bounds_requests_running_at_once() {
+    let config = Config::from_toml_str(
+        "[[policies]]\nname = \"running\"\nalgorithm = \"in_flight\"\nlimit = 2\nslot_ttl = \"30s\"\n",
+    )
+    .unwrap();
+    let limiter = Arc::new(Limiter::new(
+        MemoryStore::new(),
+        config.policy("running").unwrap().clone(),
+    ));
+    let first = limiter.check("k", 1).await.unwrap();
+    let second = limiter.check("k", 1).await.unwrap();
+    assert!(first.is_allowed() && second.is_allowed());
+    let (one, _two) = (
+        limiter.hold("k", &first).unwrap(),
+        limiter.hold("k", &second).unwrap(),
+    );
+    assert!(!limiter.check("k", 1).await.unwrap().is_allowed());
+    assert!(limiter.check("other", 1).await.unwrap().is_allowed());
+    drop(one);
+    assert!(limiter.check("k", 1).await.unwrap().is_allowed());
+}
+
+#[tokio::test]
+async fn rules_from_the_file_hold_an_in_flight_slot_until_the_response_ends() {
+    let config = Config::from_toml_str(
+        r#"
+[[policies]]
+name = "running"
+algorithm = "in_flight"
+limit = 2
+slot_ttl = "30s"
+
+[default]
+policy = "running"
+key = "global"
+"#,
+    )
+    .unwrap();
+    // The handler says when it runs and waits for a permit to answer.
+    let (entered, mut running) = mpsc::unbounded_channel();
+    let gate = Arc::new(Semaphore::new(0));
+    let handler = {
+        let gate = gate.clone();
+        service_fn(move |_req: Request<String>| {
+            let (entered, gate) = (entered.clone(), gate.clone());
+            async move {
+                entered.send(()).unwrap();
+                gate.acquire().await.unwrap().forget();
+                Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+            }
+        })
+    };
+    let service = tower::ServiceBuilder::new()
+        .layer(RateLimitLayer::rules(
+            config.rules(MemoryStore::new()).unwrap(),
+        ))
+        .service(handler);
+    let send = |path: &'static str| {
+        let service = service.clone();
+        tokio::spawn(async move {
+            let response = service
+                .oneshot(request("GET", path, [203, 0, 113, 1], &[]))
+                .await;
+            // The slot is held until the body ends: read it to the end.
+            let response = response.unwrap();
+            let status = response.status();
+            http_body_util::BodyExt::collect(response.into_body())
+                .await
+                .unwrap();
+            status
+        })
+    };
+    let (a, b) = (send("/a"), send("/b"));
+    running.recv().await.unwrap();
+    running.recv().await.unwrap();
+    // Two running: a third is refused (the handler is not reached).
+    let third = send("/c").await.unwrap();
+    assert_eq!(third, StatusCode::TOO_MANY_REQUESTS);
+    gate.add_permits(2);
+    assert_eq!(
+        (a.await.unwrap(), b.await.unwrap()),
+        (StatusCode::OK, StatusCode::OK)
+    );
+    gate.add_permits(1);
+    assert_eq!(send("/d").await.unwrap(), StatusCode::OK);
+}
+
+#[test]
+fn in_flight_fields_are_checked_like_the_others() {
+    let file = |fields: &str| {
+        format!("[[policies]]\nname = \"running\"\nalgorithm = \"in_flight\"\n{fields}")
+    };
+    let cases = [
+        (
+            file("limit = 2\nwindow = \"30s\"\n"),
+            "line 5, policies[0].window: an in_flight policy counts requests running at once: it has a `limit` and a `slot_ttl`, not a `window`",
+        ),
+        (
+            file("limit = 2\n"),
+            "line 1, policies[0].slot_ttl: policy \"running\" needs `slot_ttl`",
+        ),
+        (
+            file("slot_ttl = \"30s\"\n"),
+            "line 1, policies[0].limit: policy \"running\" needs `limit`",
+        ),
+        (
+            file("limit = 2\nslot_ttl = \"0ms\"\n"),
+            "line 5, policies[0].slot_ttl: policy \"running\": the window must be at least 1 ms",
+        ),
+        (
+            file("limit = 0\nslot_ttl = \"30s\"\n"),
+            "line 4, policies[0].limit: policy \"running\": the limit must be at least 1",
+        ),
+        (
+            file("limit = 2\nslot_ttl = \"half a minute\"\n"),
+            "line 5, policies[0].slot_ttl: \"half a minute\" is not a duration",
+        ),
+        (
+            with(r#"window = "10s""#, "window = \"10s\"\nslot_ttl = \"10s\""),
+            "line 29, policies[3].slot_ttl: only an in_flight policy has a `slot_ttl`; the others have a `window`",
+        ),
+    ];
+    for (text, expected) in cases {
+        let error = error_of(&text);
+        assert!(
+            error.starts_with(expected),
+            "expected: {expected}\n     got: {error}"
+        );
+    }
 }

@@ -11,6 +11,7 @@
 mod support;
 
 mod admin;
+mod auth;
 mod batching;
 mod bursts;
 mod charges;
