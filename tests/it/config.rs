@@ -472,7 +472,7 @@ async fn the_page_s_complete_example_builds_what_it_says() {
         .unwrap();
     assert_eq!(
         api.headers()["ratelimit-policy"],
-        r#""api-burst";q=20;w=2, "api-hour";q=1000;w=3600, "api-running";q=8"#
+        r#""api-burst";q=20;w=2, "api-hour";q=1000;w=3600, "api-running";q=8;qu="concurrent-requests""#
     );
     let anonymous = send(request("GET", "/api/v1/items", [203, 0, 113, 1], &[]))
         .await
