@@ -14,10 +14,12 @@ use std::sync::Arc;
 
 pub(crate) mod backend;
 pub(crate) mod memory;
+#[cfg(feature = "redis")]
 pub(crate) mod redis;
 
 pub(crate) use backend::{AdminStore, Backend, CheckNow, Operation, PolicySet};
 
+#[cfg(feature = "redis")]
 pub use self::redis::{InvalidPrefix, InvalidUrl};
 pub(crate) use memory::MemoryStore;
 
@@ -111,6 +113,7 @@ impl StoreError {
 
     /// The same failure for another caller (the checks of one batch share its
     /// failure); the cause is kept as its text.
+    #[cfg(feature = "redis")]
     pub(crate) fn duplicate(&self) -> Self {
         Self {
             kind: self.kind,
