@@ -1,5 +1,5 @@
 //! Redis Cluster throughput beside a single node, measured in the same run:
-//! `cargo bench --bench cluster`.
+//! `cargo bench -p redlimit-bench --bench cluster`.
 //!
 //! Starts one `redis-server` and a local cluster of three masters and three replicas
 //! (all on loopback, from `tests/it/support`), then drives each through one `RedisStore`

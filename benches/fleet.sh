@@ -26,7 +26,7 @@ free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-cargo build --release --example fleet >/dev/null 2>&1 || cargo build --release --example fleet
+cargo build --release -p redlimit-bench --example fleet >/dev/null 2>&1 || cargo build --release -p redlimit-bench --example fleet
 FLEET=target/release/examples/fleet
 
 REDIS_PORT=$(free_port)

@@ -1,4 +1,4 @@
-//! Housekeeping off the request path: `cargo bench --bench housekeeping`.
+//! Housekeeping off the request path: `cargo bench -p redlimit-bench --bench housekeeping`.
 //!
 //! (a) The memory store's sweep: 1,000,000 live subjects, then decisions from 2 threads
 //! for 6 s (six sweep intervals of the default one second), each decision timed alone.

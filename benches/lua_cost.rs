@@ -1,4 +1,4 @@
-//! What one decision costs Redis, in instructions: `cargo bench --bench lua_cost`.
+//! What one decision costs Redis, in instructions: `cargo bench -p redlimit-bench --bench lua_cost`.
 //!
 //! Runs `redis-server` under `valgrind --tool=callgrind` on a free loopback port, sends
 //! each contender's command `N` times with `redis-benchmark` (random subjects among
@@ -7,7 +7,7 @@
 //! (`callgrind_control --zero`, then `--dump`). Instruction counts do not drift with the
 //! load of a shared machine the way CPU seconds do, so ratios between contenders are
 //! repeatable to a fraction of a percent; the CPU-seconds view of the same question is
-//! the throughput table of `cargo bench --bench tables`.
+//! the throughput table of `cargo bench -p redlimit-bench --bench tables`.
 //!
 //! Contenders: the smallest script that makes a fixed-window decision at all (`TIME`,
 //! `INCR` of a key per window, `PEXPIRE` when new: the reference), then each algorithm
@@ -15,7 +15,7 @@
 //! per-shape script that a server without functions gets. The commands are rendered
 //! by the crate (`RedisStore::command`), so the bench sends what the store sends.
 //!
-//! Then the in-flight section (`cargo bench --bench lua_cost -- in-flight` runs it
+//! Then the in-flight section (`cargo bench -p redlimit-bench --bench lua_cost -- in-flight` runs it
 //! alone, about 5 minutes): a check of a fixed window with an in-flight policy (no
 //! state, 1 holder, 8 holders in the state), the in-flight release and renewal, and
 //! the settlements of a reservation (`Operation::Charge`, `Operation::Refund`), each
@@ -107,7 +107,7 @@ fn store_args(store: &RedisStore, policies: &[Policy], script: bool) -> Vec<Stri
 }
 
 fn main() {
-    // `cargo bench --bench lua_cost -- in-flight`: that section alone (its references
+    // `cargo bench -p redlimit-bench --bench lua_cost -- in-flight`: that section alone (its references
     // are measured again inside it).
     if std::env::args().any(|a| a == "in-flight") {
         in_flight_and_settlements();

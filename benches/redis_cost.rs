@@ -1,5 +1,5 @@
 //! What a decision costs Redis under load, in instructions, with the calls made from
-//! Rust: `cargo bench --bench redis_cost`.
+//! Rust: `cargo bench -p redlimit-bench --bench redis_cost`.
 //!
 //! `lua_cost` measures one call per decision, sent by `redis-benchmark`: the cost of a
 //! command. The store is more than its command: when checks queue behind the calls in
@@ -398,7 +398,7 @@ fn thousands(x: f64) -> String {
     let digits = (x.round() as u64).to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -505,7 +505,7 @@ fn report(
     println!("## Redis instructions per decision under load, calls made from Rust (callgrind)");
     println!();
     println!(
-        "`cargo bench --bench redis_cost`: Redis {} under `valgrind --tool=callgrind`; {} decisions \
+        "`cargo bench -p redlimit-bench --bench redis_cost`: Redis {} under `valgrind --tool=callgrind`; {} decisions \
          per turn for as many subjects spread over {} (every decision creates its subject), made by \
          {TASKS} tokio tasks (one worker thread) on one connection, Redis flushed before every turn. \
          The server's instructions over exactly the turn (`callgrind_control --zero`, then `--dump`) \

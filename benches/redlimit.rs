@@ -1,4 +1,4 @@
-//! Criterion benchmarks: `cargo bench --bench redlimit`.
+//! Criterion benchmarks: `cargo bench -p redlimit-bench --bench redlimit`.
 //!
 //! One entry file, one module per subject. The memory store's futures are ready at once,
 //! so they are polled in place with a no-op waker: what is measured is the decision, not

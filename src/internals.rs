@@ -5,6 +5,7 @@
 pub use crate::algorithm::traces;
 pub use crate::lease::store::{GiveBack, Grant, LeaseAsk, LeaseStore};
 use crate::limiter::Limiter;
+#[cfg(feature = "redis")]
 use crate::policy::Policy;
 pub use crate::store::backend::{AdminStore, Backend, CheckNow, Operation, PolicySet};
 pub use crate::store::Store;
@@ -62,6 +63,7 @@ impl<S: crate::store::Store> LimiterInternals for Limiter<S> {
 /// What the Redis store sends and keeps, for benchmarks that send exactly what it sends
 /// and tests that read its state (implemented in `store/redis/hooks.rs`, beside the code
 /// it reaches).
+#[cfg(feature = "redis")]
 pub trait RedisStoreInternals {
     /// The Redis key that holds `subject`'s state for `policy` of `set`.
     fn key(&self, subject: &Subject, set: &PolicySet, policy: &Policy) -> String;

@@ -42,7 +42,9 @@
 //!   and leases through [`Limiter::builder`].
 //! - [`MemoryStore`] for one process, [`RedisStore`] (one Lua script, one round trip,
 //!   single node or cluster) for many; [`store`] holds their errors and the `Store`
-//!   bound for code generic over both.
+//!   bound for code generic over both. `RedisStore`, and the `deadpool_redis` and
+//!   `redis` crates it takes, are the `redis` feature's (on by default): without it
+//!   the build holds no Redis client.
 //! - [`key`]: which subject a request is limited as (client IP with a trusted-proxy
 //!   walk, hashed API key header, authenticated user, route, combinations).
 //! - [`RateLimitLayer`], answering 429 with `Retry-After` and the IETF `RateLimit`
@@ -97,15 +99,18 @@ pub use limiter::{BuildError, CheckFuture, Limiter, LimiterBuilder};
 pub use policy::{Algorithm, Policy, PolicyError};
 pub use slot::Slot;
 pub use store::memory::MemoryStore;
+#[cfg(feature = "redis")]
 pub use store::redis::RedisStore;
 pub use subject::Subject;
 
 /// The pool crate [`RedisStore::new`] and [`RedisStore::cluster`] take, at the version
 /// they take: `redlimit::deadpool_redis::Config::from_url(..)` always builds a pool the
 /// store accepts, whatever version the application depends on itself.
+#[cfg(feature = "redis")]
 pub use deadpool_redis;
 /// The Redis client under [`deadpool_redis`], at the same version (for connections
 /// and commands of your own on the pool the store uses).
+#[cfg(feature = "redis")]
 pub use deadpool_redis::redis;
 
 /// The README's code blocks marked `rust` compile as doctests, warning-free (readers

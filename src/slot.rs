@@ -432,6 +432,7 @@ impl<S: Store> Limiter<S> {
 
     /// One round of renewals, as the renewal task makes them (see
     /// [`SlotTable::renew_round`]).
+    #[cfg(feature = "internals")]
     pub(crate) async fn renew_slots(&self, stop_if_idle: bool) -> Option<usize> {
         self.slot_table()?.renew_round(stop_if_idle).await
     }

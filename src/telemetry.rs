@@ -112,6 +112,7 @@ fn kind_name(kind: StoreErrorKind) -> &'static str {
 
 /// An attempt to connect to Redis failed: at warn, a line a second at most per store
 /// (`throttle` is its own; with the count left out), naming where it connects.
+#[cfg(feature = "redis")]
 pub(crate) fn redis_unreachable(
     throttle: &LogThrottle,
     address: &str,
@@ -130,6 +131,7 @@ pub(crate) fn redis_unreachable(
 }
 
 /// Redis answered after calls (or attempts to connect) failed: one line at info.
+#[cfg(feature = "redis")]
 pub(crate) fn redis_answers_again(address: &str, failing_for: std::time::Duration) {
     tracing::info!(
         address,

@@ -7,7 +7,7 @@ use redlimit::{Limiter, MemoryStore, Policy};
 
 /// Counts live heap bytes, so the test measures memory exactly instead of guessing
 /// from RSS.
-#[path = "../benches/support/counting_alloc.rs"]
+#[path = "it/support/counting_alloc.rs"]
 mod counting_alloc;
 use counting_alloc::{live, Counting};
 

@@ -1,9 +1,9 @@
 //! the boundary test, in real time, for the four algorithms.
 //!
 //! ```text
-//! cargo run --release --example boundary                                  # memory store
-//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --release --example boundary  # Redis, TIME mode
-//! cargo run --release --example boundary -- --plot docs/img/boundary.svg  # and draw it
+//! cargo run --release -p redlimit-bench --example boundary                                    # memory store
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --release -p redlimit-bench --example boundary  # Redis, TIME mode
+//! cargo run --release -p redlimit-bench --example boundary -- --plot docs/img/boundary.svg    # and draw it
 //! ```
 //!
 //! Limit 100 per second (the token bucket: capacity 100, refilled 100 per second).

@@ -2,11 +2,11 @@
 //! which a fail-open layer lets through), and the memory it leaves behind.
 //!
 //! ```text
-//! cargo run --release --example burst                    # both sections, 3 rounds
-//! cargo run --release --example burst -- burst           # 50,000 checks at once, Redis healthy
-//! cargo run --release --example burst -- deep            # 2,000 checks of 17 policies, beside busy loops
-//! BURST=50000 DEEP=2000 ROUNDS=3 cargo run --release --example burst
-//! BUSY=0 cargo run --release --example burst -- deep     # the control: no busy loops
+//! cargo run --release -p redlimit-bench --example burst                 # both sections, 3 rounds
+//! cargo run --release -p redlimit-bench --example burst -- burst        # 50,000 checks at once, Redis healthy
+//! cargo run --release -p redlimit-bench --example burst -- deep         # 2,000 checks of 17 policies, beside busy loops
+//! BURST=50000 DEEP=2000 ROUNDS=3 cargo run --release -p redlimit-bench --example burst
+//! BUSY=0 cargo run --release -p redlimit-bench --example burst -- deep  # the control: no busy loops
 //! ```
 //!
 //! Starts its own `redis-server` on a free loopback port. In each round, in turn:
@@ -37,7 +37,7 @@ use redlimit::{Limiter, Policy, RedisStore};
 use tokio::task::JoinSet;
 
 /// Counts live heap bytes: what a burst leaves allocated.
-#[path = "../support/counting_alloc.rs"]
+#[path = "../../tests/it/support/counting_alloc.rs"]
 mod counting_alloc;
 use counting_alloc::{live, Counting};
 

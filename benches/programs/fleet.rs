@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! REDIS_URL=redis://127.0.0.1:6379/ INSTANCES=4 PORT=4000 LIMIT=1000 \
-//!     cargo run --release --example fleet
+//!     cargo run --release -p redlimit-bench --example fleet
 //! LEASES=off ...                    # every request one Redis call
 //! STORE=memory ...                  # each instance its own memory store (no Redis)
 //! ```

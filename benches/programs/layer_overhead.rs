@@ -2,9 +2,9 @@
 //! `tower_governor` measured in the same run.
 //!
 //! ```text
-//! cargo run --release --example layer_overhead            # in-process, then over HTTP
+//! cargo run --release -p redlimit-bench --example layer_overhead  # in-process, then over HTTP
 //! SERVE_ONE=layer PER_CONN=1500 valgrind --tool=callgrind \
-//!     target/release/examples/layer_overhead              # one variant, for instruction counts
+//!     target/release/examples/layer_overhead                      # one variant, for instruction counts
 //! CALL_ONE=layer REQUESTS=3000000 perf record -g target/release/examples/layer_overhead
 //! ```
 //!

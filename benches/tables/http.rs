@@ -1,7 +1,7 @@
 //! HTTP end to end: a hello-world axum app bare, with `RateLimitLayer` on the memory
 //! store, on the Redis store, and with `tower_governor`, and a handler that sends one
 //! smallest fixed-window script per request (the Redis store's reference), under one
-//! load generator; and, in a build with `--cfg redlimit_peers` (see Cargo.toml: the
+//! load generator; and, in a build with `--cfg redlimit_peers` (see benches/Cargo.toml: the
 //! crate wants a newer rustc than the one here), behind tower-rate-limiter 0.1.6's layer
 //! on its Redis store, a fixed window as redlimit's fixed-window Redis layer.
 //!
@@ -468,7 +468,7 @@ pub(crate) fn run(server: &RedisServer) {
         ),
         None => println!(
             "- tower-rate-limiter 0.1.6 not in this build (it wants rustc 1.96): \
-             `RUSTFLAGS=\"--cfg redlimit_peers\" cargo bench --bench tables --ignore-rust-version -- http` \
+             `RUSTFLAGS=\"--cfg redlimit_peers\" cargo bench -p redlimit-bench --bench tables --ignore-rust-version -- http` \
              measures it (targets: the fixed-window Redis layer >= 1.15x its requests/s, <= 0.8x its Redis \
              CPU per request)"
         ),

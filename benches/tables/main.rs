@@ -1,13 +1,15 @@
 //! The tables of BENCHMARKS.md, every figure measured in one run beside its reference.
 //!
 //! ```text
-//! cargo bench --bench tables                      # every section
-//! cargo bench --bench tables -- throughput memory # some of: throughput, memory, flood, latency, http
-//! REDLIMIT_BENCH_TURN_SCALE=0.1 cargo bench --bench tables -- latency http # a smoke run
-//! # with tower-rate-limiter in the http section (see Cargo.toml for why the flags; a
+//! cargo bench -p redlimit-bench --bench tables   # every section
+//! # some of: throughput, memory, flood, latency, http
+//! cargo bench -p redlimit-bench --bench tables -- throughput memory
+//! # a smoke run
+//! REDLIMIT_BENCH_TURN_SCALE=0.1 cargo bench -p redlimit-bench --bench tables -- latency http
+//! # with tower-rate-limiter in the http section (see benches/Cargo.toml for why the flags; a
 //! # target directory of its own keeps the default build's artifacts):
 //! RUSTFLAGS="--cfg redlimit_peers" CARGO_TARGET_DIR=target/peers \
-//!     cargo bench --bench tables --ignore-rust-version -- http
+//!     cargo bench -p redlimit-bench --bench tables --ignore-rust-version -- http
 //! ```
 //!
 //! Starts its own `redis-server` on a free loopback port (the test harness in

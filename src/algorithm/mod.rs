@@ -33,7 +33,7 @@ mod sliding_log;
 mod sliding_window;
 mod token_bucket;
 
-#[cfg(any(test, feature = "internals"))]
+#[cfg(all(feature = "redis", any(test, feature = "internals")))]
 pub(crate) use sliding_log::ring_stamps as sliding_log_ring_stamps;
 
 /// The conformance table the stores are held to (tests/it/conformance.rs, through
@@ -388,6 +388,7 @@ pub(crate) const MAX_EXACT: u64 = (1 << 53) - 1;
 /// What a charge of `units` can take at most from any policy of `policies`: the units
 /// clamped to the largest [`MAX_DEBT`] bound among them, so that they are exact in the
 /// Lua's doubles. A charge of the clamped units is the same charge.
+#[cfg(feature = "redis")]
 pub(crate) fn charge_units(policies: &[Policy], units: u64) -> u64 {
     let most = policies
         .iter()

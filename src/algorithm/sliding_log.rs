@@ -116,10 +116,10 @@ pub(super) fn charge(policy: &Policy, state: Option<&State>, now: u64, cost: u64
 }
 
 /// Bytes of the ring's header: the slot of its oldest stamp, big-endian.
-#[cfg(any(test, feature = "internals"))]
+#[cfg(any(test, all(feature = "redis", feature = "internals")))]
 const RING_HEAD: usize = 4;
 /// Bytes of one stamp in the ring: milliseconds, big-endian (good for 8,900 years).
-#[cfg(any(test, feature = "internals"))]
+#[cfg(any(test, all(feature = "redis", feature = "internals")))]
 const RING_STAMP: usize = 6;
 
 /// The stamps of the ring `lua/sliding_log.lua` keeps in Redis, oldest first, as this
@@ -131,7 +131,7 @@ const RING_STAMP: usize = 6;
 /// stamps of 6 bytes; logical stamp `i` (0 = oldest) is in slot `(head + i) % n`.
 /// While it fills, the head is 0 and the stamps are in order; once full, an admission
 /// overwrites the oldest slots in place and moves the head.
-#[cfg(any(test, feature = "internals"))]
+#[cfg(any(test, all(feature = "redis", feature = "internals")))]
 pub(crate) fn ring_stamps(raw: &[u8], limit: u64) -> Option<VecDeque<u64>> {
     let body = raw.get(RING_HEAD..)?;
     if body.is_empty() || body.len() % RING_STAMP != 0 {

@@ -162,13 +162,14 @@ impl PolicyHeaders {
                     .bare_item(name)
                     .parameter(KeyRef::constant("q"), sf_integer(policy.limit()));
                 // Requests in flight have no window: their quota is requests at once.
+                // (The serializer writes as it goes: what it returns needs no finish.)
                 if policy.is_in_flight() {
-                    item.parameter(
+                    _ = item.parameter(
                         KeyRef::constant("qu"),
                         StringRef::constant("concurrent-requests"),
                     );
                 } else {
-                    item.parameter(
+                    _ = item.parameter(
                         KeyRef::constant("w"),
                         sf_integer(ceil_secs(policy.window_ms())),
                     );
@@ -177,7 +178,7 @@ impl PolicyHeaders {
             parts.push(PolicyParts {
                 item: name.map(|name| {
                     let mut item = String::with_capacity(policy.name().len() + 2);
-                    sfv::ItemSerializer::with_buffer(&mut item).bare_item(name);
+                    _ = sfv::ItemSerializer::with_buffer(&mut item).bare_item(name);
                     item.into_boxed_str()
                 }),
                 limit: HeaderValue::from(policy.limit()),

@@ -16,10 +16,12 @@ use crate::error::debug_as_display;
 
 pub(crate) mod backend;
 pub(crate) mod memory;
+#[cfg(feature = "redis")]
 pub(crate) mod redis;
 
 pub(crate) use backend::{AdminStore, Backend, CheckNow, Operation, PolicySet};
 
+#[cfg(feature = "redis")]
 pub use self::redis::{InvalidPrefix, InvalidUrl};
 pub(crate) use memory::MemoryStore;
 
@@ -113,6 +115,7 @@ impl StoreError {
 
     /// The same failure for another caller (the checks of one batch share its
     /// failure); the cause is kept as its text.
+    #[cfg(feature = "redis")]
     pub(crate) fn duplicate(&self) -> Self {
         Self {
             kind: self.kind,

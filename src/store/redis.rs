@@ -226,9 +226,8 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 /// # Keys
 ///
 /// `<prefix>:{<subject>}:<set tag>:<policy name>:<algorithm code>` (`fw`, `sw`, `tb`,
-/// `sl`), one string per subject and policy. The set tag
-/// ([`PolicySet::key_tag`](crate::store::PolicySet::key_tag)) is a hash of every policy of the limiter, names,
-/// algorithms and numbers: a policy changed under the same name (a rolling deploy that
+/// `sl`), one string per subject and policy. The set tag (12 hex digits) is a hash of
+/// every policy of the limiter, names, algorithms and numbers: a policy changed under the same name (a rolling deploy that
 /// lengthens a window, a second service on the same Redis that also calls its policy
 /// "api") writes other keys, so no limiter ever reads state written under other
 /// numbers. Instances of the old and the new configuration count apart while both

@@ -896,9 +896,9 @@ async fn lose_state(
         tokio::task::yield_now().await;
         // Twice the limit: 2 requests a step; every instance sweeps its expired leases
         // every 50 steps (a quarter lifetime), as its background task would.
-        if request % 2 == 0 {
+        if request.is_multiple_of(2) {
             clock.advance(Duration::from_millis(STEP_MS));
-            if clock.now_ms() % (50 * STEP_MS) == 0 {
+            if clock.now_ms().is_multiple_of(50 * STEP_MS) {
                 for limiter in &limiters {
                     limiter.sweep_leases().await;
                 }

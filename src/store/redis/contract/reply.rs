@@ -53,7 +53,7 @@ fn items(value: Value) -> Result<Vec<Value>, ParsingError> {
 
 /// `items`, [`REPLY_FIELDS`] integers per policy.
 fn policies_of<C: Default + Extend<PolicyReply>>(items: &[Value]) -> Result<C, ParsingError> {
-    if items.len() % REPLY_FIELDS != 0 {
+    if !items.len().is_multiple_of(REPLY_FIELDS) {
         return Err(format!(
             "expected {REPLY_FIELDS} integers per policy, got {}",
             items.len()

@@ -1,6 +1,8 @@
 //! A global allocator that counts live heap bytes, so a program measures memory
 //! exactly instead of guessing from RSS (the system allocator keeps freed pages).
-//! Included with `#[path]` by `tests/memory_store.rs` and `benches/programs/burst.rs`.
+//! Included with `#[path]` by `tests/memory_store.rs` and `benches/programs/burst.rs`
+//! (a binary of its own each: a global allocator is one per program), not a module of
+//! the `it` support.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
