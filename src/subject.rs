@@ -259,8 +259,9 @@ macro_rules! subject_from_integers {
     ($($int:ty),+) => {$(
         impl From<$int> for Subject {
             fn from(value: $int) -> Self {
-                // 40 bytes hold every `i128` (39 digits and a sign): no allocation.
-                let mut text = SmallVec::<[u8; 40]>::new();
+                // Every `i128` fits (39 digits and a sign): no allocation. (64: the
+                // nearest size smallvec takes without its `const_generics`.)
+                let mut text = SmallVec::<[u8; 64]>::new();
                 let _ = write!(Text(&mut text), "{value}");
                 Subject::new(&text[..])
             }
