@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use crate::decision::Decision;
 use crate::error::Error;
-use crate::store::{StoreError, StoreErrorKind};
+use crate::error::{StoreError, StoreErrorKind};
 
 /// Cheap when nobody listens (the common case on a hot path): the same level check
 /// `debug!` makes first, inline, before any call.
