@@ -2,12 +2,13 @@
 //! inside a limiter or build what the stores send. Not part of the API: no stability
 //! promise, and applications have no use for them.
 
+pub use crate::algorithm::grant::Grant;
 pub use crate::algorithm::traces;
-pub use crate::lease::store::{GiveBack, Grant, LeaseAsk, LeaseStore};
 use crate::limiter::Limiter;
 #[cfg(feature = "redis")]
 use crate::policy::Policy;
 pub use crate::store::backend::{AdminStore, Backend, CheckNow, Operation, PolicySet};
+pub use crate::store::lease::{GiveBack, LeaseAsk, LeaseStore};
 pub use crate::store::Store;
 use crate::subject::Subject;
 

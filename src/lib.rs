@@ -67,7 +67,6 @@
 
 // The core: limits and where they are kept, without HTTP.
 pub(crate) mod algorithm;
-mod block_cache;
 pub mod clock;
 mod decision;
 mod error;
@@ -75,7 +74,6 @@ pub mod key;
 pub mod lease;
 mod limiter;
 mod policy;
-mod slot;
 pub mod store;
 mod subject;
 mod telemetry;
@@ -95,9 +93,8 @@ pub mod config;
 pub use decision::{Decision, Origin, PolicyOutcome};
 pub use error::Error;
 pub use layer::middleware::RateLimitLayer;
-pub use limiter::{BuildError, CheckFuture, Limiter, LimiterBuilder};
+pub use limiter::{BuildError, CheckFuture, Limiter, LimiterBuilder, Slot};
 pub use policy::{Algorithm, Policy, PolicyError};
-pub use slot::Slot;
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use store::redis::RedisStore;

@@ -25,14 +25,15 @@ use smallvec::SmallVec;
 
 use crate::decision::PolicyOutcome;
 use crate::policy::{Algorithm, Policy};
-use crate::store::Grant;
 
 mod fixed_window;
+pub(crate) mod grant;
 pub(crate) mod in_flight;
 mod sliding_log;
 mod sliding_window;
 mod token_bucket;
 
+pub(crate) use grant::Grant;
 #[cfg(all(feature = "redis", any(test, feature = "internals")))]
 pub(crate) use sliding_log::ring_stamps as sliding_log_ring_stamps;
 

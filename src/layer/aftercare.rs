@@ -12,7 +12,7 @@ use http::{HeaderMap, StatusCode};
 
 use crate::decision::{Decision, Origin};
 use crate::limiter::Limiter;
-use crate::slot::{run_off_path, Slot};
+use crate::limiter::{run_off_path, Slot};
 use crate::store::Store;
 use crate::subject::Subject;
 

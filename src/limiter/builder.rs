@@ -4,13 +4,13 @@
 
 use std::sync::Arc;
 
+use super::block_cache::BlockCache;
+use super::lease::{LeaseError, LeaseTable, Leases};
+use super::slots::SlotTable;
 use super::{Guard, Limiter};
-use crate::block_cache::BlockCache;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::debug_as_display;
-use crate::lease::{LeaseError, LeaseTable, Leases};
 use crate::policy::Policy;
-use crate::slot::SlotTable;
 use crate::store::{LeaseStore, MemoryStore, PolicySet, Store};
 
 /// The settings of a [`Limiter`] before it is built: from [`Limiter::builder`].

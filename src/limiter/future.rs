@@ -8,10 +8,10 @@ use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
 
+use super::lease::DecisionFuture;
 use super::Guard;
 use crate::decision::{Decision, Origin};
 use crate::error::Error;
-use crate::lease::DecisionFuture;
 use crate::store::{PolicySet, StoreError};
 use crate::subject::Subject;
 

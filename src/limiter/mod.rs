@@ -20,23 +20,29 @@
 
 use std::sync::Arc;
 
-use crate::block_cache::BlockCache;
 use crate::clock::Clock;
 use crate::error::Error;
-use crate::lease::{LeaseTable, Leased};
 use crate::policy::Policy;
-use crate::slot::SlotTable;
 use crate::store::{CheckNow, MemoryStore, PolicySet, Store};
 use crate::subject::Subject;
 
 mod admin;
+mod block_cache;
 mod builder;
 mod future;
+pub(crate) mod lease;
+mod slots;
 #[cfg(test)]
 mod tests;
 
 pub use builder::{BuildError, LimiterBuilder};
 pub use future::CheckFuture;
+pub(crate) use slots::run_off_path;
+pub use slots::Slot;
+
+use self::block_cache::BlockCache;
+use self::lease::{LeaseTable, Leased};
+use self::slots::SlotTable;
 use future::{After, CheckState, PendingLease};
 
 /// A store and the policies one kind of request is checked against.

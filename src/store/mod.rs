@@ -14,6 +14,7 @@ use std::hash::Hasher;
 pub use crate::error::{StoreError, StoreErrorKind};
 
 pub(crate) mod backend;
+pub(crate) mod lease;
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
@@ -57,7 +58,4 @@ pub trait Store: AdminStore {}
 
 impl<T: AdminStore> Store for T {}
 
-// What a store does for leases is at home with leases.
-pub(crate) use crate::lease::store::{
-    GiveBack, GiveBackFuture, Grant, LeaseAsk, LeaseFuture, LeaseStore,
-};
+pub(crate) use self::lease::{GiveBack, GiveBackFuture, LeaseAsk, LeaseFuture, LeaseStore};

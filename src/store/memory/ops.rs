@@ -11,13 +11,13 @@ use smallvec::SmallVec;
 use super::map::Entry;
 use super::{Inner, MemoryStore};
 use crate::algorithm::in_flight::{self, Hold};
-use crate::algorithm::{self, State};
+use crate::algorithm::{self, Grant, State};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::policy::Policy;
 use crate::store::{
-    AdminStore, Backend, CheckNow, GiveBack, GiveBackFuture, Grant, LeaseAsk, LeaseFuture,
-    LeaseStore, Operation, PolicySet, StoreError,
+    AdminStore, Backend, CheckNow, GiveBack, GiveBackFuture, LeaseAsk, LeaseFuture, LeaseStore,
+    Operation, PolicySet, StoreError,
 };
 use crate::subject::Subject;
 

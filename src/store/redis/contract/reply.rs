@@ -10,9 +10,10 @@ use smallvec::SmallVec;
 
 use super::args::{Call, Check};
 use super::*;
+use crate::algorithm::Grant;
 use crate::decision::{Decision, PolicyOutcome};
 use crate::policy::Policy;
-use crate::store::{Grant, StoreError, StoreErrorKind};
+use crate::store::{StoreError, StoreErrorKind};
 
 /// One policy's [`REPLY_FIELDS`] integers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

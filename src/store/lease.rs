@@ -1,12 +1,14 @@
 //! What a store does for leases: the leasing check (a check that also takes units
 //! for this instance to spend) and the give-back of units a lease did not spend.
-//! Private to the crate, like the other store traits; kept here, with the table that
-//! is its one caller.
+//! Private to the crate, like the other store traits; the table that is its one
+//! caller is the limiter's (`limiter/lease`). What a grant is, the algorithm owns
+//! ([`Grant`]): it is worked out with the decision.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::algorithm::Grant;
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::store::{PolicySet, StoreError};
@@ -21,30 +23,6 @@ pub struct LeaseAsk {
     /// reported too ([`Grant::ask_again_ms`]). `cost + batch` must not exceed
     /// [`PolicySet::max_cost`].
     pub batch: u64,
-}
-
-/// What a leasing check got beyond its decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Grant {
-    /// Units taken from every policy beyond the cost (0 when denied).
-    pub units: u64,
-    /// Milliseconds to the end of the shortest current window among the set's window
-    /// policies, from the time the store decided at; `None` when no policy has
-    /// windows (a token bucket). A lease never outlives it.
-    pub window_left_ms: Option<u64>,
-    /// The end of that window on the store's clock (ms): what
-    /// [`LeaseStore::give_back`] takes, so that units are never given back to a later
-    /// window than the one they were taken from.
-    pub window_end_ms: Option<u64>,
-    /// When denied: milliseconds until the cost and [`LeaseAsk::batch`] more units
-    /// would fit (0 when allowed).
-    pub ask_again_ms: u64,
-    /// The generation of the subject's lease state the units were taken in (0 when
-    /// none were): made by the first grant, kept as long as the states, forgotten
-    /// with them (a reset, a flush, a restart). A give-back carries it
-    /// ([`GiveBack::epoch`]) and changes nothing once the store's differs, so units
-    /// counted before a loss are never subtracted from counts made after it.
-    pub epoch: u64,
 }
 
 /// Units a lease did not spend, for [`LeaseStore::give_back`].

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use super::flight::{Answer, Asker};
 use super::table::{give_back_of, Denial, Lease, LeaseTable};
+use crate::algorithm::Grant;
 use crate::decision::{Decision, Origin};
-use crate::store::{Grant, StoreError};
+use crate::error::StoreError;
 use crate::subject::Subject;
 
 impl LeaseTable {
