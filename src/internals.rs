@@ -91,6 +91,41 @@ pub trait RedisStoreInternals {
     fn queue_capacity(&self) -> usize;
 }
 
+#[cfg(feature = "redis")]
+impl RedisStoreInternals for crate::RedisStore {
+    fn key(&self, subject: &Subject, set: &PolicySet, policy: &Policy) -> String {
+        crate::RedisStore::key(self, subject, set, policy)
+    }
+
+    fn command(
+        &self,
+        op: Operation,
+        subject: &Subject,
+        set: &PolicySet,
+        cost: u64,
+        script: bool,
+    ) -> deadpool_redis::redis::Cmd {
+        self.bare_command(op, subject, set, cost, script)
+    }
+
+    fn script_source(policies: &[Policy]) -> &'static str {
+        crate::RedisStore::check_script(policies).0
+    }
+
+    fn script_sha1(policies: &[Policy]) -> &'static str {
+        crate::RedisStore::check_script(policies).1
+    }
+
+    /// The newest `limit` stamps, as the Rust model keeps them.
+    fn sliding_log_stamps(raw: &[u8], limit: u64) -> Option<Vec<u64>> {
+        crate::algorithm::sliding_log_ring_stamps(raw, limit).map(Vec::from)
+    }
+
+    fn queue_capacity(&self) -> usize {
+        crate::RedisStore::queue_capacity(self)
+    }
+}
+
 /// How a subject appears in a Redis key.
 pub trait SubjectInternals {
     /// Appends the subject as it appears inside a Redis hash tag: raw values keep

@@ -1,24 +1,20 @@
 //! What the crate's own benches send bare and its tests read back: the store's commands
-//! and scripts, built by the same code as its calls (feature `internals`).
+//! and scripts, built by the same code as its calls (feature `internals`, which wires
+//! them to `redlimit::internals::RedisStoreInternals`; the store never looks up at it).
 
 use super::contract::args::{Admin, AdminOp, Check, Entry, Request};
 use super::script::{self, Via};
 use super::RedisStore;
-use crate::internals::RedisStoreInternals;
 use crate::policy::Policy;
 use crate::store::{Operation, PolicySet};
 use crate::subject::Subject;
 
-impl RedisStoreInternals for RedisStore {
-    fn key(&self, subject: &Subject, set: &PolicySet, policy: &Policy) -> String {
-        RedisStore::key(self, subject, set, policy)
-    }
-
+impl RedisStore {
     /// `FCALL` of the library's function (`script: true`: `EVALSHA` of the call's
     /// script, what a server without functions gets), with the subject's keys and the
     /// call's arguments; the clock is this store's (Redis `TIME`, or its client clock
     /// read now). Load the library first with [`RedisStore::function_library`].
-    fn command(
+    pub(crate) fn bare_command(
         &self,
         op: Operation,
         subject: &Subject,
@@ -40,20 +36,13 @@ impl RedisStoreInternals for RedisStore {
 
     /// The script holds the code of the algorithms `policies` use, so limiters of
     /// different algorithms run different scripts.
-    fn script_source(policies: &[Policy]) -> &'static str {
-        script::Shape::of(policies, Entry::Check).script().source()
+    pub(crate) fn check_script(policies: &[Policy]) -> (&'static str, &'static str) {
+        let script = script::Shape::of(policies, Entry::Check).script();
+        (script.source(), script.sha1())
     }
 
-    fn script_sha1(policies: &[Policy]) -> &'static str {
-        script::Shape::of(policies, Entry::Check).script().sha1()
-    }
-
-    /// The newest `limit` stamps, as the Rust model keeps them.
-    fn sliding_log_stamps(raw: &[u8], limit: u64) -> Option<Vec<u64>> {
-        crate::algorithm::sliding_log_ring_stamps(raw, limit).map(Vec::from)
-    }
-
-    fn queue_capacity(&self) -> usize {
+    /// How many checks the batch queue holds without allocating.
+    pub(crate) fn queue_capacity(&self) -> usize {
         self.link.queue.capacity()
     }
 }
