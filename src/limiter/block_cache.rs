@@ -3,13 +3,14 @@
 //!
 //! Exact, not a heuristic: the store said the request would not be admitted before
 //! `retry_after`, so nothing the cache blocks could have been admitted sooner. It
-//! answers only the cost that was denied (another cost has another retry time) and
-//! forgets a subject as soon as the store admits one of its requests.
+//! answers by the rule of a [`KeptDenial`] (only the cost that was denied, until its
+//! retry time) and forgets a subject as soon as the store admits one of its requests.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use dashmap::DashMap;
 
+use super::kept::KeptDenial;
 use crate::decision::{Decision, Origin};
 use crate::subject::Subject;
 
@@ -39,10 +40,7 @@ pub(crate) struct BlockCache {
 
 #[derive(Debug)]
 struct Blocked {
-    until_ms: u64,
-    since_ms: u64,
-    cost: u64,
-    decision: Decision,
+    denial: KeptDenial,
     /// The ring slot that holds this subject.
     slot: usize,
 }
@@ -83,36 +81,18 @@ impl BlockCache {
     /// The cached denial for `subject` at `now_ms`, if it still holds for `cost`.
     pub(crate) fn lookup(&self, subject: &Subject, cost: u64, now_ms: u64) -> Option<Decision> {
         let entry = self.blocked.get(subject)?;
-        if now_ms >= entry.until_ms {
+        if entry.denial.is_over(now_ms) {
             drop(entry);
             let mut ring = self.ring();
-            if let Some((_, gone)) = self.blocked.remove_if(subject, |_, b| now_ms >= b.until_ms) {
+            if let Some((_, gone)) = self
+                .blocked
+                .remove_if(subject, |_, b| b.denial.is_over(now_ms))
+            {
                 ring.release(gone.slot);
             }
             return None;
         }
-        if cost != entry.cost {
-            // A smaller request may fit earlier, a larger one later: ask the store.
-            return None;
-        }
-        if now_ms < entry.since_ms {
-            // The clock went back since the denial (a `SystemClock` after an NTP step):
-            // the store may now read the state as written by a clock ahead of it and
-            // decide afresh, which the cached wait cannot know. Ask the store; its answer
-            // replaces the entry.
-            return None;
-        }
-        let mut decision = entry.decision.clone();
-        // Both waits end at fixed times: count them from now.
-        let reset_at = entry
-            .since_ms
-            .saturating_add(decision.outcome().reset_after_ms);
-        decision.rebase(
-            entry.until_ms - now_ms,
-            reset_at.saturating_sub(now_ms),
-            Origin::BlockCache,
-        );
-        Some(decision)
+        entry.denial.answer(cost, now_ms, Origin::BlockCache)
     }
 
     /// Remembers a denial made at `now_ms`.
@@ -130,7 +110,7 @@ impl BlockCache {
             let slot = blocked.slot;
             *blocked = Blocked::new(cost, decision, now_ms, wait_ms, slot);
             if let Some(Some(held)) = ring.slots.get_mut(slot) {
-                held.until_ms = blocked.until_ms;
+                held.until_ms = blocked.denial.until_ms();
             }
             return;
         }
@@ -154,7 +134,7 @@ impl BlockCache {
         let blocked = Blocked::new(cost, decision, now_ms, wait_ms, slot);
         ring.slots[slot] = Some(Slot {
             subject: subject.clone(),
-            until_ms: blocked.until_ms,
+            until_ms: blocked.denial.until_ms(),
         });
         self.blocked.insert(subject, blocked);
     }
@@ -197,10 +177,7 @@ impl BlockCache {
 impl Blocked {
     fn new(cost: u64, decision: &Decision, now_ms: u64, wait_ms: u64, slot: usize) -> Self {
         Self {
-            until_ms: now_ms.saturating_add(wait_ms),
-            since_ms: now_ms,
-            cost,
-            decision: decision.clone(),
+            denial: KeptDenial::new(cost, decision, now_ms, wait_ms),
             slot,
         }
     }

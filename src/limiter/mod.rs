@@ -30,6 +30,7 @@ mod admin;
 mod block_cache;
 mod builder;
 mod future;
+mod kept;
 pub(crate) mod lease;
 mod slots;
 #[cfg(test)]

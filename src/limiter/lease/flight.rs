@@ -102,7 +102,7 @@ impl LeaseTable {
         let table = Arc::clone(self);
         Box::pin(async move {
             let result = call.await;
-            let decided = table.granted(&subject, cost, sent, result, &asker);
+            let decided = table.granted(&subject, cost, ask.batch, sent, result, &asker);
             asker.answer(decided.as_ref().map(drop).map_err(StoreError::clone));
             decided
         })

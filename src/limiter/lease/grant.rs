@@ -4,10 +4,12 @@
 use std::sync::Arc;
 
 use super::flight::{Answer, Asker};
-use super::table::{give_back_of, Denial, Lease, LeaseTable};
+use super::table::{give_back_of, Lease, LeaseTable};
 use crate::algorithm::Grant;
 use crate::decision::{Decision, Origin};
 use crate::error::StoreError;
+use crate::limiter::kept::KeptDenial;
+use crate::policy::Algorithm;
 use crate::subject::Subject;
 
 impl LeaseTable {
@@ -19,6 +21,7 @@ impl LeaseTable {
         self: &Arc<Self>,
         subject: &Subject,
         cost: u64,
+        batch: u64,
         sent: u64,
         result: Result<(Decision, Grant), StoreError>,
         asker: &Asker<Answer>,
@@ -55,12 +58,20 @@ impl LeaseTable {
                 .retry_after_ms
                 .max(grant.ask_again_ms)
                 .max(1);
-            entry.denial = Some(Denial {
-                until: sent.saturating_add(wait),
-                cost,
-                decided_at: sent,
-                decision: decision.clone(),
-            });
+            // The wait is the one for the cost and a batch more: it holds for them all.
+            // A fixed window's is its end whatever the cost: it holds for every larger
+            // one too.
+            let fixed = self
+                .set
+                .policies()
+                .iter()
+                .all(|p| p.algorithm() == Algorithm::FixedWindow);
+            let up_to = if fixed {
+                u64::MAX
+            } else {
+                cost.saturating_add(batch)
+            };
+            entry.denial = Some(KeptDenial::new(cost, &decision, sent, wait).up_to(up_to));
             return Ok(decision);
         }
         if grant.units == 0 {

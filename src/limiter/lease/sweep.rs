@@ -18,7 +18,7 @@ impl Entry {
             .as_ref()
             .is_none_or(|flight| !flight.in_flight())
             && self.lease.is_none()
-            && self.denial.as_ref().is_none_or(|denial| at >= denial.until)
+            && self.denial.as_ref().is_none_or(|denial| denial.is_over(at))
             && now.saturating_sub(self.last_seen) >= idle_after
     }
 }
@@ -85,7 +85,7 @@ impl LeaseTable {
                 if entry
                     .denial
                     .as_ref()
-                    .is_some_and(|denial| at >= denial.until)
+                    .is_some_and(|denial| denial.is_over(at))
                 {
                     entry.denial = None;
                 }

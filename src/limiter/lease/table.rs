@@ -13,6 +13,7 @@ use super::flight::{self, Answer, Asker, Waiter};
 use super::Plan;
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::{Decision, Origin};
+use crate::limiter::kept::KeptDenial;
 use crate::store::{GiveBack, GiveBackFuture, LeaseAsk, LeaseStore, PolicySet};
 use crate::subject::Subject;
 
@@ -111,7 +112,9 @@ pub(super) struct Entry {
     /// is closed, and counts as none.
     pub(super) flight: Option<Waiter<Answer>>,
     pub(super) lease: Option<Lease>,
-    pub(super) denial: Option<Denial>,
+    /// A leasing check the store denied, kept until the cost and a batch fit (on the
+    /// store's clock, as a [`Lease`]'s times are).
+    pub(super) denial: Option<KeptDenial>,
 }
 
 /// Units this instance holds for a subject.
@@ -154,16 +157,6 @@ pub(super) fn give_back_of(
         before_ms: window_end.filter(|_| units > 0)?,
         epoch,
     })
-}
-
-/// A leasing check the store denied, answered locally until `until` (on the store's
-/// clock, as a [`Lease`]'s times are).
-#[derive(Debug)]
-pub(super) struct Denial {
-    pub(super) until: u64,
-    pub(super) cost: u64,
-    pub(super) decided_at: u64,
-    pub(super) decision: Decision,
 }
 
 impl LeaseTable {
@@ -285,17 +278,10 @@ impl LeaseTable {
         entry.this_period = entry.this_period.saturating_add(cost);
 
         if let Some(denial) = &entry.denial {
-            if at < denial.until && cost >= denial.cost {
-                let mut decision = denial.decision.clone();
-                let waited = at.saturating_sub(denial.decided_at);
-                decision.rebase(
-                    denial.until - at,
-                    decision.outcome().reset_after_ms.saturating_sub(waited),
-                    Origin::Lease,
-                );
+            if let Some(decision) = denial.answer(cost, at, Origin::Lease) {
                 return Local::Decided(decision);
             }
-            if at >= denial.until {
+            if denial.is_over(at) {
                 entry.denial = None;
             }
         }

@@ -81,7 +81,7 @@ async fn a_subject_asks_for_its_rate_and_spends_the_grant_here() {
         .check_leasing(subject.clone(), &table.set, 1, ask)
         .await;
     let decision = table
-        .granted(&subject, 1, 1_000_000, answer, &asker)
+        .granted(&subject, 1, ask.batch, 1_000_000, answer, &asker)
         .unwrap();
     // 1 for this request and 5 leased: 994 left in the store, 999 here.
     assert_eq!(decision.remaining(), 999);
