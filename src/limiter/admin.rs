@@ -59,16 +59,7 @@ impl<S: AdminStore> Limiter<S> {
     /// where that check's cost went, which this admin operation does not know.
     pub async fn refund(&self, subject: impl Into<Subject>, cost: u32) -> Result<Decision, Error> {
         let cost = self.valid_cost(cost)?;
-        let subject = subject.into();
-        if let Some(guard) = &self.guard {
-            if let Some(blocks) = &guard.blocks {
-                blocks.forget(&subject);
-            }
-            if let Some(table) = &guard.leases {
-                table.forget_denial(&subject);
-            }
-        }
-        self.admin(Operation::Refund, subject, cost).await
+        self.admin(Operation::Refund, subject.into(), cost).await
     }
 
     /// Gives back `cost` units where `decision` (this limiter's allowed check of
@@ -151,24 +142,16 @@ impl<S: AdminStore> Limiter<S> {
                     .with_origin(Origin::Fallback)
             })),
             Origin::Store | Origin::Lease => {
-                // A refund may make room; a charge only denies more.
-                if op == Operation::Refund {
-                    if let Some(blocks) = guard.and_then(|g| g.blocks.as_ref()) {
-                        blocks.forget(&subject);
-                    }
+                if let Some(guard) = guard {
+                    guard.forget_before(op, &subject);
                 }
-                // A charge that leaves the subject in debt ends this instance's lease
-                // of it: the lease would go on admitting what the store now denies.
-                let leases = guard
-                    .and_then(|g| g.leases.as_ref())
-                    .filter(|_| op == Operation::Charge);
-                let leased = leases.map(|_| subject.clone());
+                let after = guard
+                    .filter(|g| g.forgets_after(op))
+                    .map(|g| (g, subject.clone()));
                 match self.store.run(op, subject, &self.set, cost).await {
                     Ok(decision) => {
-                        if let (Some(table), Some(subject)) = (leases, leased) {
-                            if !decision.is_allowed() {
-                                table.forget(&subject);
-                            }
+                        if let Some((guard, subject)) = after {
+                            guard.forget_after(op, &subject, &decision);
                         }
                         Ok(Some(decision))
                     }
@@ -190,12 +173,7 @@ impl<S: AdminStore> Limiter<S> {
     pub async fn reset(&self, subject: impl Into<Subject>) -> Result<(), Error> {
         let subject = subject.into();
         if let Some(guard) = &self.guard {
-            if let Some(blocks) = &guard.blocks {
-                blocks.forget(&subject);
-            }
-            if let Some(table) = &guard.leases {
-                table.forget(&subject);
-            }
+            guard.forget_before(Operation::Reset, &subject);
             if let Some(fallback) = &guard.fallback {
                 fallback.run_op(Operation::Reset, subject.clone(), &self.set, 1);
             }
@@ -211,6 +189,9 @@ impl<S: AdminStore> Limiter<S> {
     }
 
     async fn admin(&self, op: Operation, subject: Subject, cost: u64) -> Result<Decision, Error> {
+        if let Some(guard) = &self.guard {
+            guard.forget_before(op, &subject);
+        }
         let fallback = self.guard.as_ref().and_then(|g| g.fallback.as_ref());
         let key = fallback.map(|_| subject.clone());
         match self.store.run(op, subject, &self.set, cost).await {

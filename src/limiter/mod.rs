@@ -29,6 +29,7 @@ use crate::subject::Subject;
 mod admin;
 mod block_cache;
 mod builder;
+mod forget;
 mod future;
 mod kept;
 pub(crate) mod lease;
