@@ -12,14 +12,12 @@
 //! end with it: the channel closes with nothing in it, its waiters wake, and the first
 //! of them to look again finds no check in flight and asks in its place; the others
 //! wait for that one. No waiter is left waiting for an asker that is gone.
+//!
+//! Here, the channel; the table asks and waits through it in grant.rs.
 
 use tokio::sync::watch;
 
-use super::table::{LeaseTable, Local};
-use super::DecisionFuture;
-use crate::store::{LeaseAsk, StoreError};
-use crate::subject::Subject;
-use std::sync::Arc;
+use crate::error::StoreError;
 
 /// What a leasing check's waiters learn: it was answered (the table holds what it
 /// left), or it failed, with its error.
@@ -80,63 +78,6 @@ impl<T: Clone> Waiter<T> {
             Ok(answer) => answer.clone(),
             Err(_closed) => None,
         }
-    }
-}
-
-impl LeaseTable {
-    /// The store's leasing check for `ask`, recorded when it is answered and then
-    /// given to the subject's waiters. Dropped first, it drops `asker`: the waiters
-    /// wake to ask for themselves.
-    pub(crate) fn ask(
-        self: &Arc<Self>,
-        subject: Subject,
-        cost: u64,
-        ask: LeaseAsk,
-        asker: Asker<Answer>,
-    ) -> DecisionFuture {
-        // Read before the call is made: the store decides no earlier.
-        let sent = self.store_clock.now_ms();
-        let call = self
-            .source
-            .check_leasing(subject.clone(), &self.set, cost, ask);
-        let table = Arc::clone(self);
-        Box::pin(async move {
-            let result = call.await;
-            let decided = table.granted(&subject, cost, ask.batch, sent, result, &asker);
-            asker.answer(decided.as_ref().map(drop).map_err(StoreError::clone));
-            decided
-        })
-    }
-
-    /// Waits for the subject's leasing check in flight, then decides as
-    /// [`LeaseTable::try_local`] says (asking the store itself if it must), or
-    /// answers with that check's failure.
-    pub(crate) fn after_wait(
-        self: &Arc<Self>,
-        mut waiter: Waiter<Answer>,
-        subject: Subject,
-        cost: u64,
-    ) -> DecisionFuture {
-        let table = Arc::clone(self);
-        Box::pin(async move {
-            loop {
-                // Answered or left without an answer: look again below.
-                if let Some(Err(error)) = waiter.answer().await {
-                    return Err(error);
-                }
-                let now = table.now_ms();
-                match table.try_local(&subject, cost, now) {
-                    Local::Decided(decision) => return Ok(decision),
-                    Local::Ask(ask, asker) => return table.ask(subject, cost, ask, asker).await,
-                    Local::Wait(next) => waiter = next,
-                    Local::Plain => {
-                        let plain = LeaseAsk { want: 0, batch: 0 };
-                        let call = table.source.check_leasing(subject, &table.set, cost, plain);
-                        return call.await.map(|(decision, _)| decision);
-                    }
-                }
-            }
-        })
     }
 }
 

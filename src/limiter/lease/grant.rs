@@ -1,15 +1,19 @@
-//! Recording a leasing check's answer: the lease it granted (added to one of the same
-//! generation still held), or the denial to keep, for the subject's next requests.
+//! A leasing check in flight, from asking to its answer: the one request that asks
+//! the store, the waiters that look again after it (flight.rs is their channel), and
+//! recording the answer: the lease it granted (added to one of the same generation
+//! still held), or the denial to keep, for the subject's next requests.
 
 use std::sync::Arc;
 
-use super::flight::{Answer, Asker};
-use super::table::{give_back_of, Lease, LeaseTable};
+use super::flight::{Answer, Asker, Waiter};
+use super::table::{give_back_of, Lease, LeaseTable, Local};
+use super::DecisionFuture;
 use crate::algorithm::Grant;
 use crate::decision::{Decision, Origin};
 use crate::error::StoreError;
 use crate::limiter::kept::KeptDenial;
 use crate::policy::Algorithm;
+use crate::store::LeaseAsk;
 use crate::subject::Subject;
 
 impl LeaseTable {
@@ -120,5 +124,62 @@ impl LeaseTable {
         let reset = decision.outcome().reset_after_ms;
         decision.rebase_allowed(remaining, reset, Origin::Store);
         Ok(decision)
+    }
+}
+
+impl LeaseTable {
+    /// The store's leasing check for `ask`, recorded when it is answered and then
+    /// given to the subject's waiters. Dropped first, it drops `asker`: the waiters
+    /// wake to ask for themselves.
+    pub(crate) fn ask(
+        self: &Arc<Self>,
+        subject: Subject,
+        cost: u64,
+        ask: LeaseAsk,
+        asker: Asker<Answer>,
+    ) -> DecisionFuture {
+        // Read before the call is made: the store decides no earlier.
+        let sent = self.store_clock.now_ms();
+        let call = self
+            .source
+            .check_leasing(subject.clone(), &self.set, cost, ask);
+        let table = Arc::clone(self);
+        Box::pin(async move {
+            let result = call.await;
+            let decided = table.granted(&subject, cost, ask.batch, sent, result, &asker);
+            asker.answer(decided.as_ref().map(drop).map_err(StoreError::clone));
+            decided
+        })
+    }
+
+    /// Waits for the subject's leasing check in flight, then decides as
+    /// [`LeaseTable::try_local`] says (asking the store itself if it must), or
+    /// answers with that check's failure.
+    pub(crate) fn after_wait(
+        self: &Arc<Self>,
+        mut waiter: Waiter<Answer>,
+        subject: Subject,
+        cost: u64,
+    ) -> DecisionFuture {
+        let table = Arc::clone(self);
+        Box::pin(async move {
+            loop {
+                // Answered or left without an answer: look again below.
+                if let Some(Err(error)) = waiter.answer().await {
+                    return Err(error);
+                }
+                let now = table.now_ms();
+                match table.try_local(&subject, cost, now) {
+                    Local::Decided(decision) => return Ok(decision),
+                    Local::Ask(ask, asker) => return table.ask(subject, cost, ask, asker).await,
+                    Local::Wait(next) => waiter = next,
+                    Local::Plain => {
+                        let plain = LeaseAsk { want: 0, batch: 0 };
+                        let call = table.source.check_leasing(subject, &table.set, cost, plain);
+                        return call.await.map(|(decision, _)| decision);
+                    }
+                }
+            }
+        })
     }
 }

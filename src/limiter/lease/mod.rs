@@ -1,8 +1,9 @@
 //! The lease runtime of a limiter (what leases do and promise: [`crate::lease`]).
 //! Here: the settings and their plan for a policy set. Beside them: the table of
-//! subjects (table.rs), the one leasing check in flight per subject (flight.rs),
-//! recording its answer (grant.rs), give-backs and idle subjects (sweep.rs). What a
-//! store does for leases is the store's (`store/lease.rs`).
+//! subjects (table.rs), the channel of the one leasing check in flight per subject
+//! (flight.rs), asking, waiting and recording the answer (grant.rs), give-backs and
+//! idle subjects (sweep.rs). What a store does for leases is the store's
+//! (`store/lease.rs`).
 
 mod flight;
 mod grant;
