@@ -14,6 +14,8 @@ mod hooks;
 mod keys;
 mod link;
 mod ops;
+mod queue;
+mod reader;
 mod script;
 mod setup;
 

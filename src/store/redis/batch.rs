@@ -22,15 +22,16 @@
 //! check is shed at once ([`StoreErrorKind::Overloaded`]).
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 
 use super::contract::args::{Batch, Call, Check};
 use super::contract::reply::{decode, BatchReply, Reply};
-use super::link::{Link, Since};
-use super::ops::exchange;
+use super::link::Link;
+use super::queue::Waiting;
+use super::reader::Since;
 use crate::decision::Decision;
 use crate::store::{StoreError, StoreErrorKind};
 
@@ -69,41 +70,6 @@ impl Default for Batching {
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             max_queue: DEFAULT_MAX_QUEUE,
         }
-    }
-}
-
-/// The checks waiting for a call in flight to end, shared by every clone of a store.
-#[derive(Debug, Default)]
-pub(super) struct Queue {
-    state: Mutex<State>,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    /// Checks and batches sent and not yet answered.
-    in_flight: usize,
-    waiting: VecDeque<Waiting>,
-}
-
-/// A queued check, with where its decision goes.
-#[derive(Debug)]
-struct Waiting {
-    call: Call<Check>,
-    answer: oneshot::Sender<Result<Decision, StoreError>>,
-    since: Since,
-    timeout: Duration,
-    max_batch: usize,
-}
-
-impl Queue {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// How many checks the queue holds without allocating.
-    #[cfg(feature = "internals")]
-    pub(super) fn capacity(&self) -> usize {
-        self.lock().waiting.capacity()
     }
 }
 
@@ -148,7 +114,7 @@ pub(super) async fn check(
     let _slot = batches.then(|| Slot::taken(Arc::clone(&link)));
     // `one`'s body, inline: awaiting it here would add its frame to every check's
     // boxed future (`a_check_s_future_stays_small`).
-    let reply: Reply = decode(exchange(&link, &call, timeout, None, 1).await?)?;
+    let reply: Reply = decode(link.exchange(&call, timeout, None, 1).await?)?;
     reply.decision(&call.policies, call.cost)
 }
 
@@ -191,7 +157,7 @@ async fn one(
     timeout: Duration,
     since: Option<Since>,
 ) -> Result<Decision, StoreError> {
-    let reply: Reply = decode(exchange(link, call, timeout, since, 1).await?)?;
+    let reply: Reply = decode(link.exchange(call, timeout, since, 1).await?)?;
     reply.decision(&call.policies, call.cost)
 }
 
@@ -311,7 +277,7 @@ async fn send(link: &Arc<Link>, mut batch: Vec<Waiting>) {
         batch.into_iter().map(|w| (w.call, w.answer)).unzip();
     let request = Batch { calls };
     let checks = request.calls.len() as u64;
-    let reply = exchange(link, &request, timeout, Some(since), checks).await;
+    let reply = link.exchange(&request, timeout, Some(since), checks).await;
     // A reply that is no batch's, or another batch's, fails every check of it.
     let decided = reply.and_then(|reply| {
         decode::<BatchReply>(reply)

@@ -17,7 +17,7 @@ use deadpool_redis::redis::{
 use deadpool_redis::{cluster, Connection, Pool};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::link::{Activity, Heard, Reader};
+use super::reader::{Activity, Heard, Reader};
 
 /// How many `MOVED`/`ASK` redirects one command follows (a slot moves once per
 /// resharding step; more means the topology is changing under it).

@@ -6,12 +6,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::Value;
-
 use super::batch;
-use super::contract::args::{
-    Admin, AdminOp, Call, CallShape, Check, Entry, GivingBack, Leasing, Request,
-};
+use super::contract::args::{Admin, AdminOp, Call, CallShape, Check, Entry, GivingBack, Leasing};
 use super::contract::reply::{decode, Reply};
 use super::link::{self, Link};
 use super::script;
@@ -48,7 +44,10 @@ impl RedisStore {
             .map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))?;
         let set = PolicySet::new(vec![policy]);
         let call = self.call(&Subject::new("~ready"), &set, 1, Admin(AdminOp::Peek));
-        let reply = exchange(&self.link, &call, link::READY_TIMEOUT, None, 1).await?;
+        let reply = self
+            .link
+            .exchange(&call, link::READY_TIMEOUT, None, 1)
+            .await?;
         decode::<Reply>(reply)?.decision_each(&call.policies, call.cost)?;
         Ok(())
     }
@@ -84,7 +83,7 @@ impl RedisStore {
     ) -> impl Future<Output = Result<(Call<S>, S::Reply), StoreError>> {
         let (link, timeout) = (Arc::clone(&self.link), self.settings.timeout);
         async move {
-            let reply = decode(exchange(&link, &call, timeout, None, 1).await?)?;
+            let reply = decode(link.exchange(&call, timeout, None, 1).await?)?;
             Ok((call, reply))
         }
     }
@@ -130,49 +129,12 @@ async fn one<S: CallShape<Reply = Reply>>(
     call: Call<S>,
     timeout: Duration,
 ) -> Result<Decision, StoreError> {
-    let reply: Reply = decode(exchange(&link, &call, timeout, None, 1).await?)?;
+    let reply: Reply = decode(link.exchange(&call, timeout, None, 1).await?)?;
     let cost = call.shape.answered_cost(call.cost);
     if call.shape.entry() == Entry::Admin {
         return reply.decision_each(&call.policies, cost);
     }
     reply.decision(&call.policies, cost)
-}
-
-/// One round trip on `link`'s connection within `timeout` from `since` (see
-/// [`RedisStore::timeout`]; `None`: from now), carrying `checks` checks: every check
-/// that ends without a reply is counted.
-pub(super) async fn exchange<R: Request + ?Sized>(
-    link: &Arc<Link>,
-    request: &R,
-    timeout: Duration,
-    since: Option<link::Since>,
-    checks: u64,
-) -> Result<Value, StoreError> {
-    // While connected, the connection is lent at once: no timer for that.
-    let mut lent = match link.current() {
-        Some(lent) => lent,
-        None => {
-            let lent = match tokio::time::Instant::now().checked_add(timeout) {
-                Some(deadline) => tokio::time::timeout_at(deadline, link.lend())
-                    .await
-                    .unwrap_or_else(|_| Err(StoreError::timeout())),
-                None => link.lend().await,
-            };
-            match lent {
-                Ok(lent) => lent,
-                Err(error) => {
-                    link.count_failures(&error, checks);
-                    return Err(error);
-                }
-            }
-        }
-    };
-    let since = since.unwrap_or_else(|| link.since());
-    let reply = link.eval_within(&mut lent, request, timeout, since).await;
-    if let Err(error) = &reply {
-        link.count_failures(error, checks);
-    }
-    reply
 }
 
 /// A leasing check is one `FCALL` of the library's lease function: the check's

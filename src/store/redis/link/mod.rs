@@ -1,8 +1,8 @@
 //! The store's one connection (multiplexed, to one server or to a cluster), taken
 //! from the application's pool or opened by the store, and its replacement when it
 //! breaks. Here: the calls on it and the watch for silence; getting and replacing
-//! the connection is in connect.rs, the function library in library.rs, the reply
-//! reader in reader.rs.
+//! the connection is in connect.rs, the function library in library.rs; what the
+//! store knows of its reads is ../reader.rs.
 
 use std::future::Future;
 use std::pin::pin;
@@ -14,19 +14,17 @@ use std::time::{Duration, Instant};
 use deadpool_redis::redis::{ErrorKind, Value};
 use tokio::sync::{Mutex, Notify};
 
-use super::batch::Queue;
 use super::conn::{Conn, Source};
 use super::contract::args::Request;
+use super::queue::Queue;
 use crate::store::{StoreError, StoreErrorKind};
 use crate::telemetry::LogThrottle;
 
 mod connect;
 mod library;
-mod reader;
 
+use super::reader::{Activity, Read, Reader, Since};
 use connect::MIN_BACKOFF;
-use reader::Read;
-pub(in crate::store::redis) use reader::{Activity, Heard, Reader};
 
 /// How long one attempt to get a connection from the pool may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -128,13 +126,6 @@ enum Attempt {
     Backoff(Instant),
 }
 
-/// When a call's time started, and how much the connection had delivered by then.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Since {
-    at: tokio::time::Instant,
-    heard: u64,
-}
-
 /// A connection lent to one call, with the generation to report failures against.
 pub(super) struct Lent {
     conn: Conn,
@@ -142,6 +133,43 @@ pub(super) struct Lent {
 }
 
 impl Link {
+    /// One round trip on the connection within `timeout` from `since` (see
+    /// [`RedisStore::timeout`](super::RedisStore::timeout); `None`: from now), carrying `checks` checks: every check
+    /// that ends without a reply is counted.
+    pub(in crate::store::redis) async fn exchange<R: Request + ?Sized>(
+        self: &Arc<Self>,
+        request: &R,
+        timeout: Duration,
+        since: Option<Since>,
+        checks: u64,
+    ) -> Result<Value, StoreError> {
+        // While connected, the connection is lent at once: no timer for that.
+        let mut lent = match self.current() {
+            Some(lent) => lent,
+            None => {
+                let lent = match tokio::time::Instant::now().checked_add(timeout) {
+                    Some(deadline) => tokio::time::timeout_at(deadline, self.lend())
+                        .await
+                        .unwrap_or_else(|_| Err(StoreError::timeout())),
+                    None => self.lend().await,
+                };
+                match lent {
+                    Ok(lent) => lent,
+                    Err(error) => {
+                        self.count_failures(&error, checks);
+                        return Err(error);
+                    }
+                }
+            }
+        };
+        let since = since.unwrap_or_else(|| self.since());
+        let reply = self.eval_within(&mut lent, request, timeout, since).await;
+        if let Err(error) = &reply {
+            self.count_failures(error, checks);
+        }
+        reply
+    }
+
     pub(super) fn new(source: Source) -> Self {
         Self {
             address: source.address().into(),

@@ -20,6 +20,13 @@ use std::time::Instant;
 use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+/// When a call's time started, and how much the connection had delivered by then.
+#[derive(Debug, Clone, Copy)]
+pub(in crate::store::redis) struct Since {
+    pub(in crate::store::redis) at: tokio::time::Instant,
+    pub(in crate::store::redis) heard: u64,
+}
+
 /// Signs of life of the store's connection, shared with the socket it reads.
 #[derive(Debug)]
 pub(in crate::store::redis) struct Activity {
