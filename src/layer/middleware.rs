@@ -50,6 +50,9 @@ pub enum OverLimit {
     /// Hold the request until the limiter admits it, within [`Wait::max_wait`] of its
     /// denial; refuse (429, as [`OverLimit::Refuse`]) what cannot be admitted by then.
     ///
+    /// The wait is [`Limiter::check_within`]'s loop, which code outside HTTP calls
+    /// directly; the layer adds the bounds and the places below.
+    ///
     /// The promise, per layer (its clones share it):
     ///
     /// - A denied request waits when its time comes within `max_wait` of its first

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::error::Error;
-use crate::limiter::{may_wait, Limiter, Turn};
+use crate::limiter::{may_wait, wait_turn, Limiter, Turn};
 use crate::store::Store;
 use crate::subject::Subject;
 
@@ -56,9 +56,10 @@ impl Wait {
     /// How many requests may wait at once on a layer, all subjects together, by default.
     ///
     /// Each holds its request (the head and the body not yet read) and about 1 KB of the
-    /// layer's own (its box, its timer, its place): 1024 bound the layer's share to about
-    /// a megabyte beside the requests, and the connections held to far fewer than a
-    /// server's usual file-descriptor limit.
+    /// layer's own (two boxes: what its answer needs, and its wait with its timer and
+    /// its place): 1024 bound the layer's share to about a megabyte beside the
+    /// requests, and the connections held to far fewer than a server's usual
+    /// file-descriptor limit.
     pub const DEFAULT_PER_INSTANCE: usize = 1024;
 
     /// Requests whose time comes within `max_wait` of their denial wait for it; the
@@ -154,11 +155,11 @@ impl Room {
             return Err(denial);
         };
         let turn = Turn::new(denial, wait.max_wait);
+        let others = move || place.others();
         let limiter = Arc::clone(limiter);
-        Ok(Box::pin(async move {
-            let others = move || place.others();
-            limiter.wait_turn(subject, cost, turn, ahead, others).await
-        }))
+        Ok(Box::pin(wait_turn(
+            limiter, subject, cost, turn, ahead, others,
+        )))
     }
 
     /// A place for a request of `key` costing `cost`, with the cost of those waiting

@@ -39,7 +39,7 @@ mod wait;
 pub use builder::{BuildError, LimiterBuilder};
 pub use future::CheckFuture;
 use future::{After, CheckState, PendingLease};
-pub(crate) use wait::{may_wait, Turn};
+pub(crate) use wait::{may_wait, wait_turn, Turn};
 
 /// A store and the policies one kind of request is checked against.
 ///

@@ -2,27 +2,8 @@
 //! until the time its denial names, then checks again, for as long as that time comes
 //! within its bound. The layer's [`OverLimit::Wait`](crate::layer::OverLimit::Wait)
 //! waits with the same loop, after its own first check.
-//!
-//! ```
-//! use std::time::Duration;
-//! use redlimit::{Limiter, MemoryStore, Policy};
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! // One a tenth of a second: a batch job that would rather wait than fail.
-//! let limiter = Limiter::new(
-//!     MemoryStore::new(),
-//!     Policy::token_bucket("export", 1, 1, Duration::from_millis(100))?,
-//! );
-//! assert!(limiter.check("job-1", 1).await?.is_allowed());
-//! // Its next turn comes within a second: it waits for it, then is admitted.
-//! assert!(limiter.check_within("job-1", 1, Duration::from_secs(1)).await?.is_allowed());
-//! // Not within 10 ms: the denial comes back at once, with its `retry_after`.
-//! let denied = limiter.check_within("job-1", 1, Duration::from_millis(10)).await?;
-//! assert!(!denied.is_allowed());
-//! # Ok(()) }
-//! ```
 
+use std::borrow::Borrow;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -47,7 +28,28 @@ impl<S: Store> Limiter<S> {
     /// takes nothing: only an admission consumes. Callers that wait on one subject
     /// together each wake at their own denial's time, and those that lose the race
     /// wait again; the layer's waiting also queues them (see
-    /// [`OverLimit::Wait`](crate::layer::OverLimit::Wait)).
+    /// [`OverLimit::Wait`](crate::layer::OverLimit::Wait)). A denied call is counted in
+    /// `redlimit_waited_total` by how its wait ended (feature `metrics`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlimit::{Limiter, MemoryStore, Policy};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // One a tenth of a second: a batch job that would rather wait than fail.
+    /// let limiter = Limiter::new(
+    ///     MemoryStore::new(),
+    ///     Policy::token_bucket("export", 1, 1, Duration::from_millis(100))?,
+    /// );
+    /// assert!(limiter.check("job-1", 1).await?.is_allowed());
+    /// // Its next turn comes within a second: it waits for it, then is admitted.
+    /// assert!(limiter.check_within("job-1", 1, Duration::from_secs(1)).await?.is_allowed());
+    /// // Not within 10 ms: the denial comes back at once, with its `retry_after`.
+    /// let denied = limiter.check_within("job-1", 1, Duration::from_millis(10)).await?;
+    /// assert!(!denied.is_allowed());
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
@@ -67,60 +69,64 @@ impl<S: Store> Limiter<S> {
                     return Ok(denial);
                 }
                 let turn = Turn::new(denial, max_wait);
-                self.wait_turn(subject, cost, turn, 0, || 0).await
+                wait_turn(self, subject, cost, turn, 0, || 0).await
             }
             checked => checked,
         }
     }
+}
 
-    /// Waits out `turn`'s denial and checks again, until admitted, refused by its
-    /// deadline or failed. `ahead` is the cost of those queued before it when it starts
-    /// (its time is then when their costs and its own fit, from a peek of the total),
-    /// `others` that of the others queued when it is denied again.
-    pub(crate) async fn wait_turn(
-        &self,
-        subject: Subject,
-        cost: u32,
-        mut turn: Turn,
-        ahead: u64,
-        others: impl Fn() -> u64 + Send + Sync,
-    ) -> Result<Decision, Error> {
-        let mut ahead = ahead;
-        loop {
-            let wait_ms = if ahead == 0 {
-                turn.denial.outcome().retry_after_ms
-            } else {
-                // Above what a policy admits at once: its turn never comes.
-                let total = u32::try_from(ahead.saturating_add(u64::from(cost)));
-                let Some(total) = total.ok().filter(|t| self.valid_cost(*t).is_ok()) else {
-                    return Ok(turn.refused());
-                };
-                match self.peek(subject.clone(), total).await {
-                    Ok(decision) if decision.is_allowed() => 0,
-                    Ok(decision) => {
-                        // Its refusal names the time its turn would have come.
-                        turn.denial = decision;
-                        turn.denial.outcome().retry_after_ms
-                    }
-                    Err(error) => return Err(turn.failed(error)),
-                }
-            };
-            let wake = Instant::now().checked_add(Duration::from_millis(wait_ms));
-            let Some(wake) = wake.filter(|wake| turn.deadline.is_none_or(|d| *wake <= d)) else {
+/// Waits out `turn`'s denial of `limiter` and checks again, until admitted, refused by
+/// its deadline or failed. `ahead` is the cost of those queued before it when it starts
+/// (its time is then when their costs and its own fit, from a peek of the total),
+/// `others` that of the others queued when it is denied again. A free function, not a
+/// method: the layer's wait owns its limiter (an `Arc`), `check_within` borrows it.
+pub(crate) async fn wait_turn<S: Store>(
+    limiter: impl Borrow<Limiter<S>> + Send + Sync,
+    subject: Subject,
+    cost: u32,
+    mut turn: Turn,
+    ahead: u64,
+    others: impl Fn() -> u64 + Send + Sync,
+) -> Result<Decision, Error> {
+    let limiter = limiter.borrow();
+    let mut ahead = ahead;
+    loop {
+        let wait_ms = if ahead == 0 {
+            turn.denial.outcome().retry_after_ms
+        } else {
+            // Above what a policy admits at once: its turn never comes.
+            let total = u32::try_from(ahead.saturating_add(u64::from(cost)));
+            let Some(total) = total.ok().filter(|t| limiter.valid_cost(*t).is_ok()) else {
                 return Ok(turn.refused());
             };
-            tokio::time::sleep_until(wake).await;
-            match self.check(subject.clone(), cost).await {
-                Ok(decision) if decision.is_allowed() => {
-                    turn.end(WaitOutcome::Admitted);
-                    return Ok(decision);
-                }
-                Ok(denial) => {
-                    turn.denial = denial;
-                    ahead = others();
+            // Boxed: only a request with others queued ahead peeks, and the peek is the
+            // largest of the wait's futures.
+            match Box::pin(limiter.peek(subject.clone(), total)).await {
+                Ok(decision) if decision.is_allowed() => 0,
+                Ok(decision) => {
+                    // Its refusal names the time its turn would have come.
+                    turn.denial = decision;
+                    turn.denial.outcome().retry_after_ms
                 }
                 Err(error) => return Err(turn.failed(error)),
             }
+        };
+        let wake = Instant::now().checked_add(Duration::from_millis(wait_ms));
+        let Some(wake) = wake.filter(|wake| turn.deadline.is_none_or(|d| *wake <= d)) else {
+            return Ok(turn.refused());
+        };
+        tokio::time::sleep_until(wake).await;
+        match limiter.check(subject.clone(), cost).await {
+            Ok(decision) if decision.is_allowed() => {
+                turn.end(WaitOutcome::Admitted);
+                return Ok(decision);
+            }
+            Ok(denial) => {
+                turn.denial = denial;
+                ahead = others();
+            }
+            Err(error) => return Err(turn.failed(error)),
         }
     }
 }
