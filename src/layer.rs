@@ -105,6 +105,7 @@ pub(crate) mod response;
 mod rules;
 pub(crate) mod service;
 mod tiers;
+mod verdict;
 mod wait;
 
 pub use aftercare::Usage;
@@ -115,7 +116,6 @@ pub use plan::{Keyed, Plan};
 pub(crate) use plan::{Limit, Pick, Sealed};
 pub use rules::{RuleError, Rules, RulesBuilder};
 pub use tiers::Tiers;
-pub(crate) use wait::Outcome as WaitOutcome;
 pub use wait::Wait;
 
 pub use crate::layer::future::ResponseFuture;

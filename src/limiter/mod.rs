@@ -34,10 +34,12 @@ mod builder;
 mod future;
 #[cfg(test)]
 mod tests;
+mod wait;
 
 pub use builder::{BuildError, LimiterBuilder};
 pub use future::CheckFuture;
 use future::{After, CheckState, PendingLease};
+pub(crate) use wait::{may_wait, wait_turn, Turn};
 
 /// A store and the policies one kind of request is checked against.
 ///
