@@ -146,7 +146,9 @@ mod tests {
     use crate::layer::Rules;
     use crate::lease::Leases;
     use crate::store::{StoreError, StoreErrorKind};
-    use crate::{Error, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore};
+    #[cfg(feature = "redis")]
+    use crate::RedisStore;
+    use crate::{Error, Limiter, MemoryStore, Policy, RateLimitLayer};
 
     const MINUTE: Duration = Duration::from_secs(60);
 
@@ -245,6 +247,7 @@ mod tests {
         reads(err, &["rule 0", "\"/users/{id\""], "RuleError");
     }
 
+    #[cfg(feature = "redis")]
     #[test]
     fn redis_url_errors_hide_the_password() {
         let err = RedisStore::from_url("redis://app:hunter2@db.internal:port/0").unwrap_err();
@@ -286,6 +289,7 @@ mod tests {
         reads(none, &["Redis Cluster URLs: none given"], "Config(");
     }
 
+    #[cfg(feature = "redis")]
     #[test]
     fn prefix_errors() {
         let store = RedisStore::from_url("redis://127.0.0.1:1/").unwrap();

@@ -64,36 +64,9 @@
 //!
 //! # Naming the layer's type
 //!
-//! To keep a layer in a struct field or return it from a function, write
-//! [`KeyedLayer<S, K>`](KeyedLayer) for one made by
-//! [`RateLimitLayer::new`](crate::RateLimitLayer::new)`(limiter, key)`: the store and
-//! the key extractor, such as `KeyedLayer<RedisStore, ClientIp>`. A rules or tiers
-//! layer is `RateLimitLayer<S, Rules<S>>` or `RateLimitLayer<S, Tiers<S, K>>`. The
-//! second parameter of `RateLimitLayer` is always its [`Plan`], never the extractor
-//! itself. A key made with a closure (`Extension::new(|user: &User| ..)`,
-//! [`from_fn`](crate::key::from_fn)) has a type no one can write: erase it with
-//! [`.boxed()`](crate::key::KeyExtractorExt::boxed) and write
-//! `KeyedLayer<S, Box<dyn KeyExtractor>>`.
-//!
-//! ```
-//! use std::time::Duration;
-//!
-//! use redlimit::key::ClientIp;
-//! use redlimit::layer::KeyedLayer;
-//! use redlimit::{Limiter, MemoryStore, Policy, RateLimitLayer};
-//!
-//! struct AppState {
-//!     login_limit: KeyedLayer<MemoryStore, ClientIp>,
-//! }
-//!
-//! # fn main() -> Result<(), redlimit::PolicyError> {
-//! let policy = Policy::fixed_window("login", 5, Duration::from_secs(60))?;
-//! let state = AppState {
-//!     login_limit: RateLimitLayer::new(Limiter::new(MemoryStore::new(), policy), ClientIp::new()),
-//! };
-//! # let _ = state.login_limit;
-//! # Ok(()) }
-//! ```
+//! To keep a layer in a struct field or return it from a function, name it
+//! [`KeyedLayer<S, K>`](KeyedLayer): see
+//! [naming the layer's type](crate::key#naming-the-layers-type).
 
 mod aftercare;
 pub(crate) mod future;
@@ -105,6 +78,7 @@ pub(crate) mod response;
 mod rules;
 pub(crate) mod service;
 mod tiers;
+mod verdict;
 mod wait;
 
 pub use aftercare::Usage;
@@ -115,7 +89,6 @@ pub use plan::{Keyed, Plan};
 pub(crate) use plan::{Limit, Pick, Sealed};
 pub use rules::{RuleError, Rules, RulesBuilder};
 pub use tiers::Tiers;
-pub(crate) use wait::Outcome as WaitOutcome;
 pub use wait::Wait;
 
 pub use crate::layer::future::ResponseFuture;

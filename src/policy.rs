@@ -37,7 +37,7 @@ pub(crate) const MAX_NAME_LEN: usize = 64;
 /// back as empty in Redis.
 pub(crate) const MAX_WINDOW: Duration = Duration::from_secs(3_653 * 86_400);
 
-/// The four algorithms.
+/// The five algorithms: four rates ([`Algorithm::RATES`]) and requests in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Algorithm {

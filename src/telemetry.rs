@@ -266,7 +266,7 @@ pub(crate) fn degraded(decision: &Decision) {
 /// A request over its limit on a layer that waits (`OverLimit::Wait`) came to
 /// `outcome`: admitted at its time, refused (at once or at its deadline), decided by the
 /// failure mode (the store failed while it waited), or cancelled (its client left).
-pub(crate) fn waited(denial: &Decision, outcome: crate::layer::WaitOutcome) {
+pub(crate) fn waited(denial: &Decision, outcome: WaitOutcome) {
     tracing::debug!(
         policy = denial.policy().name(),
         outcome = outcome.as_str(),
@@ -280,6 +280,31 @@ pub(crate) fn waited(denial: &Decision, outcome: crate::layer::WaitOutcome) {
         "outcome" => outcome.as_str(),
     )
     .increment(1);
+}
+
+/// How a wait for the limiter ended ([`Limiter::check_within`](crate::Limiter::check_within)
+/// and the layer's `OverLimit::Wait`), for the logs and `redlimit_waited_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WaitOutcome {
+    /// Admitted at its time.
+    Admitted,
+    /// Refused: its time beyond its deadline, no place free, no runtime to wait on.
+    Refused,
+    /// The store failed while it waited.
+    Failed,
+    /// Dropped while it waited (the client left).
+    Cancelled,
+}
+
+impl WaitOutcome {
+    const fn as_str(self) -> &'static str {
+        match self {
+            WaitOutcome::Admitted => "admitted",
+            WaitOutcome::Refused => "refused",
+            WaitOutcome::Failed => "failed",
+            WaitOutcome::Cancelled => "cancelled",
+        }
+    }
 }
 
 /// A request whose cost no policy can take was refused: the client's input (or a cost

@@ -29,27 +29,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! An extractor is sync and reads only the request's head (`http::request::Parts`).
-//! When it finds nothing to key on, it returns a [`KeyRejection`], which the layer
-//! answers with the rejection's status and message (never a 500, never a panic); or it
-//! falls back to another extractor with [`KeyExtractorExt::or`].
+//! The extractors, their subjects and rejections, and how to combine them, are on the
+//! keys page, below.
 //!
-//! | extractor | subject | rejected when |
-//! |---|---|---|
-//! | [`ClientIp`] | `ip=203.0.113.7`, `ip=2001:db8:1:2::/64` | no peer address (403) |
-//! | [`Header::new`] | hash of the value keyed by your [`Secret`] | header missing or empty (401) |
-//! | [`Header::plain`] | `header:x-tenant=acme` | header missing or empty (401) |
-//! | [`Extension`] | what the mapping returns | extension missing (401) |
-//! | [`Route`] | `route=GET /users/{id}` | never |
-//! | [`Global`] | `global` | never |
-//! | [`from_fn`] | what the closure returns | when the closure says |
-//!
-//! The built-in subjects are written so that different extractors never produce the
-//! same subject; subjects you make yourself (with [`Extension`] or [`from_fn`]) are
-//! best given a prefix of their own, such as `user:42`.
-//!
-//! To keep one type for differently built extractors, erase it with
-//! [`KeyExtractorExt::boxed`] or put it in an `Arc`: both are extractors too.
+#![doc = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/keys.md"))]
 
 use std::borrow::Cow;
 use std::fmt;

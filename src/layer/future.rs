@@ -1,5 +1,6 @@
-//! The response future of [`RateLimit`](crate::RateLimit): first the limiter's check,
-//! then the inner service's call.
+//! The response future of [`RateLimit`](crate::RateLimit): the one state machine of a
+//! request, from the limiter's check (and, on a layer that waits, the wait for its
+//! turn) to the inner service's call.
 
 use std::fmt;
 use std::future::Future;
@@ -13,12 +14,13 @@ use tower_service::Service;
 
 use crate::decision::Decision;
 use crate::error::Error;
-use crate::layer::headers::{HeaderStyle, PolicyHeaders, Snapshot};
 use crate::layer::response::{self, Answer, ResponseBody};
-use crate::layer::wait::{self, Held, Settled, Start};
-use crate::layer::{Aftercare, Config, FailureMode, Limit, OverLimit, Plan, Shared};
+use crate::layer::verdict::{verdict, Headers, Verdict};
+use crate::layer::wait::Waiting;
+use crate::layer::{Aftercare, Limit, OverLimit, Plan, Shared};
 use crate::limiter::CheckFuture;
 use crate::store::Store;
+use crate::subject::Subject;
 
 pin_project! {
     /// The pending response of [`RateLimit`](crate::RateLimit).
@@ -60,7 +62,7 @@ pin_project! {
         Checking {
             #[pin]
             check: CheckFuture<S::Future>,
-            waiting: Box<Waiting<S, P, Inner, ReqBody>>,
+            pending: Box<Pending<S, P, Inner, ReqBody>>,
         },
         /// Allowed: the inner service runs; `headers` says what to add to its response
         /// (absent when allowed responses carry no headers, the store failed open, or
@@ -72,10 +74,9 @@ pin_project! {
             headers: Option<Headers>,
             aftercare: Option<Box<Aftercare<S>>>,
         },
-        /// Over its limit on a layer that waits ([`OverLimit::Wait`]): held until its
-        /// time, then checked, then readying a clone of the inner service. Boxed: only
-        /// a denied request of a waiting layer gets here, and the other states stay as
-        /// small as they were.
+        /// Over its limit on a layer that waits ([`OverLimit::Wait`]): waiting for its
+        /// turn, then readying a clone of the inner service. Boxed: only a denied request
+        /// of a waiting layer gets here, and the other states stay as small as they were.
         Waiting { held: Box<Held<S, P, Inner, ReqBody>> },
         /// The layer answers by itself: a key rejection, a denial, a 503.
         Answered { answer: Option<Answer> },
@@ -85,27 +86,42 @@ pin_project! {
 
 /// What waits beside a pending check: the request, the readied inner service, and
 /// what deciding needs once the check completes (the layer's options, the limit that
-/// checks the request, what follows its check).
-struct Waiting<S, P: Plan<S>, Inner, ReqBody> {
+/// checks the request, what follows its check, what it asked for).
+struct Pending<S, P: Plan<S>, Inner, ReqBody> {
     request: Request<ReqBody>,
     inner: Inner,
     shared: Arc<Shared<S, P>>,
     limit: Limit<S>,
     aftercare: Option<Box<Aftercare<S>>>,
+    asked: Option<Asked>,
 }
 
-/// What to add to an allowed response once the inner service answers.
-pub(crate) struct Headers {
-    style: HeaderStyle,
-    snapshot: Snapshot,
-    policies: Arc<PolicyHeaders>,
+/// What a request asked its limiter for, kept from `call` on a layer that waits: a
+/// denied request waits for the same subject and cost, with no second run of the key
+/// extractor or the cost function.
+pub(crate) struct Asked {
+    pub(crate) subject: Subject,
+    pub(crate) cost: u32,
+}
+
+/// A request the limiter denied, on a layer that waits: its wait (`None` once admitted),
+/// then the readying of a clone of the inner service and its call.
+struct Held<S, P: Plan<S>, Inner, ReqBody> {
+    turn: Option<Waiting>,
+    request: Option<Request<ReqBody>>,
+    /// A clone of the inner service, readied only once the request is admitted.
+    inner: Inner,
+    shared: Arc<Shared<S, P>>,
+    limit: Limit<S>,
+    aftercare: Option<Box<Aftercare<S>>>,
+    headers: Option<Headers>,
 }
 
 impl<S, P, Inner, ReqBody> ResponseFuture<S, P, Inner, ReqBody>
 where
     S: Store,
     P: Plan<S>,
-    Inner: Service<Request<ReqBody>>,
+    Inner: Service<Request<ReqBody>> + Clone,
 {
     /// A check still pending: `inner` is the service `poll_ready` readied; `limit` is
     /// the one checking.
@@ -116,18 +132,18 @@ where
         shared: Arc<Shared<S, P>>,
         limit: Limit<S>,
         aftercare: Option<Box<Aftercare<S>>>,
+        asked: Option<Asked>,
     ) -> Self {
+        let pending = Box::new(Pending {
+            request,
+            inner,
+            shared,
+            limit,
+            aftercare,
+            asked,
+        });
         Self {
-            state: State::Checking {
-                check,
-                waiting: Box::new(Waiting {
-                    request,
-                    inner,
-                    shared,
-                    limit,
-                    aftercare,
-                }),
-            },
+            state: State::Checking { check, pending },
         }
     }
 
@@ -140,51 +156,10 @@ where
         shared: &Arc<Shared<S, P>>,
         limit: &Limit<S>,
         aftercare: Option<Box<Aftercare<S>>>,
-    ) -> Self
-    where
-        Inner: Clone,
-    {
-        let next = next_step(checked, request, inner, &shared.config, limit, aftercare);
-        let state = match next {
-            Next::Wait {
-                decision,
-                request,
-                aftercare,
-            } => {
-                // The service `poll_ready` readied is dropped, so the waiting request
-                // holds nothing of it (a concurrency permit, a buffer slot); the
-                // service keeps a fresh clone for the next request, and the request a
-                // clone of its own, readied only once it is admitted.
-                let fresh = inner.clone();
-                drop(std::mem::replace(inner, fresh));
-                let mine = inner.clone();
-                Self::held(wait::hold(
-                    decision, request, aftercare, mine, shared, limit,
-                ))
-            }
-            Next::Call {
-                future,
-                headers,
-                aftercare,
-            } => State::Calling {
-                future,
-                headers,
-                aftercare,
-            },
-            Next::Answer(answer) => State::Answered {
-                answer: Some(answer),
-            },
-        };
+        asked: Option<Asked>,
+    ) -> Self {
+        let state = decide(checked, request, inner, shared, limit, aftercare, asked);
         Self { state }
-    }
-
-    fn held(start: Start<Box<Held<S, P, Inner, ReqBody>>>) -> State<S, P, Inner, ReqBody> {
-        match start {
-            Start::Held(held) => State::Waiting { held },
-            Start::Answer(answer) => State::Answered {
-                answer: Some(answer),
-            },
-        }
     }
 
     /// No limit applies: the inner call, untouched.
@@ -208,6 +183,104 @@ where
     }
 }
 
+/// Acts on the first check: a denial that a waiting layer holds is handed to its wait
+/// ([`hold`]); anything else is the [`verdict`]'s, and `inner` (the readied service) is
+/// called when the request passes.
+#[inline]
+fn decide<S, P, Inner, ReqBody>(
+    checked: Result<Decision, Error>,
+    request: Request<ReqBody>,
+    inner: &mut Inner,
+    shared: &Arc<Shared<S, P>>,
+    limit: &Limit<S>,
+    aftercare: Option<Box<Aftercare<S>>>,
+    asked: Option<Asked>,
+) -> State<S, P, Inner, ReqBody>
+where
+    S: Store,
+    P: Plan<S>,
+    Inner: Service<Request<ReqBody>> + Clone,
+{
+    let checked = match (checked, asked) {
+        (Ok(denial), Some(asked)) if !denial.is_allowed() => {
+            return hold(denial, asked, request, inner, shared, limit, aftercare);
+        }
+        (checked, _) => checked,
+    };
+    match verdict(checked, request, &shared.config, limit, aftercare) {
+        Verdict::Pass {
+            request,
+            headers,
+            aftercare,
+        } => State::Calling {
+            future: inner.call(request),
+            headers,
+            aftercare,
+        },
+        Verdict::Answer(answer) => State::Answered {
+            answer: Some(answer),
+        },
+    }
+}
+
+/// The hand-off to a wait: a denied request on a layer that waits is held for its turn
+/// in a place of the layer's, or refused at once (429) when it may not wait.
+///
+/// The service `poll_ready` readied (`inner`) is given up, so the waiting request holds
+/// nothing of it (a concurrency permit, a buffer slot): `inner` becomes a fresh clone
+/// for its owner, and the request waits with a clone of its own, readied only once it
+/// is admitted.
+fn hold<S, P, Inner, ReqBody>(
+    denial: Decision,
+    asked: Asked,
+    request: Request<ReqBody>,
+    inner: &mut Inner,
+    shared: &Arc<Shared<S, P>>,
+    limit: &Limit<S>,
+    aftercare: Option<Box<Aftercare<S>>>,
+) -> State<S, P, Inner, ReqBody>
+where
+    S: Store,
+    P: Plan<S>,
+    Inner: Service<Request<ReqBody>> + Clone,
+{
+    let config = &shared.config;
+    let turn = match (&shared.room, config.over_limit) {
+        (Some(room), OverLimit::Wait(wait)) => {
+            room.hold(&limit.limiter, asked.subject, asked.cost, denial, &wait)
+        }
+        _ => Err(denial),
+    };
+    match turn {
+        Ok(turn) => {
+            let fresh = inner.clone();
+            drop(std::mem::replace(inner, fresh));
+            State::Waiting {
+                held: Box::new(Held {
+                    turn: Some(turn),
+                    request: Some(request),
+                    inner: inner.clone(),
+                    shared: Arc::clone(shared),
+                    limit: limit.clone(),
+                    aftercare,
+                    headers: None,
+                }),
+            }
+        }
+        Err(denial) => {
+            // Its time is past `max_wait`, or no place is free: refused before anything
+            // is made for a wait (a flood over the limit costs what it costs a refusing
+            // layer).
+            crate::telemetry::waited(&denial, crate::telemetry::WaitOutcome::Refused);
+            let (head, _body) = request.into_parts();
+            let answer = response::too_many_requests(&head, &denial, config, &limit.headers);
+            State::Answered {
+                answer: Some(answer),
+            }
+        }
+    }
+}
+
 impl<S, P, Inner, ReqBody, ResBody> Future for ResponseFuture<S, P, Inner, ReqBody>
 where
     S: Store,
@@ -222,74 +295,46 @@ where
             match state.as_mut().project() {
                 StateProj::Checking { check, .. } => {
                     let checked = ready!(check.poll(cx));
-                    let StateOwned::Checking { waiting, .. } =
+                    let StateOwned::Checking { pending, .. } =
                         state.as_mut().project_replace(State::Done)
                     else {
                         unreachable!("the state was Checking a moment ago");
                     };
-                    let Waiting {
+                    let Pending {
                         request,
                         mut inner,
                         shared,
                         limit,
                         aftercare,
-                    } = *waiting;
-                    match next_step(
-                        checked,
-                        request,
-                        &mut inner,
-                        &shared.config,
-                        &limit,
-                        aftercare,
-                    ) {
-                        Next::Call {
-                            future,
-                            headers,
-                            aftercare,
-                        } => {
-                            state.set(State::Calling {
-                                future,
-                                headers,
-                                aftercare,
-                            });
-                        }
-                        Next::Answer(answer) => {
+                        asked,
+                    } = *pending;
+                    let next = decide(
+                        checked, request, &mut inner, &shared, &limit, aftercare, asked,
+                    );
+                    state.set(next);
+                }
+                StateProj::Waiting { held } => {
+                    if let Some(turn) = &mut held.turn {
+                        let waited = ready!(turn.as_mut().poll(cx));
+                        held.turn = None;
+                        if let Some(answer) = held.admitted(waited) {
+                            state.set(State::Done);
                             return Poll::Ready(Ok(answer.map(ResponseBody::full)));
                         }
-                        Next::Wait {
-                            decision,
-                            request,
-                            aftercare,
-                        } => {
-                            // The readied service is dropped here: the request waits
-                            // with an unreadied clone (see `at_once`).
-                            let mine = inner.clone();
-                            drop(inner);
-                            let start =
-                                wait::hold(decision, request, aftercare, mine, &shared, &limit);
-                            state.set(Self::held(start));
-                        }
                     }
-                }
-                StateProj::Waiting { held } => match ready!(held.poll_settle(cx)) {
-                    Ok(Settled::Call {
-                        future,
-                        headers,
-                        aftercare,
-                    }) => state.set(State::Calling {
-                        future,
-                        headers,
-                        aftercare,
-                    }),
-                    Ok(Settled::Answer(answer)) => {
-                        state.set(State::Done);
-                        return Poll::Ready(Ok(answer.map(ResponseBody::full)));
-                    }
-                    Err(error) => {
+                    if let Err(error) = ready!(held.inner.poll_ready(cx)) {
                         state.set(State::Done);
                         return Poll::Ready(Err(error));
                     }
-                },
+                    let request = held.request.take().expect("a held request is called once");
+                    let future = held.inner.call(request);
+                    let (headers, aftercare) = (held.headers.take(), held.aftercare.take());
+                    state.set(State::Calling {
+                        future,
+                        headers,
+                        aftercare,
+                    });
+                }
                 StateProj::Calling {
                     future,
                     headers,
@@ -303,11 +348,7 @@ where
                         .and_then(|after| after.at_head(response.status(), response.headers()));
                     let mut response = response.map(|body| ResponseBody::inner(body, at_end));
                     if let Some(headers) = headers {
-                        headers.policies.write(
-                            headers.style,
-                            &headers.snapshot,
-                            response.headers_mut(),
-                        );
+                        headers.write(response.headers_mut());
                     }
                     return Poll::Ready(Ok(response));
                 }
@@ -324,177 +365,36 @@ where
     }
 }
 
-/// What follows a check: the inner call, an answer of the layer's own, or a wait.
-enum Next<F, R, ReqBody> {
-    Call {
-        future: F,
-        headers: Option<Headers>,
-        aftercare: Option<R>,
-    },
-    Answer(Answer),
-    /// Denied on a layer that waits: the caller holds it ([`wait::hold`]).
-    Wait {
-        decision: Decision,
-        request: Request<ReqBody>,
-        aftercare: Option<R>,
-    },
-}
-
-/// Acts on the limiter's answer: calls `inner` when allowed or when the store failed and
-/// the failure mode is open, with the [`Decision`] in the request's extensions either
-/// way (so an `Extension<Decision>` handler runs as written during an outage); answers
-/// otherwise, or hands a denial on a layer that waits back to be held. `aftercare` is kept
-/// only for an allowed request, and learns who took its cost (the store or the
-/// fallback); one that failed open or degraded consumed nothing, and on a settling
-/// layer gets a [`Usage`](crate::layer::Usage) that settles nothing (so an
-/// `Extension<Usage>` handler runs as written too).
-#[inline]
-fn next_step<S, Inner, ReqBody>(
-    checked: Result<Decision, Error>,
-    request: Request<ReqBody>,
-    inner: &mut Inner,
-    config: &Config,
-    limit: &Limit<S>,
-    aftercare: Option<Box<Aftercare<S>>>,
-) -> Next<Inner::Future, Box<Aftercare<S>>, ReqBody>
-where
-    S: Store,
-    Inner: Service<Request<ReqBody>>,
-{
-    match verdict(checked, request, config, limit, aftercare, true) {
-        Verdict::Pass {
-            request,
-            headers,
-            aftercare,
-        } => Next::Call {
-            future: inner.call(request),
-            headers,
-            aftercare,
-        },
-        Verdict::Answer(answer) => Next::Answer(answer),
-        Verdict::Over {
-            decision,
-            request,
-            aftercare,
-        } => Next::Wait {
-            decision,
-            request,
-            aftercare,
-        },
-    }
-}
-
-/// What the layer makes of a check: pass the request on (its [`Decision`] in its
-/// extensions, the headers its response gets, what follows it), answer it, or, on a
-/// layer that waits and when `may_wait`, hand a denial back to be held.
-pub(crate) enum Verdict<ReqBody, R> {
-    Pass {
-        request: Request<ReqBody>,
-        headers: Option<Headers>,
-        aftercare: Option<R>,
-    },
-    Answer(Answer),
-    Over {
-        decision: Decision,
-        request: Request<ReqBody>,
-        aftercare: Option<R>,
-    },
-}
-
-/// [`next_step`] up to the inner call: shared with a held request's check at its time
-/// (`may_wait` false there: it places itself again on its own).
-#[inline]
-pub(crate) fn verdict<S, ReqBody>(
-    checked: Result<Decision, Error>,
-    mut request: Request<ReqBody>,
-    config: &Config,
-    limit: &Limit<S>,
-    mut aftercare: Option<Box<Aftercare<S>>>,
-    may_wait: bool,
-) -> Verdict<ReqBody, Box<Aftercare<S>>>
-where
-    S: Store,
-{
-    let policies = &limit.headers;
-    let passing = |decision: &Decision| {
-        (config.headers_on_allowed && !config.header_style.is_none()).then(|| Headers {
-            style: config.header_style,
-            snapshot: Snapshot::of(decision),
-            policies: Arc::clone(policies),
-        })
-    };
-    let (headers, aftercare) = match checked {
-        Ok(decision) if decision.is_allowed() => {
-            let headers = passing(&decision);
-            if let Some(after) = &mut aftercare {
-                after.allowed(&decision, request.extensions_mut());
-            }
-            request.extensions_mut().insert(decision);
-            (headers, aftercare)
-        }
-        Ok(decision) if config.over_limit == OverLimit::Degrade => {
-            // Over the limit, and passed on with its denial: nothing was consumed, so
-            // there is nothing to refund, no slot to hold and nothing to settle.
-            crate::telemetry::degraded(&decision);
-            let headers = passing(&decision);
-            if let Some(after) = aftercare {
-                after.unreserved(request.extensions_mut());
-            }
-            request.extensions_mut().insert(decision);
-            (headers, None)
-        }
-        Ok(decision) if may_wait && wait::may_wait(config, &decision) => {
-            return Verdict::Over {
-                decision,
-                request,
-                aftercare,
-            };
-        }
-        Ok(decision) => {
-            if may_wait && matches!(config.over_limit, OverLimit::Wait(_)) {
-                // Its time is past `max_wait` already: refused before anything is made
-                // for a wait (a flood over the limit costs what it costs a refusing
-                // layer).
-                crate::telemetry::waited(&decision, crate::layer::WaitOutcome::Refused);
-            }
-            let (head, _body) = request.into_parts();
-            return Verdict::Answer(response::too_many_requests(
-                &head, &decision, config, policies,
-            ));
-        }
-        Err(Error::Store(error)) => {
-            // A shed check (the store's queue full) is never let through: shedding
-            // load must not turn into passing it unchecked.
-            let open = config.failure_mode == FailureMode::Open
-                && error.kind() != crate::store::StoreErrorKind::Overloaded;
-            crate::telemetry::layer_failed(&error, open);
-            if !open {
+impl<S: Store, P: Plan<S>, Inner, ReqBody> Held<S, P, Inner, ReqBody> {
+    /// Acts on how its wait ended as on a first check: admitted, or failed open, it goes
+    /// on to readying the inner service (`None`); else its answer (the 429 of its latest
+    /// denial, or the failure mode's).
+    fn admitted(&mut self, waited: Result<Decision, Error>) -> Option<Answer> {
+        let request = self.request.take().expect("a held request waits once");
+        let config = &self.shared.config;
+        let checked = match waited {
+            Ok(denial) if !denial.is_allowed() => {
                 let (head, _body) = request.into_parts();
-                return Verdict::Answer(response::unavailable(&head, config));
+                let policies = &self.limit.headers;
+                return Some(response::too_many_requests(
+                    &head, &denial, config, policies,
+                ));
             }
-            // No RateLimit headers: there are no figures to send, and made-up ones
-            // would mislead a client.
-            let policies = limit.limiter.policy_set().policies();
-            if let Some(after) = aftercare {
-                after.unreserved(request.extensions_mut());
+            checked => checked,
+        };
+        match verdict(checked, request, config, &self.limit, self.aftercare.take()) {
+            Verdict::Pass {
+                request,
+                headers,
+                aftercare,
+            } => {
+                self.request = Some(request);
+                self.headers = headers;
+                self.aftercare = aftercare;
+                None
             }
-            request
-                .extensions_mut()
-                .insert(Decision::fail_open(policies));
-            (None, None)
+            Verdict::Answer(answer) => Some(answer),
         }
-        Err(error @ (Error::ZeroCost | Error::CostTooHigh { .. })) => {
-            // The request's own cost, never the store's fault: the same answer in every
-            // failure mode, and nothing consumed.
-            crate::telemetry::impossible_cost(&error);
-            let (head, _body) = request.into_parts();
-            return Verdict::Answer(response::impossible_cost(&head, &error, config, policies));
-        }
-    };
-    Verdict::Pass {
-        request,
-        headers,
-        aftercare,
     }
 }
 

@@ -9,7 +9,7 @@ use tower_layer::Layer;
 
 use crate::error::Error;
 use crate::key::KeyExtractor;
-use crate::layer::wait::Waits;
+use crate::layer::wait::Room;
 use crate::layer::{BodyStyle, HeaderStyle, Keyed, Plan, RateLimit, Refund, Rules, Tiers, Wait};
 use crate::limiter::Limiter;
 use crate::store::Store;
@@ -49,6 +49,9 @@ pub enum OverLimit {
     Degrade,
     /// Hold the request until the limiter admits it, within [`Wait::max_wait`] of its
     /// denial; refuse (429, as [`OverLimit::Refuse`]) what cannot be admitted by then.
+    ///
+    /// The wait is [`Limiter::check_within`]'s loop, which code outside HTTP calls
+    /// directly; the layer adds the bounds and the places below.
     ///
     /// The promise, per layer (its clones share it):
     ///
@@ -129,9 +132,9 @@ pub(crate) struct Shared<S, P: Plan<S>> {
     pub(crate) config: Config,
     /// When to give back an allowed request's cost ([`RateLimitLayer::refund_on`]).
     pub(crate) refund: Option<Refund<S>>,
-    /// The waiting places and the peek, when over-limit requests wait
-    /// ([`OverLimit::Wait`]).
-    pub(crate) wait: Option<Waits<S>>,
+    /// The places of the requests that wait, when over-limit requests wait
+    /// ([`OverLimit::Wait`], whose settings are the config's).
+    pub(crate) room: Option<Arc<Room>>,
 }
 
 /// The layer's options, with the headers that depend only on the policies precomputed.
@@ -193,7 +196,7 @@ impl<S, P: Plan<S>> Clone for Shared<S, P> {
             plan: Arc::clone(&self.plan),
             config: self.config.clone(),
             refund: self.refund.clone(),
-            wait: self.wait.clone(),
+            room: self.room.clone(),
         }
     }
 }
@@ -267,7 +270,7 @@ impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
                     settles: false,
                 },
                 refund: None,
-                wait: None,
+                room: None,
             }),
         }
     }
@@ -375,8 +378,8 @@ impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
     pub fn over_limit(mut self, over: OverLimit) -> Self {
         let shared = Arc::make_mut(&mut self.shared);
         shared.config.over_limit = over;
-        shared.wait = match over {
-            OverLimit::Wait(wait) => Some(Waits::new(wait)),
+        shared.room = match over {
+            OverLimit::Wait(_) => Some(Arc::new(Room::default())),
             OverLimit::Refuse | OverLimit::Degrade => None,
         };
         self

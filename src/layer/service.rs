@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::layer::future::ResponseFuture;
+use crate::layer::future::{Asked, ResponseFuture};
 use crate::layer::response::{self, ResponseBody};
 use crate::layer::{Aftercare, Pick, Plan, Shared, Usage};
 use crate::store::Store;
@@ -110,6 +110,12 @@ where
             &subject,
             cost,
         );
+        // A layer that waits keeps what it asked for: a denied request waits for the
+        // same subject and cost, with no second run of the key or the cost function.
+        let asked = shared.room.is_some().then(|| Asked {
+            subject: subject.clone(),
+            cost,
+        });
         let mut check = limit.limiter.check(subject, cost);
         let request = Request::from_parts(parts, body);
         if let Some(checked) = check.take_settled() {
@@ -122,6 +128,7 @@ where
                 shared,
                 limit,
                 aftercare,
+                asked,
             );
         }
         // Otherwise the readied service is taken into the future and called when the
@@ -130,6 +137,14 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let limit = limit.clone();
-        ResponseFuture::checking(check, request, inner, Arc::clone(shared), limit, aftercare)
+        ResponseFuture::checking(
+            check,
+            request,
+            inner,
+            Arc::clone(shared),
+            limit,
+            aftercare,
+            asked,
+        )
     }
 }

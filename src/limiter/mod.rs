@@ -36,6 +36,7 @@ pub(crate) mod lease;
 mod slots;
 #[cfg(test)]
 mod tests;
+mod wait;
 
 pub use builder::{BuildError, LimiterBuilder};
 pub use future::CheckFuture;
@@ -46,6 +47,7 @@ use self::block_cache::BlockCache;
 use self::lease::{LeaseTable, Leased};
 use self::slots::SlotTable;
 use future::{After, CheckState, PendingLease};
+pub(crate) use wait::{may_wait, wait_turn, Turn};
 
 /// A store and the policies one kind of request is checked against.
 ///

@@ -809,3 +809,60 @@ async fn on_redis_a_token_bucket_burst_admits_each_waiter_at_its_own_slot() {
     drop(hold);
     inhibitor.await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_request_runs_its_key_and_its_cost_function_once() {
+    // Decided at once (memory) and later (a store answering a poll late): the wait
+    // uses the subject and the cost found in `call`.
+    let clock = TokioClock::at(0);
+    runs_key_and_cost_once("memory", MemoryStore::with_clock(clock.clone()), &clock).await;
+    let slow = SlowStore(MemoryStore::with_clock(clock.clone()));
+    runs_key_and_cost_once("slow", slow, &clock).await;
+}
+
+/// Two requests of cost 2 on a bucket of 2 refilled one every 100 ms: the second waits
+/// 200 ms (the wait carries its cost), and each request ran the key and the cost
+/// function once.
+async fn runs_key_and_cost_once<S: redlimit::store::Store>(
+    name: &str,
+    store: S,
+    clock: &TokioClock,
+) {
+    use redlimit::key::KeyExtractor;
+
+    let (keys, costs) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let key = {
+        let keys = Arc::clone(&keys);
+        redlimit::key::from_fn(move |parts| {
+            keys.fetch_add(1, Ordering::SeqCst);
+            UserHeader.extract(parts)
+        })
+    };
+    let cost = {
+        let costs = Arc::clone(&costs);
+        move |_: &http::request::Parts| {
+            costs.fetch_add(1, Ordering::SeqCst);
+            2
+        }
+    };
+    let limiter = Limiter::new(store, Policy::token_bucket("tb", 2, 1, ms(100)).unwrap());
+    let layer = RateLimitLayer::new(limiter, key)
+        .cost_fn(cost)
+        .over_limit(waiting(500));
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(stamping(clock.clone()));
+    let start = clock.elapsed_ms();
+    let answers = all(burst(&svc, clock, || request(name), 2).await).await;
+    assert_eq!(answers, [ok_at(start), ok_at(start + 200)], "{name}");
+    assert_eq!(
+        keys.load(Ordering::SeqCst),
+        2,
+        "{name}: the key once a request"
+    );
+    assert_eq!(
+        costs.load(Ordering::SeqCst),
+        2,
+        "{name}: the cost once a request"
+    );
+}

@@ -239,6 +239,8 @@ struct Seen {
     max_latency: Duration,
     /// When the first and the last failed call ended.
     failing: Option<(Instant, Instant)>,
+    /// The first few distinct failures, for the message of a test that fails.
+    errors: Vec<String>,
 }
 
 impl Seen {
@@ -254,6 +256,12 @@ impl Seen {
     /// error. Returns the decision, if any.
     fn record(&mut self, result: Result<Decision, Error>, latency: Duration) -> Option<Decision> {
         self.max_latency = self.max_latency.max(latency);
+        if let Err(e) = &result {
+            let e = e.to_string();
+            if self.errors.len() < 4 && !self.errors.contains(&e) {
+                self.errors.push(e);
+            }
+        }
         match result {
             Ok(d) => {
                 self.ok += 1;
