@@ -134,7 +134,6 @@ mod docs_doctests {
     page!(Failures, "../docs/failures.md");
     page!(Grpc, "../docs/grpc.md");
     page!(InFlight, "../docs/in_flight.md");
-    page!(Leases, "../docs/leases.md");
     page!(Redis, "../docs/redis.md");
     page!(Responses, "../docs/responses.md");
     page!(Rules, "../docs/rules.md");

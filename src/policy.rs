@@ -71,7 +71,8 @@ impl Algorithm {
         }
     }
 
-    /// All four, from the fastest to the slowest.
+    /// All five: the four that count units over time, from the fastest to the slowest,
+    /// then the one that counts requests running now.
     pub const ALL: [Algorithm; 5] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,

@@ -1,4 +1,5 @@
-//! The four algorithms as pure functions of (policy, state, now, cost), one file each,
+//! The algorithms as pure functions of (policy, state, now, cost): the four that count
+//! units over time and the one that counts requests running now, one file each,
 //! mirroring `lua/` file for file.
 //!
 //! This is the one Rust truth of each algorithm: the memory store keeps these states in
