@@ -71,8 +71,7 @@ impl Algorithm {
         }
     }
 
-    /// All five: the four that count units over time, from the fastest to the slowest,
-    /// then the one that counts requests running now.
+    /// All five: the four over time, fastest to slowest, then the one of requests at once.
     pub const ALL: [Algorithm; 5] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
