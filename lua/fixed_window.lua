@@ -1,20 +1,26 @@
 -- Fixed window: one counter per window aligned to the epoch.
 -- Translation of decide in src/algorithm/fixed_window.rs.
 -- State: "<window index>:<count>".
-local function fixed_window(limit, w, now, cost, raw)
+
+-- The state's reading, shared by the check, the refund and the charge: the window
+-- a decision counts in and its count, and whether the stored state is that
+-- window's. The stored window counts when it is the current one, or up to
+-- MAX_BACK windows ahead (a clock that went back: stay in the stored window);
+-- further ahead, it is state this clock cannot have written, read as fresh.
+local function fw_read(raw, w, now)
   local idx = idiv(now, w)
-  local count = 0
-  local window, c
   if raw then
     local a, b = string.match(raw, "^(%d+):(%d+)$")
-    window, c = field(a), field(b)
+    local window, c = field(a), field(b)
+    if window and c and window >= idx and window <= idx + MAX_BACK then
+      return window, c, true
+    end
   end
-  -- Same window, or a clock that went back by up to MAX_BACK windows: stay in the
-  -- stored window. Further ahead, it is state this clock cannot have written.
-  if window and c and window >= idx and window <= idx + MAX_BACK then
-    idx = window
-    count = c
-  end
+  return idx, 0, false
+end
+
+local function fixed_window(limit, w, now, cost, raw)
+  local idx, count = fw_read(raw, w, now)
   -- Counted from the time asked: a clock that went back waits out the stored window
   -- too (the store decides on its stored time, the caller waits on its own clock).
   local reset = (idx + 1) * w - now

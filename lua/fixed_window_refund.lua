@@ -6,11 +6,9 @@
 -- that has changed since keeps nothing to refund. Translation of refund in
 -- src/algorithm/fixed_window.rs. Returns the new state, or nil when nothing changes.
 local function fixed_window_refund(_limit, w, now, cost, raw)
-  local a, b = string.match(raw, "^(%d+):(%d+)$")
-  local window, c = field(a), field(b)
-  local idx = idiv(now, w)
-  if window and c and window >= idx and window <= idx + MAX_BACK and c > 0 then
-    return ints(window, math.max(c - cost, 0))
+  local idx, count, stored = fw_read(raw, w, now)
+  if stored and count > 0 then
+    return ints(idx, math.max(count - cost, 0))
   end
   return nil
 end

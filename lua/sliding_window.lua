@@ -2,32 +2,36 @@
 -- previous one weighted by how much of it the sliding window still covers.
 -- Translation of decide in src/algorithm/sliding_window.rs.
 -- State: "<window index>:<previous count>:<current count>".
-local function sliding_window(limit, w, now, cost, raw)
+
+-- The state's reading, shared by the check, the refund and the charge: the window
+-- a decision counts in, the time it decides at, the previous and current
+-- windows' counts, and whether the stored state is that window's. A clock that
+-- went back (the stored window ahead, by up to MAX_BACK windows) is clamped to
+-- the start of the stored window; further ahead, it is state this clock cannot
+-- have written, read as fresh. A stored window just before the current one
+-- becomes the previous count.
+local function sw_read(raw, w, now)
   local idx = idiv(now, w)
-  local asked = now
-  local prev, cur = 0, 0
-  local window, p, c
   if raw then
     local a, b, d = string.match(raw, "^(%d+):(%d+):(%d+)$")
-    window, p, c = field(a), field(b), field(d)
-  end
-  if window and window > idx + MAX_BACK then
-    -- More than MAX_BACK windows ahead: state this clock cannot have written,
-    -- not a clock that went back. Start fresh.
-    window = nil
-  end
-  if window and p and c then
-    if window > idx then
-      -- The clock went back: clamp to the start of the stored window.
-      idx = window
-      now = idx * w
-    end
-    if window == idx then
-      prev, cur = p, c
-    elseif window + 1 == idx then
-      prev = c
+    local window, p, c = field(a), field(b), field(d)
+    if window and p and c and window <= idx + MAX_BACK then
+      if window > idx then
+        return window, window * w, p, c, true
+      elseif window == idx then
+        return idx, now, p, c, true
+      elseif window + 1 == idx then
+        return idx, now, c, 0, false
+      end
     end
   end
+  return idx, now, 0, 0, false
+end
+
+local function sliding_window(limit, w, now, cost, raw)
+  local asked = now
+  local idx, prev, cur
+  idx, now, prev, cur = sw_read(raw, w, now)
   local elapsed = now - idx * w
   -- The previous window's weight, scaled by w to stay in integers.
   local weighted = prev * (w - elapsed)

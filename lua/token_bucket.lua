@@ -1,29 +1,37 @@
 -- Token bucket as GCRA: one theoretical arrival time (TAT) in microseconds.
 -- Translation of decide in src/algorithm/token_bucket.rs.
 -- State: the TAT as a decimal integer (Redis keeps it as a bare integer).
-local function token_bucket(limit, t, now_ms, cost, raw)
+
+-- The state's reading, shared by the check, the refund and the charge: the
+-- bucket's tolerance (its fill time, us), the time asked and the time it decides
+-- at (us), its TAT, and whether the stored state counts. A TAT more than
+-- MAX_BACK + 1 fill times ahead is no clock that went back (a bucket admits one
+-- fill time ahead) but state this clock cannot have written, read as fresh. A
+-- clock that went back is clamped to the last moment the stored state can
+-- describe (an empty bucket), so the bucket never looks fuller.
+local function tb_read(raw, limit, t, now_ms)
   local tolerance = limit * t
   local asked = now_ms * 1000
-  local now = asked
-  local tat = now
   local stored = nil
   if raw and string.match(raw, "^%d+$") then
     stored = field(raw)
   end
-  -- More than MAX_BACK + 1 fill times ahead: a bucket admits one fill time ahead,
-  -- so this is no clock that went back but state this clock cannot have written.
-  if stored and stored - asked > (MAX_BACK + 1) * tolerance then
-    stored = nil
-  end
-  if stored then
-    -- A clock that went back is clamped to the last moment the stored state
-    -- can describe (an empty bucket), so the bucket never looks fuller.
+  if stored and stored - asked <= (MAX_BACK + 1) * tolerance then
+    local now = asked
     local empty_at = stored - tolerance
     if empty_at > now then
       now = empty_at
     end
-    tat = math.max(stored, now)
+    if stored > now then
+      return tolerance, asked, now, stored, true
+    end
+    return tolerance, asked, now, now, true
   end
+  return tolerance, asked, asked, asked, false
+end
+
+local function token_bucket(limit, t, now_ms, cost, raw)
+  local tolerance, asked, now, tat = tb_read(raw, limit, t, now_ms)
   local new_tat = tat + cost * t
   local allowed = new_tat - now <= tolerance
   local kept = tat

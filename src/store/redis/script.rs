@@ -18,6 +18,8 @@ const COMMON: &str = include_str!("../../../lua/common.lua");
 /// Deciding one subject's policies and writing their states: what a single call
 /// and a batch share.
 const DECIDE: &str = include_str!("../../../lua/decide.lua");
+/// The lease rule of a leasing check, on the states its decision read.
+const LEASE: &str = include_str!("../../../lua/lease.lua");
 /// The entry point of a single call.
 const MAIN: &str = include_str!("../../../lua/main.lua");
 /// The entry point of a batch of plain checks.
@@ -163,6 +165,9 @@ impl ShapeScript {
             }
         }
         source.push_str(DECIDE);
+        if entry == Entry::Lease {
+            source.push_str(LEASE);
+        }
         source.push_str(&format!("local op, first = {}\n", entry.op_first("ARGV")));
         source.push_str(MAIN);
         Self::new(inline(&source))
@@ -239,6 +244,7 @@ impl Library {
             code.push_str(algorithm.charge);
         }
         code.push_str(DECIDE);
+        code.push_str(LEASE);
         code.push_str("local function run(KEYS, ARGV, op, first)\n");
         code.push_str(MAIN);
         code.push_str("end\nlocal function batch(KEYS, ARGV)\n");

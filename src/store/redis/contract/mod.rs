@@ -7,6 +7,42 @@
 //! position without the other.
 //!
 //! Positions are 1-based, as Lua's `ARGV` and reply tables count them.
+//!
+//! # The layout
+//!
+//! A single call (lua/main.lua) of `n` policies:
+//!
+//! ```text
+//! KEYS  state key of each policy, then (leasing check, give-back, reset) the
+//!       subject's lease generation key
+//! ARGV  ARG_COST, then the shape's own arguments (admin: ARG_OP; leasing check:
+//!       ARG_WANT, ARG_BATCH; give-back: ARG_BEFORE, ARG_EPOCH), then from the
+//!       shape's FIRST_* each policy's POLICY_ARGS (POLICY_CODE, POLICY_LIMIT
+//!       negative for a shadow policy, POLICY_N), then optionally the client's
+//!       clock in ms (else Redis TIME)
+//! reply REPLY_FIELDS integers per policy (REPLY_ALLOWED, REPLY_REMAINING,
+//!       REPLY_RESET, REPLY_RETRY); a leasing check adds LEASE_FIELDS (LEASE_*)
+//! ```
+//!
+//! A batch (lua/batch.lua) starts with BATCH_MODE and BATCH_SETS; its reply is every
+//! check's policies' REPLY_FIELDS integers, check after check ([`args::Batch`]).
+//!
+//! Inside the Lua, every call reads its policies' arguments once into the `set`
+//! table, SET_FIELDS a policy (SET_DECIDE, SET_LIMIT, SET_WINDOW, SET_SHADOW,
+//! SET_CODE), and every algorithm's decide function, registered in `DECIDE` by its
+//! code, has one signature:
+//!
+//! ```text
+//! decide(limit, n, now_ms, cost, raw) -> allowed, remaining, reset_ms, retry_ms, ttl_ms, next
+//! ```
+//!
+//! `n` the policy's window (ms) or emission interval (us), `raw` its stored state
+//! (`false` when there is none), `next` the state to write (`nil` for none; a string,
+//! or the sliding log's ranges to overwrite). An in-flight policy's takes its holder
+//! where the others take the cost, and a sixth argument, whether the call only peeks.
+//! The refund and charge functions (`REFUND`, `CHARGE`) take the same five
+//! arguments and return the state to write (a charge with its TTL); each algorithm
+//! reads its state in one function its decide, refund and charge share.
 
 use std::fmt::Write as _;
 
@@ -66,6 +102,17 @@ pub(super) const POLICY_ARGS: usize = 3;
 pub(super) const POLICY_CODE: usize = 0;
 pub(super) const POLICY_LIMIT: usize = 1;
 pub(super) const POLICY_N: usize = 2;
+
+/// Fields per policy in the Lua's own reading of the policies' arguments (the `set`
+/// table of `read_policies` in lua/decide.lua, read by every decision), and their
+/// offsets (from 1): the policy's decide function, its limit (positive), its window
+/// or interval, whether it is a shadow policy, its algorithm's code.
+pub(super) const SET_FIELDS: usize = 5;
+pub(super) const SET_DECIDE: usize = 1;
+pub(super) const SET_LIMIT: usize = 2;
+pub(super) const SET_WINDOW: usize = 3;
+pub(super) const SET_SHADOW: usize = 4;
+pub(super) const SET_CODE: usize = 5;
 
 /// Integers per policy in every reply, and their offsets (from 1).
 pub(super) const REPLY_FIELDS: usize = 4;
@@ -144,6 +191,12 @@ const PREAMBLE: &[(&str, Lua)] = &[
     ("POLICY_CODE", at(POLICY_CODE)),
     ("POLICY_LIMIT", at(POLICY_LIMIT)),
     ("POLICY_N", at(POLICY_N)),
+    ("SET_FIELDS", at(SET_FIELDS)),
+    ("SET_DECIDE", at(SET_DECIDE)),
+    ("SET_LIMIT", at(SET_LIMIT)),
+    ("SET_WINDOW", at(SET_WINDOW)),
+    ("SET_SHADOW", at(SET_SHADOW)),
+    ("SET_CODE", at(SET_CODE)),
     ("REPLY_FIELDS", at(REPLY_FIELDS)),
     ("REPLY_ALLOWED", at(REPLY_ALLOWED)),
     ("REPLY_REMAINING", at(REPLY_REMAINING)),
