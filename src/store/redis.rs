@@ -614,8 +614,8 @@ impl fmt::Debug for RedisStore {
 
 #[cfg(test)]
 mod tests {
-    use super::contract::args::Entry;
     use super::contract::reply::{decode, Reply};
+    use super::contract::Entry;
     use super::*;
     use crate::internals::RedisStoreInternals;
     use crate::policy::Policy;
