@@ -182,6 +182,7 @@ pub enum Operation {
 impl Operation {
     /// Every operation, in declaration order: what the Redis store's contract derives
     /// its letters from.
+    #[cfg(feature = "redis")]
     pub(crate) const ALL: [Operation; 7] = [
         Operation::Check,
         Operation::Peek,
