@@ -11,8 +11,9 @@
 -- *_refund.lua only where units are given back, and its *_charge.lua only
 -- where units are charged), then decide.lua, lease.lua only where a leasing
 -- check runs, and the entry point. Each algorithm reads its state in one
--- function (fw_read, sw_read, tb_read, sl_read, in_flight_live), which its
--- decide, refund and charge functions share. Every script
+-- place its decide, refund and charge functions share: the decide function
+-- called without a cost (fixed window, sliding window, token bucket), sl_read,
+-- in_flight_live. Every script
 -- call defines the functions of its script, so a limiter pays only for its own
 -- algorithms, and a check not for refunds or charges. Each algorithm file
 -- registers its decide function in DECIDE, each refund file its refund

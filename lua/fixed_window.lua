@@ -2,25 +2,27 @@
 -- Translation of decide in src/algorithm/fixed_window.rs.
 -- State: "<window index>:<count>".
 
--- The state's reading, shared by the check, the refund and the charge: the window
--- a decision counts in and its count, and whether the stored state is that
--- window's. The stored window counts when it is the current one, or up to
--- MAX_BACK windows ahead (a clock that went back: stay in the stored window);
--- further ahead, it is state this clock cannot have written, read as fresh.
-local function fw_read(raw, w, now)
+-- The state's reading comes first, shared by the check, the refund and the
+-- charge: called without a cost (fixed_window(limit, w, now, nil, raw)), it
+-- returns only that: the window a decision counts in, its count, and whether the
+-- stored state is that window's. The stored window counts when it is the current
+-- one, or up to MAX_BACK windows ahead (a clock that went back: stay in the stored
+-- window); further ahead, it is state this clock cannot have written, read as
+-- fresh. (In the check rather than a function of its own: a script defines its
+-- functions again on every call, and callgrind counts the difference.)
+local function fixed_window(limit, w, now, cost, raw)
   local idx = idiv(now, w)
+  local count, stored = 0, false
   if raw then
     local a, b = string.match(raw, "^(%d+):(%d+)$")
     local window, c = field(a), field(b)
     if window and c and window >= idx and window <= idx + MAX_BACK then
-      return window, c, true
+      idx, count, stored = window, c, true
     end
   end
-  return idx, 0, false
-end
-
-local function fixed_window(limit, w, now, cost, raw)
-  local idx, count = fw_read(raw, w, now)
+  if not cost then
+    return idx, count, stored
+  end
   -- Counted from the time asked: a clock that went back waits out the stored window
   -- too (the store decides on its stored time, the caller waits on its own clock).
   local reset = (idx + 1) * w - now

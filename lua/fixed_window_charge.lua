@@ -7,7 +7,7 @@
 -- and its TTL.
 local function fixed_window_charge(limit, w, now, cost, raw)
   -- The window a check would count in.
-  local idx, count = fw_read(raw, w, now)
+  local idx, count = fixed_window(limit, w, now, nil, raw)
   count = math.max(count, math.min(MAX_DEBT * limit, count + cost))
   return ints(idx, count), (idx + 1) * w - now
 end

@@ -5,8 +5,8 @@
 -- Refund: the current window's count goes down by cost, not below 0; a window
 -- that has changed since keeps nothing to refund. Translation of refund in
 -- src/algorithm/fixed_window.rs. Returns the new state, or nil when nothing changes.
-local function fixed_window_refund(_limit, w, now, cost, raw)
-  local idx, count, stored = fw_read(raw, w, now)
+local function fixed_window_refund(limit, w, now, cost, raw)
+  local idx, count, stored = fixed_window(limit, w, now, nil, raw)
   if stored and count > 0 then
     return ints(idx, math.max(count - cost, 0))
   end

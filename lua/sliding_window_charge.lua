@@ -10,7 +10,7 @@ local function sliding_window_charge(limit, w, now, cost, raw)
   local asked = now
   -- The windows a check would read.
   local idx, prev, cur
-  idx, now, prev, cur = sw_read(raw, w, now)
+  idx, now, prev, cur = sliding_window(limit, w, now, nil, raw)
   local elapsed = now - idx * w
   local weighted = prev * (w - elapsed)
   -- The most counts a state may hold: most * w is exact.

@@ -5,8 +5,8 @@
 -- Refund: the current window's count goes down by cost, not below 0; once the
 -- window has changed, nothing is refunded. Translation of refund in
 -- src/algorithm/sliding_window.rs. Returns the new state, or nil when nothing changes.
-local function sliding_window_refund(_limit, w, now, cost, raw)
-  local idx, _, prev, cur, stored = sw_read(raw, w, now)
+local function sliding_window_refund(limit, w, now, cost, raw)
+  local idx, _, prev, cur, stored = sliding_window(limit, w, now, nil, raw)
   if stored and cur > 0 then
     return ints(idx, prev, math.max(cur - cost, 0))
   end

@@ -7,7 +7,7 @@
 -- in src/algorithm/token_bucket.rs. Returns the new state and its TTL.
 local function token_bucket_charge(limit, t, now_ms, cost, raw)
   -- The state a check would read.
-  local tolerance, asked, _, tat = tb_read(raw, limit, t, now_ms)
+  local tolerance, asked, _, tat = token_bucket(limit, t, now_ms, nil, raw)
   local most = asked + MAX_DEBT * tolerance
   -- More than MAX_DEBT fills' worth cannot fit: cost * t stays small.
   cost = math.min(cost, MAX_DEBT * limit)

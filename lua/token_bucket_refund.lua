@@ -6,7 +6,7 @@
 -- clamped as the check clamps it). Translation of refund in src/algorithm/token_bucket.rs.
 -- Returns the new state, or nil when nothing changes.
 local function token_bucket_refund(limit, t, now_ms, cost, raw)
-  local _, _, now, tat, stored = tb_read(raw, limit, t, now_ms)
+  local _, _, now, tat, stored = token_bucket(limit, t, now_ms, nil, raw)
   if not stored then
     return nil
   end

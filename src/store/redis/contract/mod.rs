@@ -41,8 +41,10 @@
 //! or the sliding log's ranges to overwrite). An in-flight policy's takes its holder
 //! where the others take the cost, and a sixth argument, whether the call only peeks.
 //! The refund and charge functions (`REFUND`, `CHARGE`) take the same five
-//! arguments and return the state to write (a charge with its TTL); each algorithm
-//! reads its state in one function its decide, refund and charge share.
+//! arguments and return the state to write (a charge with its TTL). Each algorithm
+//! reads its state in one place its decide, refund and charge share: a decide
+//! function called with a `nil` cost returns its reading of the state and decides
+//! nothing (the sliding log's is `sl_read`, in-flight's `in_flight_live`).
 
 use std::fmt::Write as _;
 
