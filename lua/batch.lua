@@ -68,7 +68,7 @@ for j = 1, n do
     return redis.error_reply(string.format(
       "ERR redlimit: check %d of the batch names no set, or has no cost or clock", j))
   end
-  needed = needed + #set / 5
+  needed = needed + #set / SET_FIELDS
 end
 if needed ~= #KEYS then
   return redis.error_reply(string.format(
@@ -94,9 +94,9 @@ for j = 1, n do
     now = tonumber(ARGV[times_at + j - 1])
   end
   if decide_policies(KEYS, k0, set, OP_CHECK, now, cost, reply, REPLY_FIELDS * k0, writes, nil, batch) then
-    write_states(KEYS, k0, #set / 5, writes, batch)
+    write_states(KEYS, k0, #set / SET_FIELDS, writes, batch)
   end
-  k0 = k0 + #set / 5
+  k0 = k0 + #set / SET_FIELDS
 end
 write_batch(batch)
 return reply

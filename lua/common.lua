@@ -3,13 +3,17 @@
 -- of src/store/redis/contract by name (the operation letters, argument
 -- positions, reply layout and algorithm codes the Rust side encodes and
 -- decodes with: OP_*, ARG_*, FIRST_*, POLICY_*, REPLY_*, LEASE_*, BATCH_*,
--- ALG_*, MAX_BACK, MAX_DEBT); composed, the code has their values in place of the names
+-- SET_*, ALG_*, MAX_BACK, MAX_DEBT); composed, the code has their values in place of the names
 -- (read as locals they cost every call instructions), and the library starts
 -- with the preamble generated from them. Then comes this file, then the files of the algorithms
 -- a call shape needs (of fixed_window.lua, sliding_window.lua,
 -- token_bucket.lua and sliding_log.lua, in that order; each followed by its
 -- *_refund.lua only where units are given back, and its *_charge.lua only
--- where units are charged), then decide.lua and the entry point. Every script
+-- where units are charged), then decide.lua, lease.lua only where a leasing
+-- check runs, and the entry point. Each algorithm reads its state in one
+-- place its decide, refund and charge functions share: the decide function
+-- called without a cost (fixed window, sliding window, token bucket), sl_read,
+-- in_flight_live. Every script
 -- call defines the functions of its script, so a limiter pays only for its own
 -- algorithms, and a check not for refunds or charges. Each algorithm file
 -- registers its decide function in DECIDE, each refund file its refund

@@ -16,12 +16,14 @@ local function bad_policy(i, code, limit, n)
 end
 
 -- The n policies whose arguments start at args[a0] (POLICY_ARGS each: code,
--- limit, window or interval, at POLICY_CODE, POLICY_LIMIT, POLICY_N), read once into one flat table: policy i's decide
--- function, limit, window, shadow flag and code at 5(i-1) + 1..5. Or nil and
+-- limit, window or interval, at POLICY_CODE, POLICY_LIMIT, POLICY_N), read once
+-- into one flat table, the set (SET_FIELDS a policy: its decide function, limit,
+-- window, shadow flag and code at SET_FIELDS(i-1) + SET_DECIDE, SET_LIMIT,
+-- SET_WINDOW, SET_SHADOW, SET_CODE; see src/store/redis/contract). Or nil and
 -- the error.
 local function read_policies(args, a0, n)
-  -- Sized for one policy: growing a table from empty costs a visible share of a
-  -- call.
+  -- Sized for one policy (SET_FIELDS): growing a table from empty costs a
+  -- visible share of a call.
   local set = { false, false, false, false, false }
   for i = 1, n do
     local at = a0 + POLICY_ARGS * (i - 1)
@@ -45,10 +47,11 @@ local function read_policies(args, a0, n)
     if shadow then
       limit = -limit
     end
-    local b = 5 * (i - 1)
-    set[b + 1], set[b + 2], set[b + 3], set[b + 4], set[b + 5] = decide, limit, window, shadow, code
+    local b = SET_FIELDS * (i - 1)
+    set[b + SET_DECIDE], set[b + SET_LIMIT], set[b + SET_WINDOW], set[b + SET_SHADOW], set[b + SET_CODE] =
+      decide, limit, window, shadow, code
     if holder then
-      -- Beside the array part: #set still counts 5 a policy.
+      -- Beside the array part: #set still counts SET_FIELDS a policy.
       set.holders = set.holders or {}
       set.holders[i] = holder
     end
@@ -66,7 +69,7 @@ end
 -- batch's checks read the states the batch has written so far, else what its
 -- one MGET read (a redis.call costs more than the read), else a GET.
 local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, raws, batch)
-  local all, n, holders = true, #set / 5, set.holders
+  local all, n, holders = true, #set / SET_FIELDS, set.holders
   -- A release or renewal carries its holder's count where the cost goes; it
   -- answers as a peek of 1.
   local held = cost
@@ -74,8 +77,8 @@ local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, 
     cost = 1
   end
   for i = 1, n do
-    local b = 5 * (i - 1)
-    local limit, window = set[b + 2], set[b + 3]
+    local b = SET_FIELDS * (i - 1)
+    local limit, window = set[b + SET_LIMIT], set[b + SET_WINDOW]
     local key = keys[k0 + i]
     local raw = false
     if batch then
@@ -115,23 +118,23 @@ local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, 
         end
         ttl, nxt = 0, nil
       else
-        allowed, remaining, reset, retry, ttl, nxt = set[b + 1](limit, window, now, holder, raw, op ~= OP_CHECK)
+        allowed, remaining, reset, retry, ttl, nxt = set[b + SET_DECIDE](limit, window, now, holder, raw, op ~= OP_CHECK)
       end
     else
       local asked = cost
       if op == OP_REFUND and raw then
-        local given_back = REFUND[set[b + 5]](limit, window, now, cost, raw)
+        local given_back = REFUND[set[b + SET_CODE]](limit, window, now, cost, raw)
         if given_back then
           redis.call("SET", key, given_back, "KEEPTTL")
           raw = given_back
         end
       elseif op == OP_CHARGE then
         -- Whatever the limit, shadow or not; the state may be new. Then a peek of 1.
-        local charged, charged_ttl = CHARGE[set[b + 5]](limit, window, now, cost, raw)
+        local charged, charged_ttl = CHARGE[set[b + SET_CODE]](limit, window, now, cost, raw)
         redis.call("SET", key, charged, "PX", math.max(charged_ttl, 1))
         raw, asked = charged, 1
       end
-      allowed, remaining, reset, retry, ttl, nxt = set[b + 1](limit, window, now, asked, raw)
+      allowed, remaining, reset, retry, ttl, nxt = set[b + SET_DECIDE](limit, window, now, asked, raw)
     end
     local base = r0 + REPLY_FIELDS * (i - 1)
     if allowed then
@@ -141,7 +144,7 @@ local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, 
     else
       reply[base + REPLY_ALLOWED] = 0
       writes[i] = false
-      if not set[b + 4] then
+      if not set[b + SET_SHADOW] then
         all = false
       end
     end

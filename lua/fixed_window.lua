@@ -1,19 +1,27 @@
 -- Fixed window: one counter per window aligned to the epoch.
 -- Translation of decide in src/algorithm/fixed_window.rs.
 -- State: "<window index>:<count>".
+
+-- The state's reading comes first, shared by the check, the refund and the
+-- charge: called without a cost (fixed_window(limit, w, now, nil, raw)), it
+-- returns only that: the window a decision counts in, its count, and whether the
+-- stored state is that window's. The stored window counts when it is the current
+-- one, or up to MAX_BACK windows ahead (a clock that went back: stay in the stored
+-- window); further ahead, it is state this clock cannot have written, read as
+-- fresh. (In the check rather than a function of its own: a script defines its
+-- functions again on every call, and callgrind counts the difference.)
 local function fixed_window(limit, w, now, cost, raw)
   local idx = idiv(now, w)
-  local count = 0
-  local window, c
+  local count, stored = 0, false
   if raw then
     local a, b = string.match(raw, "^(%d+):(%d+)$")
-    window, c = field(a), field(b)
+    local window, c = field(a), field(b)
+    if window and c and window >= idx and window <= idx + MAX_BACK then
+      idx, count, stored = window, c, true
+    end
   end
-  -- Same window, or a clock that went back by up to MAX_BACK windows: stay in the
-  -- stored window. Further ahead, it is state this clock cannot have written.
-  if window and c and window >= idx and window <= idx + MAX_BACK then
-    idx = window
-    count = c
+  if not cost then
+    return idx, count, stored
   end
   -- Counted from the time asked: a clock that went back waits out the stored window
   -- too (the store decides on its stored time, the caller waits on its own clock).

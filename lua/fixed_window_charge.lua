@@ -6,18 +6,8 @@
 -- Translation of charge in src/algorithm/fixed_window.rs. Returns the new state
 -- and its TTL.
 local function fixed_window_charge(limit, w, now, cost, raw)
-  local idx = idiv(now, w)
-  local count = 0
-  local window, c
-  if raw then
-    local a, b = string.match(raw, "^(%d+):(%d+)$")
-    window, c = field(a), field(b)
-  end
-  -- The window a check would count in (see fixed_window.lua).
-  if window and c and window >= idx and window <= idx + MAX_BACK then
-    idx = window
-    count = c
-  end
+  -- The window a check would count in.
+  local idx, count = fixed_window(limit, w, now, nil, raw)
   count = math.max(count, math.min(MAX_DEBT * limit, count + cost))
   return ints(idx, count), (idx + 1) * w - now
 end

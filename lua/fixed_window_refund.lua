@@ -5,12 +5,10 @@
 -- Refund: the current window's count goes down by cost, not below 0; a window
 -- that has changed since keeps nothing to refund. Translation of refund in
 -- src/algorithm/fixed_window.rs. Returns the new state, or nil when nothing changes.
-local function fixed_window_refund(_limit, w, now, cost, raw)
-  local a, b = string.match(raw, "^(%d+):(%d+)$")
-  local window, c = field(a), field(b)
-  local idx = idiv(now, w)
-  if window and c and window >= idx and window <= idx + MAX_BACK and c > 0 then
-    return ints(window, math.max(c - cost, 0))
+local function fixed_window_refund(limit, w, now, cost, raw)
+  local idx, count, stored = fixed_window(limit, w, now, nil, raw)
+  if stored and count > 0 then
+    return ints(idx, math.max(count - cost, 0))
   end
   return nil
 end

@@ -10,9 +10,14 @@
 local SL_HEAD = 4
 local SL_STAMP = 6
 
--- The ring in `raw`: its slot count n, head, the first logical stamp that
--- counts (base), how many count (len), and the logical stamp i (0 = oldest).
-local function sl_ring(raw, limit)
+-- The state's reading, shared by the check, the refund and the charge: the ring
+-- in `raw` (its slot count n, head, the first logical stamp that counts (base),
+-- how many count (len), and the logical stamp i (0 = oldest)), and the time a
+-- decision takes: a clock that went back is clamped to the newest stamp, so
+-- stamps stay sorted. A newest stamp more than MAX_BACK windows ahead is no clock
+-- that went back but state this clock cannot have written: read as empty
+-- (replaced when admitting).
+local function sl_read(raw, limit, w, now)
   local n, head = 0, 0
   if raw then
     local len = #raw
@@ -35,7 +40,17 @@ local function sl_ring(raw, limit)
     local slot = (head + base + i) % n
     return (struct.unpack(">I6", raw, SL_HEAD + 1 + slot * SL_STAMP))
   end
-  return n, head, base, n - base, stamp
+  local len = n - base
+  if len > 0 then
+    local newest = stamp(len - 1)
+    if newest > now + MAX_BACK * w then
+      return 0, 0, 0, 0, stamp, now
+    end
+    if newest > now then
+      now = newest
+    end
+  end
+  return n, head, base, len, stamp, now
 end
 
 -- The logical stamps [from, from + run) of the ring, in order, as one string.
@@ -54,18 +69,9 @@ local function sl_copy(raw, n, head, base, from, run)
 end
 
 local function sliding_log(limit, w, now, cost, raw)
-  local n, head, base, len, stamp = sl_ring(raw, limit)
-  if len > 0 and stamp(len - 1) > now + MAX_BACK * w then
-    -- A newest stamp more than MAX_BACK windows ahead: state this clock cannot
-    -- have written, not a clock that went back. Read as empty, replaced when
-    -- admitting.
-    n, head, base, len = 0, 0, 0, 0
-  end
-  -- A clock that went back is clamped to the newest stamp: stamps stay sorted.
   local asked = now
-  if len > 0 then
-    now = math.max(now, stamp(len - 1))
-  end
+  local n, head, base, len, stamp
+  n, head, base, len, stamp, now = sl_read(raw, limit, w, now)
   -- Admit iff at most limit - cost stamps are in the window, that is iff the
   -- (limit - cost + 1)-th most recent stamp (if any) has left it.
   local k = limit - cost + 1

@@ -7,15 +7,10 @@
 -- what it admits. Translation of charge in src/algorithm/sliding_log.rs.
 -- Returns the new state (rewritten in order, head 0) and its TTL.
 local function sliding_log_charge(limit, w, now, cost, raw)
-  local n, head, base, len, stamp = sl_ring(raw, limit)
-  if len > 0 and stamp(len - 1) > now + MAX_BACK * w then
-    -- Foreign state (see sliding_log.lua): charged as an empty log.
-    n, head, base, len = 0, 0, 0, 0
-  end
   local asked = now
-  if len > 0 then
-    now = math.max(now, stamp(len - 1))
-  end
+  -- The log a check would read (foreign state: charged as an empty log).
+  local n, head, base, len, _
+  n, head, base, len, _, now = sl_read(raw, limit, w, now)
   local count = math.min(cost, limit)
   local keep = math.min(len, limit - count)
   local nxt = struct.pack(">I4", 0) .. sl_copy(raw, n, head, base, len - keep, keep)

@@ -7,11 +7,11 @@
 -- src/algorithm/sliding_log.rs. Returns the new state (rewritten in order, head 0), or nil
 -- when nothing changes.
 local function sliding_log_refund(limit, w, now, cost, raw)
-  local n, head, base, len, stamp = sl_ring(raw, limit)
-  if len == 0 or stamp(len - 1) > now + MAX_BACK * w then
+  local n, head, base, len, stamp
+  n, head, base, len, stamp, now = sl_read(raw, limit, w, now)
+  if len == 0 then
     return nil
   end
-  now = math.max(now, stamp(len - 1))
   local drop = 0
   while drop < cost and drop < len and stamp(len - 1 - drop) + w > now do
     drop = drop + 1

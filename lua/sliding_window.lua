@@ -2,31 +2,38 @@
 -- previous one weighted by how much of it the sliding window still covers.
 -- Translation of decide in src/algorithm/sliding_window.rs.
 -- State: "<window index>:<previous count>:<current count>".
+
+-- The state's reading comes first, shared by the check, the refund and the
+-- charge: called without a cost (sliding_window(limit, w, now, nil, raw)), it
+-- returns only that: the window a decision counts in, the time it decides at,
+-- the previous and current windows' counts, and whether the stored state is that
+-- window's. A clock that went back (the stored window ahead, by up to MAX_BACK
+-- windows) is clamped to the start of the stored window; further ahead, it is
+-- state this clock cannot have written, read as fresh. A stored window just
+-- before the current one becomes the previous count. (In the check rather than a
+-- function of its own: a script defines its functions again on every call, and
+-- callgrind counts the difference.)
 local function sliding_window(limit, w, now, cost, raw)
   local idx = idiv(now, w)
   local asked = now
-  local prev, cur = 0, 0
-  local window, p, c
+  local prev, cur, stored = 0, 0, false
   if raw then
     local a, b, d = string.match(raw, "^(%d+):(%d+):(%d+)$")
-    window, p, c = field(a), field(b), field(d)
-  end
-  if window and window > idx + MAX_BACK then
-    -- More than MAX_BACK windows ahead: state this clock cannot have written,
-    -- not a clock that went back. Start fresh.
-    window = nil
-  end
-  if window and p and c then
-    if window > idx then
-      -- The clock went back: clamp to the start of the stored window.
-      idx = window
-      now = idx * w
+    local window, p, c = field(a), field(b), field(d)
+    if window and p and c and window <= idx + MAX_BACK then
+      if window > idx then
+        idx = window
+        now = idx * w
+        prev, cur, stored = p, c, true
+      elseif window == idx then
+        prev, cur, stored = p, c, true
+      elseif window + 1 == idx then
+        prev = c
+      end
     end
-    if window == idx then
-      prev, cur = p, c
-    elseif window + 1 == idx then
-      prev = c
-    end
+  end
+  if not cost then
+    return idx, now, prev, cur, stored
   end
   local elapsed = now - idx * w
   -- The previous window's weight, scaled by w to stay in integers.

@@ -7,29 +7,10 @@
 -- check keeps what it admits. Translation of charge in
 -- src/algorithm/sliding_window.rs. Returns the new state and its TTL.
 local function sliding_window_charge(limit, w, now, cost, raw)
-  local idx = idiv(now, w)
   local asked = now
-  local prev, cur = 0, 0
-  local window, p, c
-  if raw then
-    local a, b, d = string.match(raw, "^(%d+):(%d+):(%d+)$")
-    window, p, c = field(a), field(b), field(d)
-  end
-  -- The windows a check would read (see sliding_window.lua).
-  if window and window > idx + MAX_BACK then
-    window = nil
-  end
-  if window and p and c then
-    if window > idx then
-      idx = window
-      now = idx * w
-    end
-    if window == idx then
-      prev, cur = p, c
-    elseif window + 1 == idx then
-      prev = c
-    end
-  end
+  -- The windows a check would read.
+  local idx, prev, cur
+  idx, now, prev, cur = sliding_window(limit, w, now, nil, raw)
   local elapsed = now - idx * w
   local weighted = prev * (w - elapsed)
   -- The most counts a state may hold: most * w is exact.

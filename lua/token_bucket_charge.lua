@@ -6,25 +6,8 @@
 -- fill times ahead as foreign); kept until it has passed. Translation of charge
 -- in src/algorithm/token_bucket.rs. Returns the new state and its TTL.
 local function token_bucket_charge(limit, t, now_ms, cost, raw)
-  local tolerance = limit * t
-  local asked = now_ms * 1000
-  local now = asked
-  local tat = now
-  local stored = nil
-  if raw and string.match(raw, "^%d+$") then
-    stored = field(raw)
-  end
-  -- The state a check would read (see token_bucket.lua).
-  if stored and stored - asked > (MAX_BACK + 1) * tolerance then
-    stored = nil
-  end
-  if stored then
-    local empty_at = stored - tolerance
-    if empty_at > now then
-      now = empty_at
-    end
-    tat = math.max(stored, now)
-  end
+  -- The state a check would read.
+  local tolerance, asked, _, tat = token_bucket(limit, t, now_ms, nil, raw)
   local most = asked + MAX_DEBT * tolerance
   -- More than MAX_DEBT fills' worth cannot fit: cost * t stays small.
   cost = math.min(cost, MAX_DEBT * limit)

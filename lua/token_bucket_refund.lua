@@ -6,14 +6,10 @@
 -- clamped as the check clamps it). Translation of refund in src/algorithm/token_bucket.rs.
 -- Returns the new state, or nil when nothing changes.
 local function token_bucket_refund(limit, t, now_ms, cost, raw)
-  local tat = nil
-  if string.match(raw, "^%d+$") then
-    tat = field(raw)
-  end
-  if tat == nil or tat - now_ms * 1000 > (MAX_BACK + 1) * limit * t then
+  local _, _, now, tat, stored = token_bucket(limit, t, now_ms, nil, raw)
+  if not stored then
     return nil
   end
-  local now = math.max(now_ms * 1000, tat - limit * t)
   local back = math.max(tat - cost * t, now)
   if back < tat then
     return int(back)

@@ -180,6 +180,19 @@ pub enum Operation {
 }
 
 impl Operation {
+    /// Every operation, in declaration order: what the Redis store's contract derives
+    /// its letters from.
+    #[cfg(feature = "redis")]
+    pub(crate) const ALL: [Operation; 7] = [
+        Operation::Check,
+        Operation::Peek,
+        Operation::Refund,
+        Operation::Reset,
+        Operation::Charge,
+        Operation::Release,
+        Operation::Renew,
+    ];
+
     /// A short stable name, for logs.
     pub const fn as_str(self) -> &'static str {
         match self {

@@ -294,8 +294,8 @@ impl fmt::Debug for RedisStore {
 
 #[cfg(test)]
 mod tests {
-    use super::contract::args::Entry;
     use super::contract::reply::{decode, Reply};
+    use super::contract::Entry;
     use super::setup::without_password;
     use super::*;
     use crate::internals::RedisStoreInternals;

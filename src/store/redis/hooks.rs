@@ -2,7 +2,8 @@
 //! and scripts, built by the same code as its calls (feature `internals`, which wires
 //! them to `redlimit::internals::RedisStoreInternals`; the store never looks up at it).
 
-use super::contract::args::{Admin, AdminOp, Check, Entry, Request};
+use super::contract::args::Request;
+use super::contract::Entry;
 use super::script::{self, Via};
 use super::RedisStore;
 use crate::policy::Policy;
@@ -23,15 +24,7 @@ impl RedisStore {
         script: bool,
     ) -> deadpool_redis::redis::Cmd {
         let via = if script { Via::Script } else { Via::Function };
-        match AdminOp::of(op) {
-            None => self.call(subject, set, cost, Check).command(via),
-            Some(AdminOp::Charge) => {
-                let cost = crate::algorithm::charge_units(set.policies(), cost);
-                self.call(subject, set, cost, Admin(AdminOp::Charge))
-                    .command(via)
-            }
-            Some(admin) => self.call(subject, set, cost, Admin(admin)).command(via),
-        }
+        self.op_call(op, subject, set, cost).command(via)
     }
 
     /// The script holds the code of the algorithms `policies` use, so limiters of

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::batch;
-use super::contract::args::{Admin, AdminOp, Call, CallShape, Check, Entry, GivingBack, Leasing};
+use super::contract::args::{Call, CallShape, Check, GivingBack, Leasing, Run};
 use super::contract::reply::{decode, Reply};
+use super::contract::Entry;
 use super::link::{self, Link};
 use super::script;
 use super::RedisStore;
@@ -43,7 +44,7 @@ impl RedisStore {
         let policy = crate::policy::Policy::fixed_window("ready", 1, Duration::from_secs(1))
             .map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))?;
         let set = PolicySet::new(vec![policy]);
-        let call = self.call(&Subject::new("~ready"), &set, 1, Admin(AdminOp::Peek));
+        let call = self.call(&Subject::new("~ready"), &set, 1, Run(Operation::Peek));
         let reply = self
             .link
             .exchange(&call, link::READY_TIMEOUT, None, 1)
@@ -73,6 +74,23 @@ impl RedisStore {
             policies: Arc::clone(set.policies()),
             shape,
         }
+    }
+
+    /// The call of `op`: where the store turns an operation into its call, for
+    /// [`AdminStore::run`] and the benches' commands alike. A charge of any size:
+    /// more than its bound takes nothing more, and the Lua's numbers stay exact.
+    pub(super) fn op_call(
+        &self,
+        op: Operation,
+        subject: &Subject,
+        set: &PolicySet,
+        cost: u64,
+    ) -> Call<Run> {
+        let cost = match op {
+            Operation::Charge => algorithm::charge_units(set.policies(), cost),
+            _ => cost,
+        };
+        self.call(subject, set, cost, Run(op))
     }
 
     /// Sends `call` on the store's connection within the timeout (see
@@ -107,17 +125,7 @@ impl Backend for RedisStore {
 /// arguments: the admin operations share the check's per-algorithm Lua.
 impl AdminStore for RedisStore {
     fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
-        let Some(admin) = AdminOp::of(op) else {
-            let call = self.call(&subject, set, cost, Check);
-            return Box::pin(one(Arc::clone(&self.link), call, self.settings.timeout));
-        };
-        // A charge of any size: more than its bound takes nothing more, and the Lua's
-        // numbers stay exact.
-        let cost = match admin {
-            AdminOp::Charge => algorithm::charge_units(set.policies(), cost),
-            _ => cost,
-        };
-        let call = self.call(&subject, set, cost, Admin(admin));
+        let call = self.op_call(op, &subject, set, cost);
         Box::pin(one(Arc::clone(&self.link), call, self.settings.timeout))
     }
 }
@@ -130,8 +138,9 @@ async fn one<S: CallShape<Reply = Reply>>(
     timeout: Duration,
 ) -> Result<Decision, StoreError> {
     let reply: Reply = decode(link.exchange(&call, timeout, None, 1).await?)?;
-    let cost = call.shape.answered_cost(call.cost);
-    if call.shape.entry() == Entry::Admin {
+    let op = call.shape.op();
+    let cost = op.answered_cost(call.cost);
+    if op.entry() == Entry::Admin {
         return reply.decision_each(&call.policies, cost);
     }
     reply.decision(&call.policies, cost)

@@ -9,8 +9,7 @@ use std::sync::OnceLock;
 
 use deadpool_redis::redis::{Cmd, Script};
 
-use super::contract::args::Entry;
-use super::contract::{inline, preamble};
+use super::contract::{inline, preamble, Entry};
 use crate::policy::{Algorithm, Policy};
 
 /// The helpers every script starts with.
@@ -18,6 +17,8 @@ const COMMON: &str = include_str!("../../../lua/common.lua");
 /// Deciding one subject's policies and writing their states: what a single call
 /// and a batch share.
 const DECIDE: &str = include_str!("../../../lua/decide.lua");
+/// The lease rule of a leasing check, on the states its decision read.
+const LEASE: &str = include_str!("../../../lua/lease.lua");
 /// The entry point of a single call.
 const MAIN: &str = include_str!("../../../lua/main.lua");
 /// The entry point of a batch of plain checks.
@@ -100,22 +101,11 @@ impl Shape {
         let algorithms = policies
             .iter()
             .fold(0, |bits, p| bits | 1 << index(p.algorithm()));
-        let entry_bits = match entry {
-            Entry::Check => 0,
-            Entry::Admin => 1,
-            Entry::Lease => 2,
-            Entry::GiveBack => 3,
-        };
-        Self(algorithms | entry_bits << ENTRY_SHIFT)
+        Self(algorithms | (entry as u8) << ENTRY_SHIFT)
     }
 
     fn entry(self) -> Entry {
-        match self.0 >> ENTRY_SHIFT {
-            0 => Entry::Check,
-            1 => Entry::Admin,
-            2 => Entry::Lease,
-            _ => Entry::GiveBack,
-        }
+        Entry::ALL[usize::from(self.0 >> ENTRY_SHIFT) % Entry::ALL.len()]
     }
 
     /// The script of this shape.
@@ -163,6 +153,9 @@ impl ShapeScript {
             }
         }
         source.push_str(DECIDE);
+        if entry == Entry::Lease {
+            source.push_str(LEASE);
+        }
         source.push_str(&format!("local op, first = {}\n", entry.op_first("ARGV")));
         source.push_str(MAIN);
         Self::new(inline(&source))
@@ -208,20 +201,10 @@ pub(super) fn batch_script() -> &'static ShapeScript {
 /// its data, until deleted: one per release that ran against it).
 pub(super) struct Library {
     source: String,
-    check: String,
-    admin: String,
-    lease: String,
-    give_back: String,
+    /// Each entry point's function, in the order of [`Entry::ALL`].
+    functions: [String; 4],
     pub(super) batch: String,
 }
-
-/// Each entry point's function, by the suffix of its name.
-const FUNCTIONS: [(Entry, &str); 4] = [
-    (Entry::Check, "check"),
-    (Entry::Admin, "admin"),
-    (Entry::Lease, "lease"),
-    (Entry::GiveBack, "give_back"),
-];
 
 impl Library {
     /// The library of this build.
@@ -239,6 +222,7 @@ impl Library {
             code.push_str(algorithm.charge);
         }
         code.push_str(DECIDE);
+        code.push_str(LEASE);
         code.push_str("local function run(KEYS, ARGV, op, first)\n");
         code.push_str(MAIN);
         code.push_str("end\nlocal function batch(KEYS, ARGV)\n");
@@ -251,9 +235,10 @@ impl Library {
         let hash = Script::new(&body);
         let name = format!("redlimit_{}", &hash.get_hash()[..16]);
         let mut source = format!("#!lua name={name}\n{body}");
-        for (entry, suffix) in FUNCTIONS {
+        for entry in Entry::ALL {
             source.push_str(&format!(
-                "redis.register_function('{name}_{suffix}', function(keys, args) return run(keys, args, {}) end)\n",
+                "redis.register_function('{name}_{}', function(keys, args) return run(keys, args, {}) end)\n",
+                entry.name(),
                 entry.op_first("args")
             ));
         }
@@ -262,22 +247,14 @@ impl Library {
         ));
         Self {
             source,
-            check: format!("{name}_check"),
-            admin: format!("{name}_admin"),
-            lease: format!("{name}_lease"),
-            give_back: format!("{name}_give_back"),
+            functions: Entry::ALL.map(|entry| format!("{name}_{}", entry.name())),
             batch: format!("{name}_batch"),
         }
     }
 
     /// The name of `entry`'s function.
     pub(super) fn function(&self, entry: Entry) -> &str {
-        match entry {
-            Entry::Check => &self.check,
-            Entry::Admin => &self.admin,
-            Entry::Lease => &self.lease,
-            Entry::GiveBack => &self.give_back,
-        }
+        &self.functions[entry as usize]
     }
 
     /// The source, as `FUNCTION LOAD` takes it.

@@ -1,4 +1,4 @@
-//! One encoder per call shape: a [`Call`] of a [`CallShape`] (a check, an admin
+//! One encoder per call shape: a [`Call`] of a [`CallShape`] (a check, any store
 //! operation, a leasing check, a give-back) or a [`Batch`] of checks writes its
 //! keys and arguments in the order [`super`]'s positions name, so the Lua finds
 //! each where it reads it.
@@ -26,40 +26,6 @@ const _: () = assert!(FIRST_GIVE_BACK == ARG_EPOCH + 1);
 const _: () = assert!(POLICY_CODE == 0 && POLICY_LIMIT == 1 && POLICY_N == 2 && POLICY_ARGS == 3);
 const _: () = assert!(BATCH_MODE == 1 && BATCH_SETS == 2);
 
-/// The entry points of the Lua: a function of the library each, and a script shape
-/// each for servers without functions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Entry {
-    Check,
-    Admin,
-    Lease,
-    GiveBack,
-}
-
-impl Entry {
-    /// The Lua expressions of this entry point's `op` and `first` (main.lua), with
-    /// the call's arguments named `argv`.
-    pub(crate) fn op_first(self, argv: &str) -> String {
-        match self {
-            Entry::Check => "OP_CHECK, FIRST_CHECK".to_owned(),
-            Entry::Admin => format!("{argv}[ARG_OP], FIRST_ADMIN"),
-            Entry::Lease => "OP_LEASE, FIRST_LEASE".to_owned(),
-            Entry::GiveBack => "OP_GIVE_BACK, FIRST_GIVE_BACK".to_owned(),
-        }
-    }
-
-    /// Whether its Lua gives units back: the refund functions go only there.
-    pub(crate) fn refunds(self) -> bool {
-        matches!(self, Entry::Admin | Entry::GiveBack)
-    }
-
-    /// Whether its Lua charges units whatever the limit: the charge functions go only
-    /// there.
-    pub(crate) fn charges(self) -> bool {
-        matches!(self, Entry::Admin)
-    }
-}
-
 /// What one call of one subject carries, whatever its shape: kept whole so the
 /// same call can be sent again as `EVAL` when the server lost its script.
 #[derive(Debug)]
@@ -73,22 +39,14 @@ pub(crate) struct Call<S> {
     pub(crate) shape: S,
 }
 
-/// A call shape: its entry point, the arguments between its cost and its
-/// policies', and its typed reply.
+/// A call shape: its operation (whence its entry point and whether it names the lease
+/// generation key), the arguments between its cost and its policies', and its typed
+/// reply.
 pub(crate) trait CallShape: Send + Sync {
     type Reply: FromRedisValue;
-    fn entry(&self) -> Entry;
-    /// Whether the call names the subject's lease generation key after its
-    /// policies' keys.
-    fn names_lease_key(&self) -> bool {
-        false
-    }
+    fn op(&self) -> Op;
     /// Writes its own arguments, from `ARG_COST + 1` to its first policy's.
     fn push_head(&self, _cmd: &mut Cmd) {}
-    /// The cost the reply's outcomes are figured for, the call's being `cost`.
-    fn answered_cost(&self, cost: u64) -> u64 {
-        cost
-    }
 }
 
 /// A plain check: `cost, policies.., [clock]`.
@@ -97,70 +55,25 @@ pub(crate) struct Check;
 
 impl CallShape for Check {
     type Reply = Reply;
-    fn entry(&self) -> Entry {
-        Entry::Check
+    fn op(&self) -> Op {
+        Op::Run(Operation::Check)
     }
 }
 
-/// The admin operations: what an [`Admin`] call does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AdminOp {
-    Peek,
-    Refund,
-    Reset,
-    Charge,
-    Release,
-    Renew,
-}
-
-impl AdminOp {
-    /// The admin operation of `op`; `None` for a check, which is no admin call.
-    pub(crate) fn of(op: Operation) -> Option<Self> {
-        match op {
-            Operation::Check => None,
-            Operation::Peek => Some(Self::Peek),
-            Operation::Refund => Some(Self::Refund),
-            Operation::Reset => Some(Self::Reset),
-            Operation::Charge => Some(Self::Charge),
-            Operation::Release => Some(Self::Release),
-            Operation::Renew => Some(Self::Renew),
-        }
-    }
-
-    fn letter(self) -> &'static str {
-        match self {
-            Self::Peek => OP_PEEK,
-            Self::Refund => OP_REFUND,
-            Self::Reset => OP_RESET,
-            Self::Charge => OP_CHARGE,
-            Self::Release => OP_RELEASE,
-            Self::Renew => OP_RENEW,
-        }
-    }
-}
-
-/// A peek, refund, reset or charge: `cost, op, policies.., [clock]`; a reset names the
-/// lease generation key too, to delete it.
+/// Any store operation: a check as [`Check`] sends it, an admin operation as `cost,
+/// op, policies.., [clock]`; a reset names the lease generation key too, to delete
+/// it.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Admin(pub(crate) AdminOp);
+pub(crate) struct Run(pub(crate) Operation);
 
-impl CallShape for Admin {
+impl CallShape for Run {
     type Reply = Reply;
-    fn entry(&self) -> Entry {
-        Entry::Admin
-    }
-    fn names_lease_key(&self) -> bool {
-        self.0 == AdminOp::Reset
+    fn op(&self) -> Op {
+        Op::Run(self.0)
     }
     fn push_head(&self, cmd: &mut Cmd) {
-        cmd.arg(self.0.letter());
-    }
-    /// A charge, a release and a renewal answer as a peek of 1 would (their cost is
-    /// units owed or slots held); the others as a peek of their cost.
-    fn answered_cost(&self, cost: u64) -> u64 {
-        match self.0 {
-            AdminOp::Charge | AdminOp::Release | AdminOp::Renew => 1,
-            AdminOp::Peek | AdminOp::Refund | AdminOp::Reset => cost,
+        if self.op().entry() == Entry::Admin {
+            cmd.arg(self.op().letter());
         }
     }
 }
@@ -172,11 +85,8 @@ pub(crate) struct Leasing(pub(crate) LeaseAsk);
 
 impl CallShape for Leasing {
     type Reply = LeaseReply;
-    fn entry(&self) -> Entry {
-        Entry::Lease
-    }
-    fn names_lease_key(&self) -> bool {
-        true
+    fn op(&self) -> Op {
+        Op::Lease
     }
     fn push_head(&self, cmd: &mut Cmd) {
         cmd.arg(self.0.want).arg(self.0.batch);
@@ -190,11 +100,8 @@ pub(crate) struct GivingBack(pub(crate) GiveBack);
 
 impl CallShape for GivingBack {
     type Reply = Reply;
-    fn entry(&self) -> Entry {
-        Entry::GiveBack
-    }
-    fn names_lease_key(&self) -> bool {
-        true
+    fn op(&self) -> Op {
+        Op::GiveBack
     }
     fn push_head(&self, cmd: &mut Cmd) {
         cmd.arg(self.0.before_ms).arg(self.0.epoch);
@@ -235,11 +142,12 @@ impl<S: CallShape> Request for Call<S> {
 
     /// `numkeys, keys.., cost, head.., policies.., [clock]`, whichever way it goes.
     fn command(&self, via: Via) -> Cmd {
-        let entry = self.shape.entry();
+        let op = self.shape.op();
+        let entry = op.entry();
         let mut cmd = start(via, Library::get().function(entry), || {
             Shape::of(&self.policies, entry).script()
         });
-        let lease_key = self.shape.names_lease_key();
+        let lease_key = op.names_lease_key();
         cmd.arg(self.policies.len() + usize::from(lease_key));
         let mut key = String::with_capacity(self.key_base.len() + 24);
         for policy in self.policies.iter() {

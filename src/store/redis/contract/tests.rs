@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::{self, aio::MultiplexedConnection, FromRedisValue, Value};
 
-use super::args::{Admin, AdminOp, Batch, Call, Check, GivingBack, Leasing, Request};
+use super::args::{Batch, Call, Check, GivingBack, Leasing, Request, Run};
 use super::reply::{decode, BatchReply, LeaseReply, PolicyReply, Reply};
 use super::*;
 use crate::algorithm::State;
@@ -19,7 +19,7 @@ use crate::internals::RedisStoreInternals;
 use crate::policy::Policy;
 use crate::store::redis::keys::lease_key_of;
 use crate::store::redis::script::{Library, Via};
-use crate::store::{GiveBack, LeaseAsk, StoreErrorKind};
+use crate::store::{GiveBack, LeaseAsk, Operation, StoreErrorKind};
 
 /// A `redis-server` on a free loopback port, with no persistence, killed on drop.
 /// (`REDLIMIT_REDIS_SERVER` names another binary, as for the integration tests.)
@@ -198,11 +198,11 @@ async fn the_admin_operations_round_trip() {
         let base = format!("rt:{{admin-{via:?}}}:t:");
         round_trip(&mut conn, &call(&base, &p, 4, Check), via).await;
         // A peek of 2 answers as that check would, and writes nothing.
-        let peek = round_trip(&mut conn, &call(&base, &p, 2, Admin(AdminOp::Peek)), via).await;
+        let peek = round_trip(&mut conn, &call(&base, &p, 2, Run(Operation::Peek)), via).await;
         assert_eq!(peek.0[0], outcome(true, 4, 750, 0), "{via:?}");
         assert_eq!(fixed_state(&mut conn, &base).await.as_deref(), Some("10:4"));
         // A refund of 3 gives them back, then answers as a peek of 3.
-        let refund = round_trip(&mut conn, &call(&base, &p, 3, Admin(AdminOp::Refund)), via).await;
+        let refund = round_trip(&mut conn, &call(&base, &p, 3, Run(Operation::Refund)), via).await;
         assert_eq!(refund.0[0], outcome(true, 6, 750, 0), "{via:?}");
         assert_eq!(fixed_state(&mut conn, &base).await.as_deref(), Some("10:1"));
         // A reset forgets the states and the lease generation, then peeks fresh.
@@ -213,7 +213,7 @@ async fn the_admin_operations_round_trip() {
             .query_async(&mut conn)
             .await
             .unwrap();
-        let reset = round_trip(&mut conn, &call(&base, &p, 1, Admin(AdminOp::Reset)), via).await;
+        let reset = round_trip(&mut conn, &call(&base, &p, 1, Run(Operation::Reset)), via).await;
         assert_eq!(
             reset.0.as_slice(),
             [outcome(true, 9, 750, 0), outcome(true, 9, 100, 0)],
@@ -373,7 +373,7 @@ fn the_preamble_defines_what_the_lua_reads_once_each() {
     ]
     .concat();
     let library = Library::get().source();
-    for (name, _) in PREAMBLE {
+    for (name, _) in constants() {
         let definition = format!("local {name} = ");
         assert_eq!(preamble.matches(&definition).count(), 1, "{name}");
         assert_eq!(library.matches(&definition).count(), 1, "{name}");
@@ -390,7 +390,7 @@ fn the_preamble_defines_what_the_lua_reads_once_each() {
         &library[code_from..code_to],
     ];
     for script in scripts {
-        for (name, _) in PREAMBLE {
+        for (name, _) in constants() {
             let as_word = |at: usize| {
                 let before = script[..at].chars().next_back();
                 let after = script[at + name.len()..].chars().next();
@@ -398,7 +398,9 @@ fn the_preamble_defines_what_the_lua_reads_once_each() {
                     |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
                 !part(before) && !part(after)
             };
-            let left = script.match_indices(name).any(|(at, _)| as_word(at));
+            let left = script
+                .match_indices(name.as_str())
+                .any(|(at, _)| as_word(at));
             assert!(!left, "{name} is left in a script");
         }
     }
@@ -407,7 +409,7 @@ fn the_preamble_defines_what_the_lua_reads_once_each() {
         r#"a = "r" .. OP_REFUNDS + 2"#
     );
     // Values are plain: nothing to escape in a Lua string.
-    for (name, value) in PREAMBLE {
+    for (name, value) in constants() {
         if let Lua::Str(text) = value {
             assert!(text.bytes().all(|b| b.is_ascii_alphanumeric()), "{name}");
         }
@@ -493,8 +495,8 @@ async fn a_charge_round_trips_and_writes_the_model_s_state() {
                 };
                 let shape = match op {
                     Op::Check => None,
-                    Op::Refund => Some(AdminOp::Refund),
-                    Op::Charge => Some(AdminOp::Charge),
+                    Op::Refund => Some(Operation::Refund),
+                    Op::Charge => Some(Operation::Charge),
                 };
                 let mut ttls = vec![0; p.len()];
                 let expected: Vec<PolicyReply> = match op {
@@ -538,7 +540,7 @@ async fn a_charge_round_trips_and_writes_the_model_s_state() {
                         round_trip(&mut conn, &c, via).await
                     }
                     Some(admin) => {
-                        let mut c = call(&base, p, cost, Admin(admin));
+                        let mut c = call(&base, p, cost, Run(admin));
                         c.now_ms = Some(at);
                         round_trip(&mut conn, &c, via).await
                     }
@@ -583,4 +585,15 @@ async fn a_charge_round_trips_and_writes_the_model_s_state() {
             }
         }
     }
+}
+
+#[test]
+fn every_operation_has_a_letter_and_a_lua_name_of_its_own() {
+    let letters: std::collections::HashSet<&str> =
+        super::Op::ALL.iter().map(|op| op.letter()).collect();
+    let names: std::collections::HashSet<String> =
+        super::Op::ALL.iter().map(|op| op.lua_name()).collect();
+    assert_eq!(letters.len(), super::Op::ALL.len());
+    assert_eq!(names.len(), super::Op::ALL.len());
+    assert!(names.contains("OP_GIVE_BACK") && names.contains("OP_CHECK"));
 }
