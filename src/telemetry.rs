@@ -178,9 +178,12 @@ impl std::fmt::Display for UnitsLeft<'_> {
 /// The layer gave back a request's cost (`refund_on`), `cost` units. A failed refund
 /// only costs the client budget, so it is a warning, not an error.
 pub(crate) fn layer_refunded(result: &Result<Option<Decision>, Error>, cost: u64) {
-    match result {
+    if matches!(result, Ok(None)) {
         // Nothing to give back: the cost was taken nowhere (no fallback any more).
-        Ok(None) => return,
+        return;
+    }
+    match result {
+        Ok(None) => {}
         Ok(Some(answer)) => tracing::debug!(
             remaining = %UnitsLeft { answer, peeked: cost },
             "rate-limit cost refunded"
@@ -203,8 +206,11 @@ pub(crate) fn layer_settled(result: &Result<Option<Decision>, Error>, refunded: 
     } else {
         "charge"
     };
+    if matches!(result, Ok(None)) {
+        return;
+    }
     match result {
-        Ok(None) => return,
+        Ok(None) => {}
         // A refund answers as a peek of what it gave back, a charge as a peek of 1.
         Ok(Some(answer)) => tracing::debug!(
             remaining = %UnitsLeft { answer, peeked: refunded.unwrap_or(1) },
