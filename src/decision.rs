@@ -76,9 +76,6 @@ pub struct Decision {
     /// The shadow policy that would have denied this allowed request (the longest
     /// wait among them), if any.
     shadow_denier: Option<usize>,
-    /// Whether a shadow in-flight policy would deny: it took no slot, so the request
-    /// holds none ([`Limiter::hold`](crate::Limiter::hold)).
-    spared_slot: bool,
     policies: Arc<[Policy]>,
     /// Every policy's outcome, as its store answered, when there is more than one
     /// (the `RateLimit` header shows each budget) and in the admin operations'
@@ -96,7 +93,6 @@ impl PartialEq for Decision {
             && self.index == other.index
             && self.outcome == other.outcome
             && self.shadow_denier == other.shadow_denier
-            && self.spared_slot == other.spared_slot
             && self.policies == other.policies
     }
 }
@@ -130,7 +126,6 @@ impl Decision {
         // shadow, read as admitting); the shadow denier with the longest wait apart.
         let mut best: Option<(usize, PolicyOutcome)> = None;
         let mut shadow: Option<(usize, u64)> = None;
-        let mut spared_slot = false;
         let mut allowed = true;
         let all_shadow = policies.iter().all(Policy::is_shadow);
         let mut each: SmallVec<[PolicyOutcome; 4]> = SmallVec::new();
@@ -140,7 +135,6 @@ impl Decision {
                 if !o.allowed && shadow.is_none_or(|(_, wait)| o.retry_after_ms > wait) {
                     shadow = Some((i, o.retry_after_ms));
                 }
-                spared_slot |= !o.allowed && policies.get(i).is_some_and(Policy::is_in_flight);
                 if !all_shadow {
                     continue;
                 }
@@ -166,7 +160,7 @@ impl Decision {
             // units (the slot) its outcome counted as spent.
             for (policy, o) in policies.iter().zip(each.iter_mut()) {
                 if o.allowed {
-                    let units = if policy.is_in_flight() { 1 } else { cost };
+                    let units = policy.units_taken(cost);
                     o.remaining = o.remaining.saturating_add(units).min(o.limit);
                 }
             }
@@ -192,7 +186,6 @@ impl Decision {
             } else {
                 None
             },
-            spared_slot: allowed && spared_slot,
             policies: Arc::clone(policies),
             each: Some(Arc::from(each.as_slice())),
         }
@@ -203,11 +196,9 @@ impl Decision {
     #[inline]
     pub(crate) fn from_outcome(policies: &Arc<[Policy]>, mut outcome: PolicyOutcome) -> Self {
         let mut shadow_denier = None;
-        let mut spared_slot = false;
-        if let Some(policy) = policies.first().filter(|p| p.is_shadow()) {
+        if policies.first().is_some_and(Policy::is_shadow) {
             if !outcome.allowed {
                 shadow_denier = Some(0);
-                spared_slot = policy.is_in_flight();
             }
             outcome.allowed = true;
             outcome.retry_after_ms = 0;
@@ -218,7 +209,6 @@ impl Decision {
             index: 0,
             outcome,
             shadow_denier,
-            spared_slot,
             policies: Arc::clone(policies),
             each: None,
         }
@@ -281,7 +271,6 @@ impl Decision {
                 retry_after_ms: 0,
             },
             shadow_denier: None,
-            spared_slot: false,
             policies: Arc::clone(policies),
             each: None,
         }
@@ -400,10 +389,16 @@ impl Decision {
         self.shadow_denier.is_some()
     }
 
-    /// Whether a shadow in-flight policy would have refused this allowed request, so
-    /// took no slot for it: what enforcing it would have kept.
-    pub(crate) fn spared_a_slot(&self) -> bool {
-        self.spared_slot
+    /// Whether policy `i`, a shadow, would have refused this allowed request, so took
+    /// nothing for it (an in-flight one, no slot): what enforcing it would have kept.
+    pub(crate) fn spared_by(&self, i: usize) -> bool {
+        let shadow = self.policies.get(i).is_some_and(Policy::is_shadow);
+        self.allowed
+            && shadow
+            && match &self.each {
+                Some(each) => each.get(i).is_some_and(|o| !o.allowed),
+                None => self.shadow_denier == Some(i),
+            }
     }
 
     /// The shadow policy that would have denied this allowed request (the one with
@@ -473,14 +468,17 @@ mod tests {
         let d =
             Decision::from_outcomes(&policies, [outcome(false, 0, 900), outcome(false, 0, 5)], 1);
         assert_eq!(d.shadow_denied_by(), Some("rate"));
-        assert!(d.spared_a_slot());
+        assert!(d.spared_by(1));
         let d =
             Decision::from_outcomes(&policies, [outcome(false, 0, 900), outcome(true, 1, 0)], 1);
-        assert!(d.would_deny() && !d.spared_a_slot());
+        assert!(d.would_deny() && !d.spared_by(1));
         let alone: Arc<[Policy]> =
             vec![Policy::in_flight("running", 3, s).unwrap().shadow()].into();
-        assert!(Decision::from_outcomes(&alone, [outcome(false, 0, 5)], 1).spared_a_slot());
-        assert!(!Decision::from_outcomes(&alone, [outcome(true, 2, 0)], 1).spared_a_slot());
+        assert!(Decision::from_outcomes(&alone, [outcome(false, 0, 5)], 1).spared_by(0));
+        assert!(!Decision::from_outcomes(&alone, [outcome(true, 2, 0)], 1).spared_by(0));
+        // An enforced policy never spares: its denial is the decision.
+        let enforced: Arc<[Policy]> = vec![Policy::in_flight("running", 3, s).unwrap()].into();
+        assert!(!Decision::from_outcomes(&enforced, [outcome(false, 0, 5)], 1).spared_by(0));
     }
 
     #[test]

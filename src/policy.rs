@@ -29,12 +29,9 @@ const MAX_EXACT: u64 = 1 << 53;
 pub(crate) const MAX_SLIDING_LOG_LIMIT: u32 = 100_000;
 /// Longest policy name: it travels in every response header and Redis key.
 pub(crate) const MAX_NAME_LEN: usize = 64;
-/// Longest window, and longest fill time (capacity x refill interval) of a token
-/// bucket: 3,653 days, ten years. The Lua side computes in doubles, exact below 2^53;
-/// a token bucket stores its arrival time in microseconds since the epoch, up to two
-/// fill times ahead of now, and 2^53 µs is only 285 years. Ten years keeps every stored
-/// time exact for centuries, where a bucket filled once per 250 years would be read
-/// back as empty in Redis.
+/// Longest window and token-bucket fill time: 3,653 days. A bucket stores its arrival
+/// time in µs since the epoch, up to two fill times ahead, and Lua's doubles are exact
+/// only to 2^53 µs (285 years): ten years keeps every stored time exact for centuries.
 pub(crate) const MAX_WINDOW: Duration = Duration::from_secs(3_653 * 86_400);
 
 /// The five algorithms: four rates ([`Algorithm::RATES`]) and requests in flight.
@@ -80,8 +77,7 @@ impl Algorithm {
         Algorithm::InFlight,
     ];
 
-    /// The algorithms that count units over time (every one but
-    /// [`Algorithm::InFlight`], which counts requests running now).
+    /// The algorithms that count units over time: all but [`Algorithm::InFlight`].
     pub const RATES: [Algorithm; 4] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
@@ -112,19 +108,16 @@ pub enum PolicyError {
     /// The refill amount of a token bucket is zero.
     #[error("policy {0:?}: the refill amount must be at least 1")]
     ZeroRefill(String),
-    /// Numbers too large to compute exactly (limit x window over 2^53, a window or
-    /// fill time over [`Policy::MAX_WINDOW`], or a refill faster than one token per
-    /// microsecond).
+    /// Numbers too large to compute exactly: limit x window over 2^53, a window or fill
+    /// time over [`Policy::MAX_WINDOW`], a refill faster than a token per µs.
     #[error("policy {0:?}: {1}")]
     OutOfRange(String, &'static str),
 }
 
 debug_as_display!(PolicyError);
 
-/// A rate-limit policy: algorithm, limit, window and a name for headers and keys.
-///
-/// Cheap to clone. Built only through the checked constructors, so every `Policy` that
-/// exists can be computed exactly in Rust and in Lua.
+/// A rate-limit policy: algorithm, limit, window and a name for headers and keys. Cheap
+/// to clone; built only through the checked constructors, so exact in Rust and in Lua.
 #[derive(Clone, Eq)]
 pub struct Policy {
     name: Arc<str>,
@@ -143,8 +136,7 @@ pub struct Policy {
     holder: u64,
 }
 
-/// Equal when configured alike: the holder a limiter gives an in-flight policy is not
-/// part of what the policy is.
+/// Equal when configured alike: the holder a limiter gives an in-flight policy aside.
 impl PartialEq for Policy {
     fn eq(&self, other: &Self) -> bool {
         self.name == other.name
@@ -371,13 +363,21 @@ impl Policy {
         self.emission_us
     }
 
-    /// The largest cost this policy can ever admit in one request. An in-flight
-    /// policy counts requests, not their cost: any cost takes one slot.
+    /// The largest cost this policy can ever admit in one request (any, in flight).
     pub fn max_cost(&self) -> u64 {
-        if self.algorithm == Algorithm::InFlight {
-            return u64::MAX;
+        match self.algorithm {
+            Algorithm::InFlight => u64::MAX,
+            _ => self.limit,
         }
-        self.limit
+    }
+
+    /// The units a request of `cost` takes: its cost, or one slot of an in-flight
+    /// policy, which counts requests whatever they cost.
+    pub(crate) fn units_taken(&self, cost: u64) -> u64 {
+        match self.algorithm {
+            Algorithm::InFlight => 1,
+            _ => cost,
+        }
     }
 
     /// Whether this policy counts requests running now ([`Policy::in_flight`]).

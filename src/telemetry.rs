@@ -140,9 +140,9 @@ pub(crate) fn redis_answers_again(address: &str, failing_for: std::time::Duratio
     );
 }
 
-/// The units each rate policy has left after a refund or a charge (slots are not
-/// theirs to change), from its answer: a peek of `peeked` units, whose `remaining`
-/// counts them as taken when it would admit them.
+/// The units each policy has left after a refund or a charge (an in-flight one's slots,
+/// which neither changes), from its answer: a peek of `peeked` units, whose `remaining`
+/// counts what they would take as taken when it would admit them.
 pub(crate) struct UnitsLeft<'a> {
     pub(crate) answer: &'a Decision,
     pub(crate) peeked: u64,
@@ -161,14 +161,13 @@ impl std::fmt::Display for UnitsLeft<'_> {
         };
         let mut first = true;
         for (policy, outcome) in self.answer.policies().iter().zip(outcomes) {
-            if policy.is_in_flight() {
-                continue;
-            }
             if !first {
                 f.write_str(", ")?;
             }
             first = false;
-            let left = outcome.remaining.saturating_add(taken).min(outcome.limit);
+            let left = (outcome.remaining)
+                .saturating_add(policy.units_taken(taken).min(taken))
+                .min(outcome.limit);
             write!(f, "{}={left}", policy.name())?;
         }
         Ok(())
@@ -401,7 +400,7 @@ mod tests {
             answer: &refunded,
             peeked: 200,
         };
-        assert_eq!(left.to_string(), "tokens=9700");
+        assert_eq!(left.to_string(), "tokens=9700, in_flight=3");
         let charged = limiter
             .charge_from(checked.origin(), "k".into(), 300)
             .await
@@ -411,7 +410,7 @@ mod tests {
             answer: &charged,
             peeked: 1,
         };
-        assert_eq!(left.to_string(), "tokens=9400");
+        assert_eq!(left.to_string(), "tokens=9400, in_flight=3");
         // Every slot taken: the answer denies, and takes nothing.
         for _ in 0..3 {
             limiter.check("k", 1).await.unwrap();
@@ -422,7 +421,7 @@ mod tests {
             answer: &refunded,
             peeked: 100,
         };
-        assert_eq!(left.to_string(), "tokens=9497");
+        assert_eq!(left.to_string(), "tokens=9497, in_flight=0");
     }
 
     #[test]

@@ -392,13 +392,17 @@ pub(crate) const MAX_EXACT: u64 = (1 << 53) - 1;
 /// Lua's doubles. A charge of the clamped units is the same charge.
 #[cfg(feature = "redis")]
 pub(crate) fn charge_units(policies: &[Policy], units: u64) -> u64 {
-    let most = policies
-        .iter()
-        .filter(|policy| !policy.is_in_flight())
-        .map(|policy| MAX_DEBT * policy.limit())
-        .max()
-        .unwrap_or(0);
+    let most = policies.iter().filter_map(max_charge).max().unwrap_or(0);
     units.min(most)
+}
+
+/// The most a charge takes from `policy` (its [`MAX_DEBT`] bound); `None` for a policy
+/// a charge leaves alone: slots are held by requests, never charged.
+fn max_charge(policy: &Policy) -> Option<u64> {
+    match policy.algorithm() {
+        Algorithm::InFlight => None,
+        _ => Some(MAX_DEBT * policy.limit()),
+    }
 }
 
 /// The state after consuming `cost` units (any number; at most the [`MAX_DEBT`] bound
@@ -415,22 +419,42 @@ pub(crate) fn charge_units(policies: &[Policy], units: u64) -> u64 {
 /// - sliding log: `cost` stamps at now (the log keeps its last `limit`).
 ///
 /// "Now" is clamped as the check clamps it when the clock went back, and state a check
-/// reads as foreign is charged as fresh state.
-pub(crate) fn charge(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> (State, u64) {
+/// reads as foreign is charged as fresh state. `None` for an in-flight policy, whose
+/// slots are held by requests, never charged: its state stays as it is.
+pub(crate) fn charge(
+    policy: &Policy,
+    state: Option<&State>,
+    now: u64,
+    cost: u64,
+) -> Option<(State, u64)> {
     let (next, ttl) = match policy.algorithm() {
         Algorithm::FixedWindow => fixed_window::charge(policy, state, now, cost),
         Algorithm::SlidingWindow => sliding_window::charge(policy, state, now, cost),
         Algorithm::TokenBucket => token_bucket::charge(policy, state, now, cost),
         Algorithm::SlidingLog => sliding_log::charge(policy, state, now, cost),
-        // Slots are never charged (the stores leave in-flight policies out): as it was.
-        Algorithm::InFlight => (
-            state.cloned().unwrap_or(State::InFlight {
-                holders: Vec::new(),
-            }),
-            0,
-        ),
+        Algorithm::InFlight => return None,
     };
-    (next, ttl.max(1))
+    Some((next, ttl.max(1)))
+}
+
+/// What `change` by this instance's holder makes of `policy`'s `state`, and how long
+/// (ms from `now`) it must be kept (`None`: nothing left to keep, the state removed). A
+/// policy that counts units has no holders: its state stays as it is, `None`.
+pub(crate) fn hold(
+    policy: &Policy,
+    state: &mut Option<State>,
+    now: u64,
+    change: in_flight::Hold,
+) -> Option<u64> {
+    match policy.algorithm() {
+        Algorithm::InFlight => {
+            let next = in_flight::hold(policy, state.as_ref(), now, change);
+            let keep = next.as_ref().map(|(_, ms)| *ms);
+            *state = next.map(|(state, _)| state);
+            keep
+        }
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -488,7 +512,30 @@ pub(crate) mod tests {
                 commit.apply(&mut state);
             }
         }
-        charge(policy, state.as_ref(), at, units)
+        rate_charge(policy, state.as_ref(), at, units)
+    }
+
+    /// [`charge`] of a rate policy, which always takes the charge.
+    fn rate_charge(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> (State, u64) {
+        charge(policy, state, now, cost).expect("a rate policy is charged")
+    }
+
+    #[test]
+    fn a_charge_and_a_hold_each_leave_the_other_kind_alone() {
+        let s = Duration::from_secs(1);
+        let slots = Policy::in_flight("running", 3, s).unwrap();
+        let rate = Policy::fixed_window("rate", 3, s).unwrap();
+        assert_eq!(charge(&slots, None, 1_000, 5), None);
+        assert_eq!(max_charge(&slots), None);
+        assert_eq!(max_charge(&rate), Some(MAX_DEBT * 3));
+        let mut counted = Some(rate_charge(&rate, None, 1_000, 2).0);
+        let before = counted.clone();
+        let renewal = in_flight::Hold::Renew { held: 2 };
+        assert_eq!(hold(&rate, &mut counted, 1_000, renewal), None);
+        assert_eq!(counted, before, "a rate's state is not a holder's");
+        let mut held = None;
+        assert_eq!(hold(&slots, &mut held, 1_000, renewal), Some(1_000));
+        assert!(held.is_some());
     }
 
     /// When a check of 1 admits again after `charged` (written at `at` and kept `ttl`
@@ -527,7 +574,7 @@ pub(crate) mod tests {
             ] {
                 let (charged, ttl) = charged_after(&p, steps, at, u64::MAX);
                 // Twice is the same: the bound is reached.
-                assert_eq!(charge(&p, Some(&charged), at, u64::MAX).0, charged, "{p:?}");
+                assert_eq!(rate_charge(&p, Some(&charged), at, u64::MAX).0, charged, "{p:?}");
                 let again = readmitted_at(&p, &charged, ttl, at);
                 let latest = match p.algorithm() {
                     // The next window (of the stored window, when the clock is behind).
@@ -566,12 +613,12 @@ pub(crate) mod tests {
         for p in boundary_policies() {
             // A charge where there is no state makes one; one of 1 then another of 1
             // is a charge of 2.
-            let (once, _) = charge(&p, None, 7_000, 2);
-            let (one, _) = charge(&p, None, 7_000, 1);
-            assert_eq!(charge(&p, Some(&one), 7_000, 1).0, once, "{p:?}");
+            let (once, _) = rate_charge(&p, None, 7_000, 2);
+            let (one, _) = rate_charge(&p, None, 7_000, 1);
+            assert_eq!(rate_charge(&p, Some(&one), 7_000, 1).0, once, "{p:?}");
             // Foreign state (far ahead) is charged as fresh state.
-            let (far, _) = charge(&p, None, 900_000, 1);
-            assert_eq!(charge(&p, Some(&far), 7_000, 2).0, once, "{p:?}");
+            let (far, _) = rate_charge(&p, None, 900_000, 1);
+            assert_eq!(rate_charge(&p, Some(&far), 7_000, 2).0, once, "{p:?}");
         }
     }
 

@@ -22,6 +22,7 @@ use crate::key::KeyRejection;
 use crate::layer::grpc;
 use crate::layer::headers::{retry_after_secs, PolicyHeaders, Snapshot};
 use crate::layer::{AtEnd, Config};
+use crate::policy::Algorithm;
 
 /// How the layer's own answers (429, 503, key rejections) word their bodies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -160,14 +161,13 @@ pub(crate) fn too_many_requests(
 /// requests in flight (finish one first).
 fn what_denied(decision: &Decision) -> String {
     let policy = decision.policy();
-    if policy.is_in_flight() {
-        format!(
+    match policy.algorithm() {
+        Algorithm::InFlight => format!(
             "in-flight limit '{}' reached: {} requests already running",
             policy.name(),
             policy.limit()
-        )
-    } else {
-        format!("rate limit '{}' exceeded", policy.name())
+        ),
+        _ => format!("rate limit '{}' exceeded", policy.name()),
     }
 }
 

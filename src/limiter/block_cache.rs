@@ -97,18 +97,14 @@ impl BlockCache {
 
     /// Remembers a denial made at `now_ms`.
     pub(crate) fn insert(&self, subject: Subject, cost: u64, decision: &Decision, now_ms: u64) {
-        let Some(wait) = decision.retry_after() else {
+        let Some(denial) = KeptDenial::of(cost, decision, now_ms) else {
             return;
         };
-        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
-        if wait_ms == 0 {
-            return;
-        }
         let mut ring = self.ring();
         if let Some(mut blocked) = self.blocked.get_mut(&subject) {
             // Denied again: the new wait replaces the old, in the same slot.
             let slot = blocked.slot;
-            *blocked = Blocked::new(cost, decision, now_ms, wait_ms, slot);
+            *blocked = Blocked { denial, slot };
             if let Some(Some(held)) = ring.slots.get_mut(slot) {
                 held.until_ms = blocked.denial.until_ms();
             }
@@ -131,7 +127,7 @@ impl BlockCache {
                 slot
             }
         };
-        let blocked = Blocked::new(cost, decision, now_ms, wait_ms, slot);
+        let blocked = Blocked { denial, slot };
         ring.slots[slot] = Some(Slot {
             subject: subject.clone(),
             until_ms: blocked.denial.until_ms(),
@@ -171,15 +167,6 @@ impl BlockCache {
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.blocked.len()
-    }
-}
-
-impl Blocked {
-    fn new(cost: u64, decision: &Decision, now_ms: u64, wait_ms: u64, slot: usize) -> Self {
-        Self {
-            denial: KeptDenial::new(cost, decision, now_ms, wait_ms),
-            slot,
-        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::block_cache::BlockCache;
 use super::lease::{LeaseError, LeaseTable, Leases};
-use super::slots::SlotTable;
+use super::slots::{in_flight, SlotTable};
 use super::{Guard, Limiter};
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::debug_as_display;
@@ -146,8 +146,8 @@ impl<S: Store> LimiterBuilder<S> {
                 return Err(BuildError::DuplicateName(policy.name().to_owned()));
             }
         }
-        if policies.iter().filter(|p| p.is_in_flight()).count() > 1 {
-            if let Some(shadow) = policies.iter().find(|p| p.is_in_flight() && p.is_shadow()) {
+        if in_flight(&policies).nth(1).is_some() {
+            if let Some((_, shadow)) = in_flight(&policies).find(|(_, p)| p.is_shadow()) {
                 return Err(BuildError::ShadowInFlight(shadow.name().to_owned()));
             }
         }

@@ -37,9 +37,7 @@ impl After {
                 if let Some(blocks) = &guard.blocks {
                     if decision.is_allowed() {
                         blocks.forget(&subject);
-                    } else if !decision.policy().is_in_flight() {
-                        // An in-flight denial lasts until some request ends, not a
-                        // known time: never kept.
+                    } else {
                         blocks.insert(subject, cost, &decision, guard.clock.now_ms());
                     }
                 }

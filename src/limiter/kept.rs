@@ -35,6 +35,17 @@ impl KeptDenial {
         }
     }
 
+    /// `decision`, the store's denial of `cost` made at `since_ms`, kept for its retry
+    /// time; `None` when there is no time to keep it for: it admits, or an in-flight
+    /// policy denied, whose denial lasts until some request ends, not a known time.
+    pub(crate) fn of(cost: u64, decision: &Decision, since_ms: u64) -> Option<Self> {
+        let wait_ms = decision.retry_after().map_or(0, |wait| {
+            u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)
+        });
+        let held = decision.policy().is_in_flight();
+        (wait_ms > 0 && !held).then(|| Self::new(cost, decision, since_ms, wait_ms))
+    }
+
     /// The same, with a wait the store gave for `largest`: it answers the costs up to
     /// it too.
     pub(crate) fn up_to(mut self, largest: u64) -> Self {

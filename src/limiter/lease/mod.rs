@@ -108,14 +108,13 @@ impl Leases {
     /// The settings for `set`, or why it cannot lease.
     pub(crate) fn resolve(&self, set: &PolicySet) -> Result<Plan, LeaseError> {
         let policies = set.policies();
-        if let Some(log) = policies
-            .iter()
-            .find(|p| p.algorithm() == Algorithm::SlidingLog)
-        {
-            return Err(LeaseError::SlidingLog(log.name().to_owned()));
-        }
-        if let Some(slots) = policies.iter().find(|p| p.is_in_flight()) {
-            return Err(LeaseError::InFlight(slots.name().to_owned()));
+        for policy in policies.iter() {
+            let name = || policy.name().to_owned();
+            match policy.algorithm() {
+                Algorithm::SlidingLog => return Err(LeaseError::SlidingLog(name())),
+                Algorithm::InFlight => return Err(LeaseError::InFlight(name())),
+                Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::TokenBucket => {}
+            }
         }
         if self.max_subjects == 0 {
             return Err(LeaseError::ZeroSubjects);

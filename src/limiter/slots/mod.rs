@@ -45,7 +45,7 @@ use crate::store::{Operation, Store};
 use crate::subject::Subject;
 
 use table::Home;
-pub(crate) use table::SlotTable;
+pub(crate) use table::{in_flight, SlotTable};
 
 /// A request's slot in its limiter's in-flight policies: given back when dropped.
 ///
@@ -97,7 +97,8 @@ impl<S: Store> Limiter<S> {
     ) -> Option<Slot> {
         let table = self.slot_table()?;
         let in_fallback = match decision.origin() {
-            _ if !decision.is_allowed() || decision.spared_a_slot() => return None,
+            _ if !decision.is_allowed() => return None,
+            _ if in_flight(decision.policies()).any(|(i, _)| decision.spared_by(i)) => return None,
             Origin::Store | Origin::Lease => false,
             Origin::Fallback => true,
             Origin::FailOpen | Origin::BlockCache => return None,

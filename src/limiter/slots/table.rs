@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use crate::decision::Decision;
+use crate::policy::Policy;
 use crate::store::{MemoryStore, Operation, PolicySet, Store, StoreError};
 use crate::subject::Subject;
 
@@ -21,6 +22,15 @@ const MAX_UNSETTLED: usize = 4_096;
 /// runs after the call on the same connection; the second, sent after the first was
 /// answered, after anything still buffered on a connection the store replaced.
 const SETTLING_RENEWALS: u8 = 2;
+
+/// The policies of `policies` that hold slots, with their places: the one place that
+/// tells an in-flight policy from a rate.
+pub(crate) fn in_flight(policies: &[Policy]) -> impl Iterator<Item = (usize, &Policy)> {
+    policies
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.is_in_flight())
+}
 
 /// A renewal's store call, whatever the store (the renewal task holds no limiter).
 type Renewal = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
@@ -117,11 +127,8 @@ impl SlotTable {
         store: &Arc<S>,
         fallback: Option<&MemoryStore>,
     ) -> Option<Arc<Self>> {
-        let shortest = set
-            .policies()
-            .iter()
-            .filter(|p| p.is_in_flight())
-            .map(|p| p.window_ms())
+        let shortest = in_flight(set.policies())
+            .map(|(_, p)| p.window_ms())
             .min()?;
         let store: Arc<dyn Renews> = Arc::clone(store) as Arc<dyn Renews>;
         Some(Arc::new(Self {

@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 
 use super::map::Entry;
 use super::{Inner, MemoryStore};
-use crate::algorithm::in_flight::{self, Hold};
+use crate::algorithm::in_flight::Hold;
 use crate::algorithm::{self, Grant, State};
 use crate::clock::Clock;
 use crate::decision::Decision;
@@ -77,13 +77,7 @@ impl MemoryStore {
             };
             let mut keep = None;
             for (policy, state) in policies.iter().zip(entry.states.as_mut_slice()) {
-                if policy.is_in_flight() {
-                    let next = in_flight::hold(policy, state.as_ref(), now, change);
-                    if let Some((_, ms)) = &next {
-                        keep = keep.max(Some(*ms));
-                    }
-                    *state = next.map(|(state, _)| state);
-                }
+                keep = keep.max(algorithm::hold(policy, state, now, change));
             }
             entry.keep(now, keep);
             return peek(policies, entry.states.as_slice(), now, 1);
@@ -93,13 +87,10 @@ impl MemoryStore {
             let entry = shard.find_or_insert(policies.len(), now);
             let mut keep = 1;
             for (policy, state) in policies.iter().zip(entry.states.as_mut_slice()) {
-                // Units, never slots.
-                if policy.is_in_flight() {
-                    continue;
+                if let Some((next, ttl)) = algorithm::charge(policy, state.as_ref(), now, cost) {
+                    *state = Some(next);
+                    keep = keep.max(ttl);
                 }
-                let (next, ttl) = algorithm::charge(policy, state.as_ref(), now, cost);
-                *state = Some(next);
-                keep = keep.max(ttl);
             }
             entry.keep(now, Some(keep));
             return peek(policies, entry.states.as_slice(), now, 1);

@@ -515,10 +515,12 @@ async fn a_charge_round_trips_and_writes_the_model_s_state() {
                         .zip(ttls.iter_mut())
                         .map(|((policy, state), ttl)| {
                             let peek = if let Op::Charge = op {
-                                let (next, keep) =
-                                    algorithm::charge(policy, state.as_ref(), at, cost);
-                                *state = Some(next);
-                                *ttl = keep;
+                                if let Some((next, keep)) =
+                                    algorithm::charge(policy, state.as_ref(), at, cost)
+                                {
+                                    *state = Some(next);
+                                    *ttl = keep;
+                                }
                                 1
                             } else {
                                 if let Some(next) =
