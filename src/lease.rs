@@ -32,7 +32,8 @@
 //!
 #![doc = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/leases.md"))]
 
-// The public face of leases: their settings and errors. The lease runtime (the
-// table of subjects, the one leasing check in flight, give-backs and the sweep) is
-// the limiter's, in limiter/lease; what a store does for leases is in store/lease.rs.
-pub use crate::limiter::lease::{LeaseError, Leases};
+// The public face of leases: their settings (a setting that cannot work is a
+// `BuildError::Lease*` from `build()`). The lease runtime (the table of subjects, the
+// one leasing check in flight, give-backs and the sweep) is the limiter's, in
+// limiter/lease; what a store does for leases is in store/lease.rs.
+pub use crate::limiter::lease::Leases;

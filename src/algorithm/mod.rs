@@ -574,7 +574,11 @@ pub(crate) mod tests {
             ] {
                 let (charged, ttl) = charged_after(&p, steps, at, u64::MAX);
                 // Twice is the same: the bound is reached.
-                assert_eq!(rate_charge(&p, Some(&charged), at, u64::MAX).0, charged, "{p:?}");
+                assert_eq!(
+                    rate_charge(&p, Some(&charged), at, u64::MAX).0,
+                    charged,
+                    "{p:?}"
+                );
                 let again = readmitted_at(&p, &charged, ttl, at);
                 let latest = match p.algorithm() {
                     // The next window (of the stored window, when the clock is behind).

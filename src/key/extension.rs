@@ -10,20 +10,12 @@ use super::{KeyExtractor, KeyRejection};
 use crate::subject::Subject;
 use crate::telemetry;
 
-/// A type that names the subject it is limited as (an authenticated user, a tenant).
-///
-/// Give the subject a prefix of its own (`user:42`), so it never equals another kind.
-pub trait AsSubject {
-    /// The subject to limit this value as.
-    fn as_subject(&self) -> Subject;
-}
-
 /// Keys requests by a value of type `T` that an earlier layer inserted into the request
 /// extensions, typically the authenticated user.
 ///
 /// ```
 /// use http::{Request, StatusCode};
-/// use redlimit::key::{AsSubject, Extension, KeyExtractor};
+/// use redlimit::key::{Extension, KeyExtractor};
 /// use redlimit::Subject;
 ///
 /// #[derive(Clone)]
@@ -32,9 +24,9 @@ pub trait AsSubject {
 /// // With a mapping closure ...
 /// let by_user = Extension::new(|user: &User| format!("user:{}", user.id));
 ///
-/// // ... or with a type that knows its subject.
-/// impl AsSubject for User {
-///     fn as_subject(&self) -> Subject { Subject::new(format!("user:{}", self.id)) }
+/// // ... or with a type that knows its subject: the standard conversion.
+/// impl From<&User> for Subject {
+///     fn from(user: &User) -> Self { Subject::new(format!("user:{}", user.id)) }
 /// }
 /// let same = Extension::<User>::of();
 ///
@@ -64,14 +56,27 @@ pub struct Extension<T, F = fn(&T) -> Subject> {
     _value: PhantomData<fn(&T)>,
 }
 
-impl<T: AsSubject + Send + Sync + 'static> Extension<T> {
-    /// Keys by the extension's own [`AsSubject`].
+impl<T> Extension<T>
+where
+    T: Send + Sync + 'static,
+    for<'a> &'a T: Into<Subject>,
+{
+    /// Keys by the extension's own conversion into a [`Subject`]: write
+    /// `impl From<&User> for Subject` for the type, and give the subject a prefix of
+    /// its own (`user:42`), so it never equals another kind's.
     pub fn of() -> Self {
         Self {
-            map: T::as_subject,
+            map: into_subject::<T>,
             _value: PhantomData,
         }
     }
+}
+
+fn into_subject<T>(value: &T) -> Subject
+where
+    for<'a> &'a T: Into<Subject>,
+{
+    value.into()
 }
 
 impl<T, F> Extension<T, F> {
@@ -133,9 +138,9 @@ mod tests {
     #[derive(Clone)]
     struct Tenant(&'static str);
 
-    impl AsSubject for Tenant {
-        fn as_subject(&self) -> Subject {
-            Subject::new(format!("tenant:{}", self.0))
+    impl From<&Tenant> for Subject {
+        fn from(tenant: &Tenant) -> Self {
+            Subject::new(format!("tenant:{}", tenant.0))
         }
     }
 

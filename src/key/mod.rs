@@ -56,7 +56,7 @@ mod route;
 
 pub use client_ip::{ClientIp, ForwardedHeader};
 pub use combine::{KeyExtractorExt, Or, Pair, RejectWith};
-pub use extension::{AsSubject, Extension};
+pub use extension::Extension;
 pub use from_fn::{from_fn, FromFn};
 pub use global::Global;
 pub use header::{Header, InvalidHeaderName};

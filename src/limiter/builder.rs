@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::block_cache::BlockCache;
-use super::lease::{LeaseError, LeaseTable, Leases};
+use super::lease::{LeaseTable, Leases};
 use super::slots::{in_flight, SlotTable};
 use super::{Guard, Limiter};
 use crate::clock::{Clock, MonotonicClock};
@@ -54,9 +54,23 @@ pub enum BuildError {
     /// would part. A shadow in-flight policy goes in a limiter of its own.
     #[error("in-flight policy {0:?} is a shadow beside another in-flight policy: a request's slot is held and released in all of a limiter's in-flight policies at once, and a shadow one that would deny takes none, so their counts would part; shadow it in a limiter of its own")]
     ShadowInFlight(String),
-    /// The lease settings cannot work for these policies.
-    #[error(transparent)]
-    Leases(#[from] LeaseError),
+    /// A sliding log promises exact admission; a lease would spend its units later
+    /// than the log records them ([`LimiterBuilder::leases`] on a set with one).
+    #[error("policy {0:?} is a sliding log, which never leases: exactness is its promise (use a sliding window counter or a token bucket to lease)")]
+    LeaseSlidingLog(String),
+    /// A slot is held by one request until it ends: there is nothing to spend ahead
+    /// ([`LimiterBuilder::leases`] on a set with an in-flight policy).
+    #[error("policy {0:?} counts requests in flight, which never lease: a slot belongs to the request that holds it")]
+    LeaseInFlight(String),
+    /// A lease that lives 0 ms would never be spent ([`Leases::lifetime`]).
+    #[error("a lease lifetime must be at least 1 ms")]
+    LeaseZeroLifetime,
+    /// A lease of 0 units would never admit anything ([`Leases::max_units`]).
+    #[error("leases must be at least 1 unit (Leases::max_units)")]
+    LeaseZeroUnits,
+    /// A table of 0 subjects would never lease ([`Leases::max_subjects`]).
+    #[error("a limiter must track at least 1 subject to lease (Leases::max_subjects)")]
+    LeaseZeroSubjects,
 }
 
 debug_as_display!(BuildError);
@@ -208,7 +222,7 @@ impl<S: Store + LeaseStore + Clone> LimiterBuilder<S> {
     /// at most its refill rate times the lease lifetime).
     ///
     /// A sliding log never leases: [`LimiterBuilder::build`] refuses a set with one
-    /// ([`LeaseError::SlidingLog`]), as it refuses settings that cannot work.
+    /// ([`BuildError::LeaseSlidingLog`]), as it refuses settings that cannot work.
     pub fn leases(mut self, leases: Leases) -> Self {
         let store: Arc<dyn LeaseStore> = Arc::new(self.store.clone());
         self.leases = Some((leases, store));

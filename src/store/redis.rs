@@ -21,7 +21,7 @@ mod setup;
 
 use batch::Batching;
 use link::Link;
-pub use setup::{InvalidPrefix, InvalidUrl};
+pub use setup::SetupError;
 
 /// Longest key prefix: it is repeated in every key.
 const MAX_PREFIX_LEN: usize = 32;

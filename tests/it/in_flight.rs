@@ -941,7 +941,7 @@ fn leases_refuse_a_set_with_an_in_flight_policy() {
         assert!(
             matches!(
                 &error,
-                redlimit::BuildError::Leases(redlimit::lease::LeaseError::InFlight(n)) if n == "running"
+                redlimit::BuildError::LeaseInFlight(n) if n == "running"
             ),
             "{error:?}"
         );

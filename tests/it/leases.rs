@@ -33,7 +33,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
 use redlimit::clock::{Clock, FakeClock};
 use redlimit::internals::LimiterInternals;
-use redlimit::lease::{LeaseError, Leases};
+use redlimit::lease::Leases;
 use redlimit::{BuildError, Limiter, MemoryStore, Origin, Policy, RedisStore};
 use support::RedisServer;
 
@@ -250,25 +250,19 @@ fn sets_that_cannot_lease_are_refused_with_a_reason() {
         .leases(Leases::new())
         .build();
     match refused {
-        Err(BuildError::Leases(LeaseError::SlidingLog(name))) => assert_eq!(name, "exact"),
+        Err(BuildError::LeaseSlidingLog(name)) => assert_eq!(name, "exact"),
         other => panic!("expected a sliding-log refusal, got {other:?}"),
     }
     let zero = Limiter::builder(MemoryStore::new())
         .policy(sliding(10, 1_000))
         .leases(Leases::new().lifetime(Duration::ZERO))
         .build();
-    assert!(matches!(
-        zero,
-        Err(BuildError::Leases(LeaseError::ZeroLifetime))
-    ));
+    assert!(matches!(zero, Err(BuildError::LeaseZeroLifetime)));
     let zero = Limiter::builder(MemoryStore::new())
         .policy(sliding(10, 1_000))
         .leases(Leases::new().max_units(0))
         .build();
-    assert!(matches!(
-        zero,
-        Err(BuildError::Leases(LeaseError::ZeroUnits))
-    ));
+    assert!(matches!(zero, Err(BuildError::LeaseZeroUnits)));
     // Policies given after the leases are planned for like those before them.
     let planned = Limiter::builder(MemoryStore::new())
         .policy(sliding(10, 1_000))
@@ -277,7 +271,7 @@ fn sets_that_cannot_lease_are_refused_with_a_reason() {
         .build()
         .unwrap();
     assert_eq!(planned.policies().len(), 2);
-    let message = LeaseError::SlidingLog("exact".into()).to_string();
+    let message = BuildError::LeaseSlidingLog("exact".into()).to_string();
     assert!(message.contains("never leases"), "{message}");
 }
 
@@ -300,7 +294,7 @@ async fn a_sliding_log_is_refused_leases_in_either_order() {
         .build();
     for refused in [after, before] {
         assert!(
-            matches!(refused, Err(BuildError::Leases(LeaseError::SlidingLog(ref name))) if name == "exact"),
+            matches!(refused, Err(BuildError::LeaseSlidingLog(ref name)) if name == "exact"),
             "{refused:?}"
         );
     }
@@ -1194,7 +1188,7 @@ async fn a_skewed_local_clock_never_carries_units_into_the_next_window() {
     }
 }
 
-/// Every setter with 0 and the largest values it takes: a `LeaseError` or a limiter
+/// Every setter with 0 and the largest values it takes: a `BuildError` or a limiter
 /// that keeps its limit, never a panic (tests run with overflow checks), on both stores.
 #[tokio::test]
 async fn extreme_lease_settings_are_errors_or_keep_the_limit() {

@@ -14,7 +14,7 @@ mod tests;
 
 use std::time::Duration;
 
-use crate::error::debug_as_display;
+use crate::limiter::BuildError;
 use crate::policy::{Algorithm, Policy};
 use crate::store::PolicySet;
 
@@ -55,7 +55,7 @@ impl Leases {
     /// How long a lease may live (it never outlives its window either). Longer means
     /// fewer store calls and, for a token bucket, a larger possible burst. At most the
     /// shortest window of the set (for a token bucket, the time it takes to fill):
-    /// longer is taken as that. Under 1 ms is [`LeaseError::ZeroLifetime`].
+    /// longer is taken as that. Under 1 ms is [`BuildError::LeaseZeroLifetime`].
     pub fn lifetime(mut self, lifetime: Duration) -> Self {
         self.lifetime = Some(lifetime);
         self
@@ -64,7 +64,7 @@ impl Leases {
     /// The most units one lease takes. Larger leases mean fewer calls, and that one
     /// instance can hold more of a subject's budget for a while (and spend it after
     /// the store lost its counts: see the module docs). At most the smallest limit of
-    /// the set: more is taken as that. 0 is [`LeaseError::ZeroUnits`].
+    /// the set: more is taken as that. 0 is [`BuildError::LeaseZeroUnits`].
     pub fn max_units(mut self, units: u64) -> Self {
         self.max_units = Some(units);
         self
@@ -99,25 +99,25 @@ impl Leases {
 
     /// How many subjects one limiter tracks the rate of (10,000 by default). Subjects
     /// past it are checked without leases until idle ones are swept out (idle two
-    /// lifetimes). 0 is [`LeaseError::ZeroSubjects`].
+    /// lifetimes). 0 is [`BuildError::LeaseZeroSubjects`].
     pub fn max_subjects(mut self, subjects: usize) -> Self {
         self.max_subjects = subjects;
         self
     }
 
     /// The settings for `set`, or why it cannot lease.
-    pub(crate) fn resolve(&self, set: &PolicySet) -> Result<Plan, LeaseError> {
+    pub(crate) fn resolve(&self, set: &PolicySet) -> Result<Plan, BuildError> {
         let policies = set.policies();
         for policy in policies.iter() {
             let name = || policy.name().to_owned();
             match policy.algorithm() {
-                Algorithm::SlidingLog => return Err(LeaseError::SlidingLog(name())),
-                Algorithm::InFlight => return Err(LeaseError::InFlight(name())),
+                Algorithm::SlidingLog => return Err(BuildError::LeaseSlidingLog(name())),
+                Algorithm::InFlight => return Err(BuildError::LeaseInFlight(name())),
                 Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::TokenBucket => {}
             }
         }
         if self.max_subjects == 0 {
-            return Err(LeaseError::ZeroSubjects);
+            return Err(BuildError::LeaseZeroSubjects);
         }
         let shortest_ms = policies.iter().map(span_ms).min().unwrap_or(1_000).max(1);
         let lifetime_ms = match self.lifetime {
@@ -129,12 +129,12 @@ impl Leases {
             None => (shortest_ms / 10).clamp(1, 1_000),
         };
         if lifetime_ms == 0 {
-            return Err(LeaseError::ZeroLifetime);
+            return Err(BuildError::LeaseZeroLifetime);
         }
         let smallest_limit = policies.iter().map(Policy::limit).min().unwrap_or(1);
         let max_units = self.max_units.unwrap_or((smallest_limit / 10).max(1));
         if max_units == 0 {
-            return Err(LeaseError::ZeroUnits);
+            return Err(BuildError::LeaseZeroUnits);
         }
         // No policy admits more than its limit at once.
         let max_units = max_units.min(smallest_limit.max(1));
@@ -183,30 +183,6 @@ fn span_ms(policy: &Policy) -> u64 {
         _ => policy.window_ms(),
     }
 }
-
-/// Why a limiter cannot lease as configured.
-#[derive(Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum LeaseError {
-    /// A sliding log promises exact admission; a lease would spend its units later
-    /// than the log records them.
-    #[error("policy {0:?} is a sliding log, which never leases: exactness is its promise (use a sliding window counter or a token bucket to lease)")]
-    SlidingLog(String),
-    /// A slot is held by one request until it ends: there is nothing to spend ahead.
-    #[error("policy {0:?} counts requests in flight, which never lease: a slot belongs to the request that holds it")]
-    InFlight(String),
-    /// A lease that lives 0 ms would never be spent.
-    #[error("a lease lifetime must be at least 1 ms")]
-    ZeroLifetime,
-    /// A lease of 0 units would never admit anything.
-    #[error("leases must be at least 1 unit (Leases::max_units)")]
-    ZeroUnits,
-    /// A table of 0 subjects would never lease.
-    #[error("a limiter must track at least 1 subject to lease (Leases::max_subjects)")]
-    ZeroSubjects,
-}
-
-debug_as_display!(LeaseError);
 
 /// [`Leases`] resolved for one policy set.
 #[derive(Debug, Clone, Copy)]

@@ -1,6 +1,6 @@
 //! How a [`RedisStore`] is made and set: its constructors (one server or a cluster, a
-//! pool or URLs), its settings, its call counters, and the errors of URLs and prefixes
-//! it refuses (a URL's password never shown).
+//! pool or URLs), its settings, its call counters, and the error of the URLs and
+//! prefixes it refuses (a URL's password never shown).
 
 use std::fmt;
 use std::sync::atomic::Ordering;
@@ -17,30 +17,45 @@ use super::{RedisStore, Settings, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_PREFIX_LE
 use crate::clock::Clock;
 use crate::error::debug_as_display;
 
-/// A Redis URL that [`RedisStore::from_url`] or [`RedisStore::cluster_from_urls`]
-/// cannot read: it names the URL (or the cluster's URLs), each with its password shown
-/// as `***`, and why.
+/// A setting a [`RedisStore`] cannot take: a URL it cannot read, or a key prefix that
+/// would break its keys.
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
-#[error("cannot read {}: {reason}", Shown(urls))]
-pub struct InvalidUrl {
-    urls: Vec<String>,
-    reason: String,
+#[non_exhaustive]
+pub enum SetupError {
+    /// A Redis URL that [`RedisStore::from_url`] or [`RedisStore::cluster_from_urls`]
+    /// cannot read: `urls` names it (or the cluster's URLs), each with its password
+    /// shown as `***`, and `reason` says why.
+    #[error("cannot read {}: {reason}", Shown(urls))]
+    #[non_exhaustive]
+    Url {
+        /// The URL refused, or all of a cluster's when they do not go together
+        /// (none when none was given), passwords shown as `***`.
+        urls: Vec<String>,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A key prefix ([`RedisStore::prefix`]) that is empty, too long, or has
+    /// characters that could break the key's layout (`{`, `}`, spaces, control bytes).
+    #[error(
+        "Redis key prefix {0:?} must be 1 to 32 characters of A-Z, a-z, 0-9, '_', '-', '.' or ':'"
+    )]
+    Prefix(String),
 }
 
-impl InvalidUrl {
+impl SetupError {
     /// `urls` refused for `reason`: the one URL that did not parse, or all of a
     /// cluster's when they do not go together (different passwords, say).
-    fn new<'a>(urls: impl IntoIterator<Item = &'a str>, reason: impl fmt::Display) -> Self {
-        Self {
+    fn url<'a>(urls: impl IntoIterator<Item = &'a str>, reason: impl fmt::Display) -> Self {
+        Self::Url {
             urls: urls.into_iter().map(without_password).collect(),
             reason: reason.to_string(),
         }
     }
 }
 
-debug_as_display!(InvalidUrl, InvalidPrefix);
+debug_as_display!(SetupError);
 
-/// The URLs of an [`InvalidUrl`], as its message names them.
+/// The URLs of a [`SetupError::Url`], as its message names them.
 struct Shown<'a>(&'a [String]);
 
 impl fmt::Display for Shown<'_> {
@@ -90,12 +105,6 @@ pub(super) fn without_password(url: &str) -> String {
     shown
 }
 
-/// A key prefix that is empty, too long, or has characters that could break the
-/// key's layout (`{`, `}`, spaces, control bytes).
-#[derive(Clone, PartialEq, Eq, thiserror::Error)]
-#[error("Redis key prefix {0:?} must be 1 to 32 characters of A-Z, a-z, 0-9, '_', '-', '.' or ':'")]
-pub struct InvalidPrefix(pub String);
-
 impl RedisStore {
     /// A store on a connection it takes out of `pool`, deciding on Redis `TIME`, with
     /// the prefix `rl` and a 50 ms timeout.
@@ -122,12 +131,13 @@ impl RedisStore {
     /// of redis's own, which a starved runtime may run too late. No TLS: for
     /// `rediss://`, give [`RedisStore::new`] a pool built with TLS.
     ///
-    /// Fails when `url` does not parse; the error shows it without its password.
-    pub fn from_url(url: &str) -> Result<Self, InvalidUrl> {
+    /// Fails when `url` does not parse ([`SetupError::Url`]); the error shows it
+    /// without its password.
+    pub fn from_url(url: &str) -> Result<Self, SetupError> {
         use deadpool_redis::redis::IntoConnectionInfo;
         let info = url
             .into_connection_info()
-            .map_err(|e| InvalidUrl::new([url], e))?;
+            .map_err(|e| SetupError::url([url], e))?;
         Ok(Self::on(Source::Direct(Box::new(info))))
     }
 
@@ -150,13 +160,13 @@ impl RedisStore {
     ///
     /// Blank entries are skipped, so a trailing comma is harmless. Connects lazily.
     /// Fails when no URL is left, one does not parse, or they do not go together
-    /// (different passwords, a socket path); the error names the URLs without their
-    /// passwords.
+    /// (different passwords, a socket path): a [`SetupError::Url`] that names the
+    /// URLs without their passwords.
     ///
     /// The store builds its own cluster client, with no retries: a call is sent again
     /// only after a node's `MOVED` or `ASK` (it did not run), never after an error
     /// that leaves its fate unknown (see [Redis Cluster](RedisStore#redis-cluster)).
-    pub fn cluster_from_urls<I>(urls: I) -> Result<Self, InvalidUrl>
+    pub fn cluster_from_urls<I>(urls: I) -> Result<Self, SetupError>
     where
         I: IntoIterator,
         I::Item: AsRef<str>,
@@ -168,7 +178,7 @@ impl RedisStore {
             .filter(|url| !url.is_empty())
             .collect();
         if urls.is_empty() {
-            return Err(InvalidUrl::new(
+            return Err(SetupError::url(
                 [],
                 "none given (blank entries are skipped)",
             ));
@@ -178,7 +188,7 @@ impl RedisStore {
             .map(|url| {
                 url.as_str()
                     .into_connection_info()
-                    .map_err(|e| InvalidUrl::new([url.as_str()], e))
+                    .map_err(|e| SetupError::url([url.as_str()], e))
             })
             .collect::<Result<Vec<_>, _>>()?;
         // No retries: the client would resend a call after an I/O error, when it may
@@ -187,7 +197,7 @@ impl RedisStore {
         let client = deadpool_redis::cluster::ClusterClient::builder(nodes)
             .retries(0)
             .build()
-            .map_err(|e| InvalidUrl::new(urls.iter().map(String::as_str), e))?;
+            .map_err(|e| SetupError::url(urls.iter().map(String::as_str), e))?;
         Ok(Self::on(Source::ClusterClient(Box::new(client))))
     }
 
@@ -205,8 +215,9 @@ impl RedisStore {
 
     /// Sets the prefix of every key, so several limiters (or apps) can share a Redis.
     ///
-    /// Short, since it is repeated in every key: 1 to 32 characters of `A-Z a-z 0-9 _ - . :`.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Result<Self, InvalidPrefix> {
+    /// Short, since it is repeated in every key: 1 to 32 characters of `A-Z a-z 0-9 _ - . :`;
+    /// anything else is a [`SetupError::Prefix`].
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Result<Self, SetupError> {
         let prefix = prefix.into();
         let valid = !prefix.is_empty()
             && prefix.len() <= MAX_PREFIX_LEN
@@ -214,7 +225,7 @@ impl RedisStore {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'));
         if !valid {
-            return Err(InvalidPrefix(prefix));
+            return Err(SetupError::Prefix(prefix));
         }
         Arc::make_mut(&mut self.settings).prefix = prefix.into();
         Ok(self)
