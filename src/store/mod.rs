@@ -22,7 +22,7 @@ pub(crate) mod redis;
 pub(crate) use backend::{AdminStore, Backend, CheckNow, Operation, PolicySet};
 
 #[cfg(feature = "redis")]
-pub use self::redis::SetupError;
+pub use self::redis::setup::SetupError;
 pub(crate) use memory::MemoryStore;
 
 /// FNV-1a: a hash that is the same in every process and release.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 
 mod batch;
+mod command;
 mod conn;
 mod contract;
 #[cfg(feature = "internals")]
@@ -17,11 +18,10 @@ mod ops;
 mod queue;
 mod reader;
 mod script;
-mod setup;
+pub(super) mod setup;
 
 use batch::Batching;
 use link::Link;
-pub use setup::SetupError;
 
 /// Longest key prefix: it is repeated in every key.
 const MAX_PREFIX_LEN: usize = 32;
@@ -269,6 +269,19 @@ struct Settings {
     clock: Option<Arc<dyn Clock>>,
     timeout: Duration,
     batching: Batching,
+}
+
+impl RedisStore {
+    /// The Redis key that holds `subject`'s state for `policy` of `set`.
+    #[cfg(any(test, feature = "internals"))]
+    pub(crate) fn key(
+        &self,
+        subject: &crate::subject::Subject,
+        set: &crate::store::PolicySet,
+        policy: &crate::policy::Policy,
+    ) -> String {
+        keys::key(&self.settings.prefix, subject, set, policy)
+    }
 }
 
 impl fmt::Debug for RedisStore {

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::contract::args::{Batch, Call, Check};
+use super::command::{Batch, Call, Check};
 use super::contract::reply::{decode, BatchReply, Reply};
 use super::link::Link;
 use super::queue::Waiting;

@@ -2,7 +2,7 @@
 //! and scripts, built by the same code as its calls (feature `internals`, which wires
 //! them to `redlimit::internals::RedisStoreInternals`; the store never looks up at it).
 
-use super::contract::args::Request;
+use super::command::Request;
 use super::contract::Entry;
 use super::script::{self, Via};
 use super::RedisStore;

@@ -3,41 +3,37 @@
 //! lease generation.
 
 use super::contract::code;
-use super::RedisStore;
 use crate::policy::Policy;
 use crate::store::PolicySet;
 use crate::subject::Subject;
 
-impl RedisStore {
-    /// The Redis key that holds `subject`'s state for `policy` of `set`.
-    #[cfg(any(test, feature = "internals"))]
-    pub(crate) fn key(&self, subject: &Subject, set: &PolicySet, policy: &Policy) -> String {
-        let mut key = self.key_base(subject, set);
-        push_policy_suffix(&mut key, policy);
-        key
-    }
+/// The Redis key that holds `subject`'s state for `policy` of `set`, under `prefix`.
+#[cfg(any(test, feature = "internals"))]
+pub(super) fn key(prefix: &str, subject: &Subject, set: &PolicySet, policy: &Policy) -> String {
+    let mut key = key_base(prefix, subject, set);
+    push_policy_suffix(&mut key, policy);
+    key
+}
 
-    /// `prefix:{subject}:<set tag>:`, the start of every key of one subject under one
-    /// policy set.
-    pub(super) fn key_base(&self, subject: &Subject, set: &PolicySet) -> String {
-        let prefix = &self.settings.prefix;
-        let tag = set.key_tag();
-        let mut key = String::with_capacity(prefix.len() + tag.len() + 48);
-        key.push_str(prefix);
-        key.push_str(":{");
-        let start = key.len();
-        subject.write_key_part(&mut key);
-        if key.len() == start {
-            // An empty hash tag would make Redis hash the whole key, spreading a
-            // subject's policies over several slots. No escaped subject is a lone "%"
-            // (escapes are "%XX"), so this stays unambiguous.
-            key.push('%');
-        }
-        key.push_str("}:");
-        key.push_str(tag);
-        key.push(':');
-        key
+/// `prefix:{subject}:<set tag>:`, the start of every key of one subject under one
+/// policy set.
+pub(super) fn key_base(prefix: &str, subject: &Subject, set: &PolicySet) -> String {
+    let tag = set.key_tag();
+    let mut key = String::with_capacity(prefix.len() + tag.len() + 48);
+    key.push_str(prefix);
+    key.push_str(":{");
+    let start = key.len();
+    subject.write_key_part(&mut key);
+    if key.len() == start {
+        // An empty hash tag would make Redis hash the whole key, spreading a
+        // subject's policies over several slots. No escaped subject is a lone "%"
+        // (escapes are "%XX"), so this stays unambiguous.
+        key.push('%');
     }
+    key.push_str("}:");
+    key.push_str(tag);
+    key.push(':');
+    key
 }
 
 /// The key of a subject's lease generation, from its key base (`prefix:{subject}:`):

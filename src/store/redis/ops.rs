@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::batch;
-use super::contract::args::{Call, CallShape, Check, GivingBack, Leasing, Run};
+use super::command::{Call, CallShape, Check, GivingBack, Leasing, Run};
 use super::contract::reply::{decode, Reply};
 use super::contract::Entry;
+use super::keys;
 use super::link::{self, Link};
 use super::script;
 use super::RedisStore;
@@ -68,7 +69,7 @@ impl RedisStore {
         shape: S,
     ) -> Call<S> {
         Call {
-            key_base: self.key_base(subject, set),
+            key_base: keys::key_base(&self.settings.prefix, subject, set),
             now_ms: self.settings.clock.as_ref().map(|c| c.now_ms()),
             cost,
             policies: Arc::clone(set.policies()),

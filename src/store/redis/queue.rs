@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::contract::args::{Call, Check};
+use super::command::{Call, Check};
 use super::reader::Since;
 use crate::decision::Decision;
 use crate::store::StoreError;

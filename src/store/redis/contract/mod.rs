@@ -25,7 +25,7 @@
 //! ```
 //!
 //! A batch (lua/batch.lua) starts with BATCH_MODE and BATCH_SETS; its reply is every
-//! check's policies' REPLY_FIELDS integers, check after check ([`args::Batch`]).
+//! check's policies' REPLY_FIELDS integers, check after check ([`Batch`](super::command::Batch)).
 //!
 //! Inside the Lua, every call reads its policies' arguments once into the `set`
 //! table, SET_FIELDS a policy (SET_DECIDE, SET_LIMIT, SET_WINDOW, SET_SHADOW,
@@ -51,7 +51,6 @@ use std::fmt::Write as _;
 use crate::policy::Algorithm;
 use crate::store::Operation;
 
-pub(super) mod args;
 pub(super) mod reply;
 
 #[cfg(test)]

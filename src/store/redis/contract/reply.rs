@@ -8,7 +8,6 @@ use std::sync::Arc;
 use deadpool_redis::redis::{FromRedisValue, ParsingError, Value};
 use smallvec::SmallVec;
 
-use super::args::{Call, Check};
 use super::*;
 use crate::algorithm::Grant;
 use crate::decision::{Decision, PolicyOutcome};
@@ -192,6 +191,13 @@ impl LeaseReply {
     }
 }
 
+/// A check of a batch, as its reply is read: its policies and its cost (a call the
+/// arguments sent; the reply knows nothing of how).
+pub(crate) trait Checked {
+    fn policies(&self) -> &Arc<[Policy]>;
+    fn cost(&self) -> u64;
+}
+
 /// The reply of a batch: every check's policies' outcomes, check after check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BatchReply(pub(crate) Vec<PolicyReply>);
@@ -206,8 +212,8 @@ impl BatchReply {
     /// Each check's decision, in the order of `calls`, the batch's; a protocol
     /// error when the reply holds another number of outcomes than they have
     /// policies.
-    pub(crate) fn decisions(self, calls: &[Call<Check>]) -> Result<Vec<Decision>, StoreError> {
-        let expected: usize = calls.iter().map(|c| c.policies.len()).sum();
+    pub(crate) fn decisions<C: Checked>(self, calls: &[C]) -> Result<Vec<Decision>, StoreError> {
+        let expected: usize = calls.iter().map(|c| c.policies().len()).sum();
         if self.0.len() != expected {
             return Err(StoreError::new(
                 StoreErrorKind::Protocol,
@@ -224,12 +230,12 @@ impl BatchReply {
             .iter()
             .map(|call| {
                 let outcomes = call
-                    .policies
+                    .policies()
                     .iter()
                     .zip(replies.by_ref())
                     .map(|(p, r)| r.outcome(p));
                 let outcomes: SmallVec<[_; 4]> = outcomes.collect();
-                Decision::from_outcomes(&call.policies, outcomes, call.cost)
+                Decision::from_outcomes(call.policies(), outcomes, call.cost())
             })
             .collect())
     }

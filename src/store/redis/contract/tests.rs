@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::{self, aio::MultiplexedConnection, FromRedisValue, Value};
 
-use super::args::{Batch, Call, Check, GivingBack, Leasing, Request, Run};
 use super::reply::{decode, BatchReply, LeaseReply, PolicyReply, Reply};
 use super::*;
 use crate::algorithm::State;
 use crate::internals::RedisStoreInternals;
 use crate::policy::Policy;
+use crate::store::redis::command::{Batch, Call, Check, GivingBack, Leasing, Request, Run};
 use crate::store::redis::keys::lease_key_of;
 use crate::store::redis::script::{Library, Via};
 use crate::store::{GiveBack, LeaseAsk, Operation, StoreErrorKind};

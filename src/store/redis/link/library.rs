@@ -8,8 +8,8 @@ use std::sync::Arc;
 use deadpool_redis::redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
 use super::{Lent, Link, CONNECT_TIMEOUT, READY_TIMEOUT};
+use crate::store::redis::command::Request;
 use crate::store::redis::conn::Conn;
-use crate::store::redis::contract::args::Request;
 use crate::store::redis::script::{Library, Via};
 use crate::store::{StoreError, StoreErrorKind};
 

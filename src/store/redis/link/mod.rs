@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use deadpool_redis::redis::{ErrorKind, Value};
 use tokio::sync::{Mutex, Notify};
 
+use super::command::Request;
 use super::conn::{Conn, Source};
-use super::contract::args::Request;
 use super::queue::Queue;
 use crate::store::{StoreError, StoreErrorKind};
 use crate::telemetry::LogThrottle;

@@ -1,6 +1,6 @@
 //! One encoder per call shape: a [`Call`] of a [`CallShape`] (a check, any store
 //! operation, a leasing check, a give-back) or a [`Batch`] of checks writes its
-//! keys and arguments in the order [`super`]'s positions name, so the Lua finds
+//! keys and arguments in the order [`contract`](super::contract)'s positions name, so the Lua finds
 //! each where it reads it.
 
 use std::sync::Arc;
@@ -8,11 +8,11 @@ use std::sync::Arc;
 use deadpool_redis::redis::{Cmd, FromRedisValue};
 use smallvec::SmallVec;
 
-use super::reply::{BatchReply, LeaseReply, Reply};
-use super::*;
+use super::contract::reply::{BatchReply, Checked, LeaseReply, Reply};
+use super::contract::*;
+use super::keys::{lease_key_of, push_policy_suffix};
+use super::script::{batch_script, Library, Shape, ShapeScript, Via};
 use crate::policy::{Algorithm, Policy};
-use crate::store::redis::keys::{lease_key_of, push_policy_suffix};
-use crate::store::redis::script::{batch_script, Library, Shape, ShapeScript, Via};
 use crate::store::{GiveBack, LeaseAsk, Operation};
 
 // The encoders write a call's arguments one after the other: these are the
@@ -37,6 +37,15 @@ pub(crate) struct Call<S> {
     pub(crate) cost: u64,
     pub(crate) policies: Arc<[Policy]>,
     pub(crate) shape: S,
+}
+
+impl Checked for Call<Check> {
+    fn policies(&self) -> &Arc<[Policy]> {
+        &self.policies
+    }
+    fn cost(&self) -> u64 {
+        self.cost
+    }
 }
 
 /// A call shape: its operation (whence its entry point and whether it names the lease
