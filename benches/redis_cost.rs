@@ -248,7 +248,7 @@ impl Bench {
             .expect("a pool");
         let store = RedisStore::new(pool)
             .timeout(CALL_TIMEOUT)
-            .max_in_flight(env_usize("REDLIMIT_MAX_IN_FLIGHT", 2))
+            .max_pipelined(env_usize("REDLIMIT_MAX_PIPELINED", 2))
             .max_batch(env_usize("REDLIMIT_MAX_BATCH", 32));
         let limiters: Vec<Limiter<RedisStore>> = cases()
             .into_iter()
@@ -587,7 +587,7 @@ fn report(
 }
 
 /// A store setting from the environment, to measure other settings than the
-/// defaults: `REDLIMIT_MAX_IN_FLIGHT`, `REDLIMIT_MAX_BATCH`.
+/// defaults: `REDLIMIT_MAX_PIPELINED`, `REDLIMIT_MAX_BATCH`.
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()

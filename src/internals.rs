@@ -25,7 +25,7 @@ pub trait LimiterInternals {
     fn leased_subjects(&self) -> usize;
     /// The policies with their fingerprint, as stores see them.
     fn policy_set(&self) -> &PolicySet;
-    /// In-flight slots this instance holds of `subject` (unreleased [`Slot`](crate::Slot)s).
+    /// In-flight slots this instance holds of `subject` (unreleased [`Permit`](crate::Permit)s).
     fn held_slots(&self, subject: &Subject) -> u64;
     /// Renews every slot this instance holds now and waits for the store, as the
     /// renewal task does every third of the slot lifetime; returns how many subjects.

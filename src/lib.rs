@@ -93,7 +93,7 @@ pub mod config;
 pub use decision::{Decision, Origin, PolicyOutcome};
 pub use error::Error;
 pub use layer::middleware::RateLimitLayer;
-pub use limiter::{BuildError, CheckFuture, Limiter, LimiterBuilder, Slot};
+pub use limiter::{BuildError, CheckFuture, Limiter, LimiterBuilder, Permit};
 pub use policy::{Algorithm, Policy, PolicyError};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]

@@ -219,7 +219,7 @@ impl Policy {
     /// At most `limit` requests of a subject running at once, across every instance
     /// that shares the store: the check takes a slot (whatever the request's cost),
     /// and the slot is given back when the response's body ends or is dropped (the
-    /// layer does this; outside it, the [`Slot`](crate::Slot) that
+    /// layer does this; outside it, the [`Permit`](crate::Permit) that
     /// [`Limiter::hold`](crate::Limiter::hold) gives, dropped).
     ///
     /// `slot_ttl` bounds what a vanished instance (killed, partitioned away) can hold:

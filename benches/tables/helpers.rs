@@ -379,7 +379,7 @@ pub(crate) fn median(mut values: Vec<f64>) -> f64 {
 }
 
 /// A store setting from the environment, to measure other settings than the
-/// defaults: `REDLIMIT_MAX_IN_FLIGHT`, `REDLIMIT_MAX_BATCH`.
+/// defaults: `REDLIMIT_MAX_PIPELINED`, `REDLIMIT_MAX_BATCH`.
 pub(crate) fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()

@@ -12,7 +12,7 @@ use http::{HeaderMap, StatusCode};
 
 use crate::decision::{Decision, Origin};
 use crate::limiter::Limiter;
-use crate::limiter::{run_off_path, Slot};
+use crate::limiter::{run_off_path, Permit};
 use crate::store::Store;
 use crate::subject::Subject;
 
@@ -63,7 +63,7 @@ pub(crate) struct Aftercare<S> {
     /// Who took the cost; nobody ([`Origin::FailOpen`]) until the check allows.
     origin: Origin,
     /// The request's slot, once allowed.
-    slot: Option<Slot>,
+    slot: Option<Permit>,
     /// Whether the cost is a reservation to settle on the actual.
     settles: bool,
     /// The reservation, once allowed: settled when dropped.
@@ -159,7 +159,7 @@ impl<S: Store> Aftercare<S> {
 /// slot, given back then, and its reservation, settled then.
 #[derive(Debug)]
 pub(crate) struct AtEnd {
-    _slot: Option<Slot>,
+    _slot: Option<Permit>,
     _settlement: Option<Settlement>,
 }
 

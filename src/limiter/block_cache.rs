@@ -46,7 +46,7 @@ struct Blocked {
 }
 
 #[derive(Debug)]
-struct Slot {
+struct RingSlot {
     subject: Subject,
     until_ms: u64,
 }
@@ -56,7 +56,7 @@ struct Ring {
     /// Each slot's block: its subject and until when (`None`: the slot is on the free
     /// list), so the hand tells an expired block without a map lookup. Grows up to the
     /// cache's size as blocks come, so an idle cache costs nothing.
-    slots: Vec<Option<Slot>>,
+    slots: Vec<Option<RingSlot>>,
     /// Slots whose block was removed (forgotten or expired), to fill first.
     free: Vec<usize>,
     /// The next slot to look at once every slot is taken.
@@ -128,7 +128,7 @@ impl BlockCache {
             }
         };
         let blocked = Blocked { denial, slot };
-        ring.slots[slot] = Some(Slot {
+        ring.slots[slot] = Some(RingSlot {
             subject: subject.clone(),
             until_ms: blocked.denial.until_ms(),
         });

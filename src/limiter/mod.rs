@@ -41,7 +41,7 @@ mod wait;
 pub use builder::{BuildError, LimiterBuilder};
 pub use future::CheckFuture;
 pub(crate) use slots::run_off_path;
-pub use slots::Slot;
+pub use slots::Permit;
 
 use self::block_cache::BlockCache;
 use self::lease::{LeaseTable, Leased};

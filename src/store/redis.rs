@@ -83,8 +83,8 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 /// `NOSCRIPT`; each script holds the code of the algorithms its limiter's policies
 /// use, and no other.
 ///
-/// Under load, one call decides many checks. While [`RedisStore::max_in_flight`]
-/// calls (2) are in flight on the store's connection, further checks queue; when one
+/// Under load, one call decides many checks. While [`RedisStore::max_pipelined`]
+/// calls (2) are pipelined on the store's connection, further checks queue; when one
 /// of those calls ends, up to [`RedisStore::max_batch`] (32) of them go as one
 /// `FCALL` of the library's batch function, which reads `TIME` once and decides each
 /// check as its own call would: all or nothing across its own policies, exact, in
@@ -298,7 +298,7 @@ impl fmt::Debug for RedisStore {
             )
             .field("timeout", &self.settings.timeout)
             .field("max_batch", &self.settings.batching.max_batch)
-            .field("max_in_flight", &self.settings.batching.max_in_flight)
+            .field("max_pipelined", &self.settings.batching.max_pipelined)
             .field("max_queue", &self.settings.batching.max_queue)
             .field("link", &self.link)
             .finish()

@@ -24,7 +24,7 @@ fn store(server: &RedisServer) -> RedisStore {
     server
         .store()
         .timeout(Duration::from_secs(5))
-        .max_in_flight(1)
+        .max_pipelined(1)
 }
 
 fn fixed(limit: u32) -> Policy {
@@ -294,8 +294,8 @@ async fn batches_survive_a_flushed_library_and_a_server_without_functions() {
 #[tokio::test]
 async fn the_batch_settings_bound_what_one_call_decides() {
     let server = RedisServer::start();
-    // (max_batch, max_in_flight) -> calls for 7 checks made at once.
-    for (max_batch, max_in_flight, calls) in [
+    // (max_batch, max_pipelined) -> calls for 7 checks made at once.
+    for (max_batch, max_pipelined, calls) in [
         (1, 1, 7),           // batching off: every check alone
         (0, 1, 7),           // 0 is read as 1
         (2, 1, 4),           // 1 alone, then 2 + 2 + 2
@@ -308,12 +308,12 @@ async fn the_batch_settings_bound_what_one_call_decides() {
             .store()
             .timeout(Duration::from_secs(5))
             .max_batch(max_batch)
-            .max_in_flight(max_in_flight);
+            .max_pipelined(max_pipelined);
         let limiter = Limiter::new(store.clone(), fixed(100));
         limiter.check("warm", 1).await.unwrap();
         support::wait_for_function_library(&mut server.conn().await).await;
         let sent = store.calls_sent();
-        let subject = format!("s{max_batch}-{max_in_flight}");
+        let subject = format!("s{max_batch}-{max_pipelined}");
         let s = subject.as_str();
         let results = tokio::join!(
             limiter.check(s, 1),
@@ -332,12 +332,12 @@ async fn the_batch_settings_bound_what_one_call_decides() {
         assert_eq!(
             remaining,
             [99, 98, 97, 96, 95, 94, 93].map(Some),
-            "{max_batch}, {max_in_flight}"
+            "{max_batch}, {max_pipelined}"
         );
         assert_eq!(
             store.calls_sent() - sent,
             calls,
-            "{max_batch}, {max_in_flight}"
+            "{max_batch}, {max_pipelined}"
         );
     }
 }

@@ -119,7 +119,7 @@ async fn a_queued_check_waits_its_turn_while_redis_answers_however_long_the_line
     const TIMEOUT: Duration = Duration::from_millis(500);
     let server = RedisServer::start_with(&["--enable-debug-command", "yes"]);
     for (kind, store) in stores(&server) {
-        let store = store.max_batch(2).max_in_flight(1).timeout(TIMEOUT);
+        let store = store.max_batch(2).max_pipelined(1).timeout(TIMEOUT);
         store.connect().await.unwrap();
         let limiter = Arc::new(Limiter::new(store.clone(), policy()));
         let stop = Arc::new(AtomicBool::new(false));
@@ -195,7 +195,7 @@ async fn a_check_that_finds_the_queue_full_is_shed_never_let_through() {
     for (max_queue, fallback) in [(QUEUE, false), (QUEUE, true), (usize::MAX, false)] {
         let store = RedisStore::from_url(&server.url())
             .unwrap()
-            .max_in_flight(1)
+            .max_pipelined(1)
             .max_queue(max_queue)
             .timeout(Duration::from_millis(300));
         store.connect().await.unwrap();

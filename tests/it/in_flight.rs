@@ -21,7 +21,7 @@ use redlimit::internals::{AdminStore, Backend, LimiterInternals, Operation, Poli
 use redlimit::layer::ResponseBody;
 use redlimit::store::StoreErrorKind;
 use redlimit::{
-    Decision, Limiter, MemoryStore, Origin, Policy, RateLimitLayer, RedisStore, Slot, Subject,
+    Decision, Limiter, MemoryStore, Origin, Permit, Policy, RateLimitLayer, RedisStore, Subject,
 };
 use tokio::sync::mpsc;
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -792,8 +792,8 @@ async fn a_shadow_counts_what_enforcing_keeps<S: redlimit::store::Store + Sync>(
     enforced: Arc<Limiter<S>>,
 ) {
     // A running request of each: its slot, if it holds one.
-    let mut running: Vec<(Option<Slot>, Option<Slot>)> = Vec::new();
-    let start = |running: &mut Vec<(Option<Slot>, Option<Slot>)>| {
+    let mut running: Vec<(Option<Permit>, Option<Permit>)> = Vec::new();
+    let start = |running: &mut Vec<(Option<Permit>, Option<Permit>)>| {
         let (shadow, enforced) = (Arc::clone(&shadow), Arc::clone(&enforced));
         let mut running = std::mem::take(running);
         async move {

@@ -170,7 +170,7 @@ async fn setup(server: &RedisServer, case: &Case, subjects: &[Subject]) -> Setup
     };
     let store = store
         .timeout(Duration::from_secs(5))
-        .max_in_flight(env_usize("REDLIMIT_MAX_IN_FLIGHT", 2))
+        .max_pipelined(env_usize("REDLIMIT_MAX_PIPELINED", 2))
         .max_batch(env_usize("REDLIMIT_MAX_BATCH", 32));
     let limiter = case
         .policies

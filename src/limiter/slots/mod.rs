@@ -1,5 +1,5 @@
 //! The slots this instance holds in its limiters' in-flight policies
-//! ([`Policy::in_flight`](crate::Policy::in_flight)): a [`Slot`] per request running,
+//! ([`Policy::in_flight`](crate::Policy::in_flight)): a [`Permit`] per request running,
 //! given back when dropped, and the renewal that keeps them counting while they run.
 //!
 //! ```
@@ -47,30 +47,31 @@ use crate::subject::Subject;
 use table::Home;
 pub(crate) use table::{in_flight, SlotTable};
 
-/// A request's slot in its limiter's in-flight policies: given back when dropped.
+/// A request's permit: its slot in its limiter's in-flight policies, given back when
+/// dropped.
 ///
 /// From [`Limiter::hold`]; the layer holds one per request until its response body
 /// ends or is dropped (the client went away, the handler panicked).
 #[must_use = "the slot is given back as soon as it is dropped"]
-pub struct Slot {
-    holder: Arc<dyn Holds>,
+pub struct Permit {
+    limiter: Arc<dyn Holds>,
     subject: Option<Subject>,
     in_fallback: bool,
 }
 
-impl fmt::Debug for Slot {
+impl fmt::Debug for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Slot")
+        f.debug_struct("Permit")
             .field("subject", &self.subject)
             .field("in_fallback", &self.in_fallback)
             .finish_non_exhaustive()
     }
 }
 
-impl Drop for Slot {
+impl Drop for Permit {
     fn drop(&mut self) {
         if let Some(subject) = self.subject.take() {
-            Arc::clone(&self.holder).release(subject, self.in_fallback);
+            Arc::clone(&self.limiter).release(subject, self.in_fallback);
         }
     }
 }
@@ -82,7 +83,7 @@ trait Holds: Send + Sync + 'static {
 
 impl<S: Store> Limiter<S> {
     /// The slot `decision` (this limiter's allowed check of `subject`) took in its
-    /// in-flight policies, held until the returned [`Slot`] is dropped; `None` when
+    /// in-flight policies, held until the returned [`Permit`] is dropped; `None` when
     /// there is none to hold: no in-flight policy, a denial, a request let through
     /// unchecked ([`Origin::FailOpen`]), or one a shadow in-flight policy would deny
     /// (enforcing it would have refused the request: it took no slot).
@@ -94,7 +95,7 @@ impl<S: Store> Limiter<S> {
         self: &Arc<Self>,
         subject: impl Into<Subject>,
         decision: &Decision,
-    ) -> Option<Slot> {
+    ) -> Option<Permit> {
         let table = self.slot_table()?;
         let in_fallback = match decision.origin() {
             _ if !decision.is_allowed() => return None,
@@ -105,9 +106,9 @@ impl<S: Store> Limiter<S> {
         };
         let subject = subject.into();
         table.take(subject.clone(), in_fallback);
-        let holder: Arc<dyn Holds> = Arc::clone(self) as Arc<dyn Holds>;
-        Some(Slot {
-            holder,
+        let limiter: Arc<dyn Holds> = Arc::clone(self) as Arc<dyn Holds>;
+        Some(Permit {
+            limiter,
             subject: Some(subject),
             in_fallback,
         })

@@ -1,7 +1,7 @@
-//! Plain checks that queue behind calls in flight on the store's connection go to
+//! Plain checks that queue behind calls pipelined on the store's connection go to
 //! Redis as one call that decides them all.
 //!
-//! A check that finds fewer than `max_in_flight` calls in flight goes at once, as
+//! A check that finds fewer than `max_pipelined` calls pipelined goes at once, as
 //! its own call: at low load nothing waits. Past that, checks queue; when a call in
 //! flight ends, the queue (up to `max_batch` checks) goes as one `FCALL` of the
 //! library's batch function, sent by a task of its own so the caller whose call
@@ -47,7 +47,7 @@ pub(super) const MAX_BATCH: usize = 255;
 /// which a reply must not wait through (32 checks of 17 policies each timed out beside
 /// busy loops; 3 at a time did not).
 const MAX_BATCH_DECISIONS: usize = 64;
-/// The calls in flight before checks queue, by default.
+/// The calls pipelined before checks queue, by default.
 pub(super) const DEFAULT_MAX_IN_FLIGHT: usize = 2;
 /// The most checks that wait for a batch, by default: a burst of this many at once
 /// is decided (a few hundred bytes each while it waits).
@@ -59,7 +59,7 @@ const KEEP_CAPACITY: usize = 1_024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Batching {
     pub(super) max_batch: usize,
-    pub(super) max_in_flight: usize,
+    pub(super) max_pipelined: usize,
     pub(super) max_queue: usize,
 }
 
@@ -67,13 +67,13 @@ impl Default for Batching {
     fn default() -> Self {
         Self {
             max_batch: DEFAULT_MAX_BATCH,
-            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_pipelined: DEFAULT_MAX_IN_FLIGHT,
             max_queue: DEFAULT_MAX_QUEUE,
         }
     }
 }
 
-/// Decides one plain check: at once when fewer than `max_in_flight` calls are in
+/// Decides one plain check: at once when fewer than `max_pipelined` calls are in
 /// flight (or the store does not batch), else in the next batch.
 pub(super) async fn check(
     link: Arc<Link>,
@@ -111,7 +111,7 @@ pub(super) async fn check(
     };
     // Dropped when the call ends, or when its caller goes away: the slot then goes to
     // the checks queued meanwhile.
-    let _slot = batches.then(|| Slot::taken(Arc::clone(&link)));
+    let _slot = batches.then(|| Place::taken(Arc::clone(&link)));
     // `one`'s body, inline: awaiting it here would add its frame to every check's
     // boxed future (`a_check_s_future_stays_small`).
     let reply: Reply = decode(link.exchange(&call, timeout, None, 1).await?)?;
@@ -120,7 +120,7 @@ pub(super) async fn check(
 
 /// When a check goes: now, alone, or in the next batch.
 enum Turn {
-    /// A place among the calls in flight is taken for it.
+    /// A place among the calls pipelined is taken for it.
     Now(Call<Check>),
     /// It waits in the queue; its decision arrives here.
     Queued(oneshot::Receiver<Result<Decision, StoreError>>),
@@ -128,11 +128,11 @@ enum Turn {
     Shed,
 }
 
-/// Takes a place among the calls in flight for `call` (fewer than `max_in_flight`
+/// Takes a place among the calls pipelined for `call` (fewer than `max_pipelined`
 /// are), or queues it for the next batch, or sheds it when `max_queue` wait already.
 fn enqueue(link: &Link, call: Call<Check>, timeout: Duration, batching: Batching) -> Turn {
     let mut state = link.queue.lock();
-    if state.in_flight < batching.max_in_flight.max(1) {
+    if state.in_flight < batching.max_pipelined.max(1) {
         state.in_flight += 1;
         return Turn::Now(call);
     }
@@ -161,19 +161,19 @@ async fn one(
     reply.decision(&call.policies, call.cost)
 }
 
-/// A place among the calls in flight, held by a check or a batch: when it is given
+/// A place among the calls pipelined, held by a check or a batch: when it is given
 /// up, the checks queued meanwhile take it as the next batch.
-struct Slot {
+struct Place {
     link: Option<Arc<Link>>,
 }
 
-impl Slot {
+impl Place {
     fn taken(link: Arc<Link>) -> Self {
         Self { link: Some(link) }
     }
 }
 
-impl Drop for Slot {
+impl Drop for Place {
     fn drop(&mut self) {
         let Some(link) = self.link.take() else {
             return;
@@ -183,7 +183,7 @@ impl Drop for Slot {
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(send_batches(Slot::taken(link), batch));
+                runtime.spawn(send_batches(Place::taken(link), batch));
             }
             Err(_) => {
                 // No runtime to send on: every queued check gets an error (dropping
@@ -234,7 +234,7 @@ fn next_batch(link: &Link) -> Option<Vec<Waiting>> {
 }
 
 /// Sends `batch`, then the batches that queue meanwhile, while checks keep queuing.
-async fn send_batches(mut slot: Slot, mut batch: Vec<Waiting>) {
+async fn send_batches(mut slot: Place, mut batch: Vec<Waiting>) {
     let Some(link) = slot.link.clone() else {
         return;
     };

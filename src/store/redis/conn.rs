@@ -102,7 +102,7 @@ impl Source {
         }
     }
 
-    /// Whether checks that queue behind calls in flight go as one batch: on one
+    /// Whether checks that queue behind calls pipelined go as one batch: on one
     /// server, not on a cluster, whose checks of different subjects mostly lie in
     /// different slots (a batch's keys must share one).
     pub(super) fn batches(&self) -> bool {

@@ -112,7 +112,7 @@ impl Backend for RedisStore {
     /// One box per call: nothing beside a network round trip.
     type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
 
-    /// A plain check goes at once while few calls are in flight, else in the next
+    /// A plain check goes at once while few calls are pipelined, else in the next
     /// batch (see [`RedisStore::max_batch`]).
     fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
         let call = self.call(&subject, set, cost, Check);

@@ -1,4 +1,4 @@
-//! The checks waiting for a call in flight to end (see batch.rs, which queues and
+//! The checks waiting for a pipelined call to end (see batch.rs, which queues and
 //! sends them): kept apart so that the connection, which every clone of a store
 //! shares, holds the queue without knowing how batches are made.
 
@@ -13,7 +13,7 @@ use super::reader::Since;
 use crate::decision::Decision;
 use crate::store::StoreError;
 
-/// The checks waiting for a call in flight to end, shared by every clone of a store.
+/// The checks waiting for a pipelined call to end, shared by every clone of a store.
 #[derive(Debug, Default)]
 pub(in crate::store::redis) struct Queue {
     state: Mutex<State>,

@@ -274,8 +274,8 @@ impl RedisStore {
 
     /// Sets the most checks one call to Redis decides (default 32, at most 255).
     ///
-    /// While [`RedisStore::max_in_flight`] calls are in flight on the store's
-    /// connection, further checks queue; when one of those calls ends, up to
+    /// While [`RedisStore::max_pipelined`] calls are pipelined on the store's
+    /// connection (sent, not yet answered), further checks queue; when one of those calls ends, up to
     /// `max_batch` of them go as one `FCALL` that decides each as its own call would
     /// (all or nothing across its own policies, in the order they queued, never
     /// across checks). Redis then pays the call, its parsing and its reply once per
@@ -292,12 +292,12 @@ impl RedisStore {
         self
     }
 
-    /// Sets how many calls may be in flight on the store's connection before checks
-    /// queue for the next batch (default 2; `0` is read as 1, `usize::MAX` never
+    /// Sets how many calls may be pipelined on the store's connection (sent, not yet
+    /// answered) before checks queue for the next batch (default 2; `0` is read as 1, `usize::MAX` never
     /// queues): more lets Redis work while a reply travels, fewer makes larger
     /// batches. See [`RedisStore::max_batch`].
-    pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
-        Arc::make_mut(&mut self.settings).batching.max_in_flight = max_in_flight.max(1);
+    pub fn max_pipelined(mut self, max_pipelined: usize) -> Self {
+        Arc::make_mut(&mut self.settings).batching.max_pipelined = max_pipelined.max(1);
         self
     }
 
