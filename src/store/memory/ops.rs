@@ -14,11 +14,10 @@ use crate::algorithm::in_flight::Hold;
 use crate::algorithm::{self, Grant, State};
 use crate::clock::Clock;
 use crate::decision::Decision;
+use crate::error::StoreError;
 use crate::policy::Policy;
-use crate::store::{
-    AdminStore, Backend, CheckNow, GiveBack, GiveBackFuture, LeaseAsk, LeaseFuture, LeaseStore,
-    Operation, PolicySet, StoreError,
-};
+use crate::store::backend::{AdminStore, Backend, CheckNow, Operation, PolicySet};
+use crate::store::lease::{GiveBack, GiveBackFuture, LeaseAsk, LeaseFuture, LeaseStore};
 use crate::subject::Subject;
 
 impl MemoryStore {
