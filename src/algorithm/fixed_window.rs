@@ -2,7 +2,7 @@
 //! `lua/fixed_window.lua`; the state is `(window index, count)`, which the script keeps
 //! as the string `"<window>:<count>"`.
 
-use super::{window_ahead, Commit, State, Step, MAX_DEBT};
+use super::state::{window_ahead, Commit, State, Step, MAX_DEBT};
 use crate::decision::PolicyOutcome;
 use crate::policy::Policy;
 
@@ -31,7 +31,7 @@ pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64
 }
 
 /// The window `now` counts in and its count so far: the stored window while `now` is
-/// in it, or up to [`MAX_CLOCK_BACK`](super::MAX_CLOCK_BACK) windows before it (a
+/// in it, or up to [`MAX_CLOCK_BACK`](super::state::MAX_CLOCK_BACK) windows before it (a
 /// clock that went back: stay in the stored window); else a new one. A stored window
 /// further ahead is no clock that went back but state this clock cannot have written:
 /// it starts fresh, so a wait is never longer than `MAX_CLOCK_BACK + 1` windows. The
@@ -109,7 +109,7 @@ mod tests {
                     // MAX_CLOCK_BACK windows before it.
                     let idx = now / w;
                     let by_division =
-                        if window >= idx && window <= idx + super::super::MAX_CLOCK_BACK {
+                        if window >= idx && window <= idx + super::super::state::MAX_CLOCK_BACK {
                             (window, 3)
                         } else {
                             (now / w, 0)

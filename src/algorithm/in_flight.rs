@@ -19,24 +19,14 @@
 //! clock: they are dropped as foreign, like the rate algorithms' state ahead of the
 //! clock.
 
-use super::{Commit, State, Step, MAX_CLOCK_BACK};
+pub(crate) use super::state::Holder;
+use super::state::{Commit, State, Step, MAX_CLOCK_BACK};
 use crate::decision::PolicyOutcome;
 use crate::policy::Policy;
 
 /// The longest a denial tells a client to wait: a slot frees whenever a request
 /// ends, so this is a hint (ask again in a second), never a promise.
 pub(crate) const RETRY_HINT_MS: u64 = 1_000;
-
-/// One holder's requests in flight.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Holder {
-    /// The limiter instance ([`Policy::holder`]).
-    pub(crate) id: u64,
-    /// Its requests running.
-    pub(crate) count: u64,
-    /// When the entry stops counting unless renewed, in ms.
-    pub(crate) expires_ms: u64,
-}
 
 /// What a holder does to its own entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

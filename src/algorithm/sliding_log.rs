@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Commit, State, Step};
+use super::state::{Commit, State, Step, MAX_CLOCK_BACK};
 use crate::decision::PolicyOutcome;
 use crate::policy::Policy;
 
@@ -61,14 +61,14 @@ pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64
     }
 }
 
-/// Whether the newest stamp lies more than [`MAX_CLOCK_BACK`](super::MAX_CLOCK_BACK)
+/// Whether the newest stamp lies more than [`MAX_CLOCK_BACK`]
 /// windows after `now`: foreign state, not a clock that went back; read as an empty
 /// log (and replaced by the next admission).
 #[inline(always)]
 fn ahead(stamps: &VecDeque<u64>, now: u64, w: u64) -> bool {
     stamps
         .back()
-        .is_some_and(|newest| *newest > now + super::MAX_CLOCK_BACK * w)
+        .is_some_and(|newest| *newest > now + MAX_CLOCK_BACK * w)
 }
 
 /// The `cost` most recent stamps leave, only those still in the window (now clamped to

@@ -2,7 +2,7 @@
 //! one weighted by how much of it the sliding window still covers. The Rust twin of
 //! `lua/sliding_window.lua`; the script keeps the state as `"<window>:<prev>:<cur>"`.
 
-use super::{window_ahead, Commit, State, Step, MAX_DEBT, MAX_EXACT};
+use super::state::{window_ahead, Commit, State, Step, MAX_DEBT, MAX_EXACT};
 use crate::decision::PolicyOutcome;
 use crate::policy::Policy;
 
@@ -64,7 +64,7 @@ pub(super) fn decide(policy: &Policy, state: Option<&State>, now: u64, cost: u64
 
 /// The window `now` counts in, the time read (clamped to the stored window's start
 /// when the clock went back), and the previous and current counts: the stored window
-/// while `now` is in it or up to [`MAX_CLOCK_BACK`](super::MAX_CLOCK_BACK) windows
+/// while `now` is in it or up to [`MAX_CLOCK_BACK`](super::state::MAX_CLOCK_BACK) windows
 /// before it, the next one (the stored count becomes `prev`),
 /// or a later one with nothing carried over. The same as comparing `now / w` with the
 /// stored window, without dividing on the common paths.
@@ -166,7 +166,7 @@ mod tests {
                 for now in (0..(window + 4) * w).step_by((w as usize / 3).max(1)) {
                     // The rule as first written, dividing every time.
                     let idx = now / w;
-                    let by_division = if window > idx + super::super::MAX_CLOCK_BACK {
+                    let by_division = if window > idx + super::super::state::MAX_CLOCK_BACK {
                         (idx, now, 0, 0)
                     } else if window > idx {
                         (window, window * w, 2, 3)
@@ -247,7 +247,10 @@ mod tests {
         let State::SlidingWindow { cur, .. } = charged else {
             panic!("{charged:?}")
         };
-        assert!(cur * sw.window_ms() <= super::super::MAX_EXACT, "{cur}");
+        assert!(
+            cur * sw.window_ms() <= super::super::state::MAX_EXACT,
+            "{cur}"
+        );
         assert!(cur >= sw.limit(), "{cur}");
         let next = decide_any(&sw, Some(&charged), 2_000_000, 1).outcome;
         assert!(!next.allowed && next.remaining == 0, "{next:?}");

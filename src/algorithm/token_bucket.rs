@@ -1,7 +1,7 @@
 //! Token bucket as GCRA: one theoretical arrival time (TAT) in microseconds. The Rust
 //! twin of `lua/token_bucket.lua`; the script keeps the TAT as a decimal integer.
 
-use super::{Commit, State, Step, MAX_DEBT};
+use super::state::{Commit, State, Step, MAX_CLOCK_BACK, MAX_DEBT};
 use crate::decision::PolicyOutcome;
 use crate::policy::Policy;
 
@@ -51,11 +51,11 @@ fn current(state: Option<&State>, asked: u64, tolerance: u64) -> (u64, u64) {
 
 /// Whether a stored arrival time lies more than `MAX_CLOCK_BACK + 1` fill times
 /// (`tolerance`) after `now`: a bucket admits up to one fill time ahead, so only a
-/// clock that went back by more than [`MAX_CLOCK_BACK`](super::MAX_CLOCK_BACK) fill
+/// clock that went back by more than [`MAX_CLOCK_BACK`] fill
 /// times sees this: foreign state, read as a full bucket.
 #[inline(always)]
 fn ahead(tat_us: u64, now_us: u64, tolerance: u64) -> bool {
-    tat_us.saturating_sub(now_us) > (super::MAX_CLOCK_BACK + 1) * tolerance
+    tat_us.saturating_sub(now_us) > (MAX_CLOCK_BACK + 1) * tolerance
 }
 
 /// The theoretical arrival time moves back by `cost` emission intervals, not before

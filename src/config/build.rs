@@ -5,8 +5,9 @@ use std::future::{ready, Ready};
 
 use http::request::Parts;
 
+use super::error::ConfigError;
+use super::load::Config;
 use super::rules::{Applies, KeyPart, TargetSpec};
-use super::{Config, ConfigError};
 use crate::decision::Decision;
 use crate::key::{ClientIp, Global, Header, KeyExtractor, KeyRejection, Pair, Route};
 use crate::layer::{RuleError, Rules};

@@ -6,7 +6,7 @@ use std::ops::Range;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::ConfigError;
+use super::error::ConfigError;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

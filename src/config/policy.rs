@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use toml::Spanned;
 
+use super::error::ConfigError;
 use super::file::{RawPolicy, Source};
-use super::ConfigError;
 use crate::policy::{Policy, PolicyError};
 
 /// Every policy of the file, in order; a name may be used once.

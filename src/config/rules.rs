@@ -8,8 +8,8 @@ use std::ops::Range;
 use http::{HeaderName, Method};
 use toml::Spanned;
 
+use super::error::ConfigError;
 use super::file::{RawRule, RawTarget, Source};
-use super::ConfigError;
 use crate::layer::RuleError;
 use crate::policy::Policy;
 

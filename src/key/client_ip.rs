@@ -10,8 +10,8 @@ use http::request::Parts;
 use http::{HeaderMap, StatusCode};
 use ipnet::{IpNet, Ipv4Net};
 
+use super::extractor::{KeyExtractor, KeyRejection};
 use super::forwarding::{forwarded_hop, plain_hop, trim, ElementsRev};
-use super::{KeyExtractor, KeyRejection};
 use crate::subject::Subject;
 
 /// How many hops of a forwarding chain are examined by default.
@@ -82,8 +82,8 @@ impl ForwardedHeader {
 /// with `into_make_service_with_connect_info::<SocketAddr>()`, enable this crate's
 /// `axum` or `tonic` feature when the build lacks it, or insert a `SocketAddr`. It is a
 /// server setup fault, so it is also logged as a warning, at most once a second.
-/// Restate it with [`KeyExtractorExt::reject_with`](super::KeyExtractorExt::reject_with)
-/// or fall back with [`or`](super::KeyExtractorExt::or).
+/// Restate it with [`KeyExtractorExt::reject_with`](super::combine::KeyExtractorExt::reject_with)
+/// or fall back with [`or`](super::combine::KeyExtractorExt::or).
 ///
 /// # Forwarding headers
 ///

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use http::request::Parts;
 use http::StatusCode;
 
-use super::{KeyExtractor, KeyRejection};
+use super::extractor::{KeyExtractor, KeyRejection};
 use crate::subject::Subject;
 
 /// Combinators for every [`KeyExtractor`].

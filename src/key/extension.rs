@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use http::request::Parts;
 use http::StatusCode;
 
-use super::{KeyExtractor, KeyRejection};
+use super::extractor::{KeyExtractor, KeyRejection};
 use crate::subject::Subject;
 use crate::telemetry;
 
@@ -39,8 +39,8 @@ use crate::telemetry;
 ///
 /// A request without the extension is rejected with **401 "not authenticated"**;
 /// fall back to another key (say, the client address) with
-/// [`KeyExtractorExt::or`](super::KeyExtractorExt::or), or restate the rejection with
-/// [`reject_with`](super::KeyExtractorExt::reject_with). The rate limit layer must run
+/// [`KeyExtractorExt::or`](super::combine::KeyExtractorExt::or), or restate the rejection with
+/// [`reject_with`](super::combine::KeyExtractorExt::reject_with). The rate limit layer must run
 /// after (inside) the layer that inserts the value: when every request is answered
 /// 401, signed-in ones too, the order is the other way round, and a `tracing` line at
 /// debug names the type that was looked for (`the request has no myapp::User

@@ -4,7 +4,7 @@ use std::fmt;
 
 use http::request::Parts;
 
-use super::{KeyExtractor, KeyRejection};
+use super::extractor::{KeyExtractor, KeyRejection};
 use crate::subject::Subject;
 
 /// Keys requests by a closure over the request head, for keys the built-ins don't cover.

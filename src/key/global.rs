@@ -2,7 +2,7 @@
 
 use http::request::Parts;
 
-use super::{KeyExtractor, KeyRejection};
+use super::extractor::{KeyExtractor, KeyRejection};
 use crate::subject::Subject;
 
 /// Keys every request as one subject, `global`: a limit on the service as a whole.

@@ -6,7 +6,7 @@ use http::header::HeaderName;
 use http::request::Parts;
 use http::StatusCode;
 
-use super::{KeyExtractor, KeyRejection, SubjectBuf};
+use super::extractor::{KeyExtractor, KeyRejection, SubjectBuf};
 use crate::error::debug_as_display;
 use crate::subject::{Secret, Subject};
 
@@ -49,7 +49,7 @@ use crate::subject::{Secret, Subject};
 /// The first line of the header is read. A missing or empty header is rejected with
 /// **401 `missing <name> header`**. The value is what the client sent, not checked: a
 /// client can rotate it freely, so key on it for clients that are authenticated by it,
-/// or use [`Extension`](super::Extension) for an identity an auth layer has checked.
+/// or use [`Extension`](super::extension::Extension) for an identity an auth layer has checked.
 #[derive(Clone)]
 pub struct Header {
     name: HeaderName,

@@ -2,7 +2,7 @@
 
 use http::request::Parts;
 
-use super::{KeyExtractor, KeyRejection, SubjectBuf};
+use super::extractor::{KeyExtractor, KeyRejection, SubjectBuf};
 use crate::subject::Subject;
 
 /// Keys requests by method and route, such as `route=GET /users/{id}`.

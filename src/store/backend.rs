@@ -1,12 +1,12 @@
 //! What a store does for a limiter: the interface the memory and Redis stores share,
-//! private to the crate (the public face is the sealed [`Store`](super::Store)).
+//! private to the crate (the public face is the sealed [`Store`](crate::store::Store)).
 
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use super::{Fnv1a, StoreError};
 use crate::decision::Decision;
+use crate::error::StoreError;
 use crate::policy::Policy;
 use crate::subject::Subject;
 
@@ -221,5 +221,27 @@ pub trait AdminStore: Backend {
 impl<S: AdminStore> AdminStore for Arc<S> {
     fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
         (**self).run(op, subject, set, cost)
+    }
+}
+
+/// FNV-1a: a hash that is the same in every process and release.
+#[derive(Debug, Clone, Copy)]
+struct Fnv1a(u64);
+
+impl Fnv1a {
+    const fn new() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv1a {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
     }
 }

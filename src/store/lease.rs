@@ -8,10 +8,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use super::backend::PolicySet;
 use crate::algorithm::Grant;
 use crate::clock::Clock;
 use crate::decision::Decision;
-use crate::store::{PolicySet, StoreError};
+use crate::error::StoreError;
 use crate::subject::Subject;
 
 /// What a leasing check asks for beyond its cost (see [`crate::lease`]).
@@ -53,7 +54,7 @@ pub(crate) type GiveBackFuture =
 /// Object-safe (boxed futures), so a limiter keeps its store behind
 /// `Arc<dyn LeaseStore>` for leases and its type does not change with them on.
 pub trait LeaseStore: Send + Sync + 'static {
-    /// [`Backend::check`](crate::store::Backend::check) of `cost`, and when every policy admits, up to `ask.want` more
+    /// [`Backend::check`](super::backend::Backend::check) of `cost`, and when every policy admits, up to `ask.want` more
     /// units taken from every policy at once (never more than each admits now).
     fn check_leasing(
         &self,
@@ -63,7 +64,7 @@ pub trait LeaseStore: Send + Sync + 'static {
         ask: LeaseAsk,
     ) -> LeaseFuture;
 
-    /// Gives back units a lease did not spend, as [`Operation::Refund`](crate::store::Operation::Refund) does, if the
+    /// Gives back units a lease did not spend, as [`Operation::Refund`](super::backend::Operation::Refund) does, if the
     /// store's clock is still before [`GiveBack::before_ms`] and the subject's lease
     /// generation is still [`GiveBack::epoch`]; otherwise nothing changes (a peek).
     fn give_back(&self, subject: Subject, set: &PolicySet, back: GiveBack) -> GiveBackFuture;

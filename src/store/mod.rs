@@ -7,8 +7,6 @@
 //! none consumes. Both stores fold their per-policy outcomes with the same code, so the
 //! same trace gives the same [`Decision`](crate::Decision) whichever store holds it.
 
-use std::hash::Hasher;
-
 // The store's error sits on the bottom floor, with the crate's other errors: the
 // errors and telemetry name it without looking up at the stores.
 pub use crate::error::{StoreError, StoreErrorKind};
@@ -24,28 +22,6 @@ pub(crate) use backend::{AdminStore, Backend, CheckNow, Operation, PolicySet};
 #[cfg(feature = "redis")]
 pub use self::redis::setup::SetupError;
 pub(crate) use memory::MemoryStore;
-
-/// FNV-1a: a hash that is the same in every process and release.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Fnv1a(pub(crate) u64);
-
-impl Fnv1a {
-    pub(crate) const fn new() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Hasher for Fnv1a {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-}
 
 /// A store a [`Limiter`](crate::Limiter) decides in: [`MemoryStore`],
 /// [`RedisStore`](crate::RedisStore), or an `Arc` of either; name it to write code that

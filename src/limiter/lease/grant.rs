@@ -6,8 +6,7 @@
 use std::sync::Arc;
 
 use super::flight::{Answer, Asker, Waiter};
-use super::table::{give_back_of, Lease, LeaseTable, Local};
-use super::DecisionFuture;
+use super::table::{give_back_of, DecisionFuture, Lease, LeaseTable, Local};
 use crate::algorithm::Grant;
 use crate::decision::{Decision, Origin};
 use crate::error::StoreError;

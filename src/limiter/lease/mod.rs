@@ -7,6 +7,7 @@
 
 mod flight;
 mod grant;
+mod plan;
 mod sweep;
 mod table;
 #[cfg(test)]
@@ -18,6 +19,7 @@ use crate::limiter::BuildError;
 use crate::policy::{Algorithm, Policy};
 use crate::store::PolicySet;
 
+pub(crate) use plan::Plan;
 pub(crate) use table::{DecisionFuture, LeaseTable, Leased};
 
 /// Lease settings for a limiter ([`LimiterBuilder::leases`](crate::LimiterBuilder::leases)); see
@@ -182,20 +184,4 @@ fn span_ms(policy: &Policy) -> u64 {
             .max(1),
         _ => policy.window_ms(),
     }
-}
-
-/// [`Leases`] resolved for one policy set.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Plan {
-    lifetime_ms: u64,
-    max_units: u64,
-    /// Units asked in a lifetime from which a subject leases.
-    min_units: u64,
-    /// The smallest lease, and the batch a paused subject waits for (`None`: half the
-    /// lease wanted).
-    batch: Option<u64>,
-    max_cost: u64,
-    max_subjects: usize,
-    /// Whether unspent units go back to the store: not with a token bucket in the set.
-    gives_back: bool,
 }

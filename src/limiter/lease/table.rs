@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::flight::{self, Answer, Asker, Waiter};
-use super::Plan;
+use super::plan::Plan;
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::{Decision, Origin};
 use crate::limiter::kept::KeptDenial;

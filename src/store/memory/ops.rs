@@ -2,23 +2,22 @@
 //! request path), peek, refund, reset and charge, and the leasing check with its
 //! give-back.
 
-use std::collections::HashMap;
 use std::future::{ready, Ready};
 use std::sync::{Arc, MutexGuard, PoisonError};
 
 use smallvec::SmallVec;
 
+use super::epochs::Epochs;
 use super::map::Entry;
-use super::{Inner, MemoryStore};
+use super::store::{Inner, MemoryStore};
 use crate::algorithm::in_flight::Hold;
 use crate::algorithm::{self, Grant, State};
 use crate::clock::Clock;
 use crate::decision::Decision;
+use crate::error::StoreError;
 use crate::policy::Policy;
-use crate::store::{
-    AdminStore, Backend, CheckNow, GiveBack, GiveBackFuture, LeaseAsk, LeaseFuture, LeaseStore,
-    Operation, PolicySet, StoreError,
-};
+use crate::store::backend::{AdminStore, Backend, CheckNow, Operation, PolicySet};
+use crate::store::lease::{GiveBack, GiveBackFuture, LeaseAsk, LeaseFuture, LeaseStore};
 use crate::subject::Subject;
 
 impl MemoryStore {
@@ -173,62 +172,6 @@ fn peek(policies: &Arc<[Policy]>, states: &[Option<State>], now: u64, cost: u64)
         .map(|(policy, state)| algorithm::decide(policy, state.as_ref(), now, cost).outcome)
         .collect();
     Decision::from_outcomes(policies, outcomes.iter().copied(), cost).with_each(outcomes)
-}
-
-/// One policy set's subjects: each one's generation and when it expires (ms).
-type SubjectEpochs = HashMap<Box<[u8]>, (u64, u64)>;
-
-/// Per policy set (fingerprint) and subject: the generation and when it expires (ms),
-/// with the states it was made with. Generations are unique per store.
-#[derive(Debug, Default)]
-pub(super) struct Epochs {
-    map: HashMap<u64, SubjectEpochs>,
-    last: u64,
-    /// Entries when expired ones were last dropped: they are dropped again once the
-    /// map has doubled since.
-    pruned_at_len: usize,
-}
-
-impl Epochs {
-    /// The generation of `subject` under `set` at `now`, if it has one.
-    fn get(&self, set: u64, subject: &[u8], now: u64) -> Option<u64> {
-        let &(epoch, expires) = self.map.get(&set)?.get(subject)?;
-        (now < expires).then_some(epoch)
-    }
-
-    /// The generation of `subject` under `set`, made if it has none, kept until
-    /// `expires`.
-    fn keep(&mut self, set: u64, subject: &[u8], now: u64, expires: u64) -> u64 {
-        let epoch = match self.get(set, subject, now) {
-            Some(epoch) => epoch,
-            None => {
-                self.last += 1;
-                self.last
-            }
-        };
-        let subjects = self.map.entry(set).or_default();
-        match subjects.get_mut(subject) {
-            Some(slot) => *slot = (epoch, expires.max(slot.1)),
-            None => {
-                subjects.insert(subject.into(), (epoch, expires));
-            }
-        }
-        let len: usize = self.map.values().map(HashMap::len).sum();
-        if len > 2 * self.pruned_at_len + 1_024 {
-            for subjects in self.map.values_mut() {
-                subjects.retain(|_, &mut (_, expires)| now < expires);
-            }
-            self.map.retain(|_, subjects| !subjects.is_empty());
-            self.pruned_at_len = self.map.values().map(HashMap::len).sum();
-        }
-        epoch
-    }
-
-    fn forget(&mut self, set: u64, subject: &[u8]) {
-        if let Some(subjects) = self.map.get_mut(&set) {
-            subjects.remove(subject);
-        }
-    }
 }
 
 /// The lease generations' lock; a panic elsewhere while it was held leaves plain data.

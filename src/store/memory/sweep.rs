@@ -5,69 +5,12 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, TryLockError, Weak};
 use std::time::Duration;
 
-use super::map::SHARDS;
-use super::Inner;
+use super::store::{Inner, Sweeper};
 
 /// How many times per pass the background sweeper wakes, sweeping the slices due each
 /// time. Each wake takes a core from whatever ran there (a decision, on a busy machine):
 /// a few dozen a second keep those rare, yet each short (a few shards).
 const WAKES_PER_PASS: u64 = 50;
-
-/// Where the sweep is in its pass over the shards.
-#[derive(Debug)]
-pub(super) struct Schedule {
-    pub(super) pass_start_ms: u64,
-    pub(super) next_shard: usize,
-    /// Entries left in the shards swept so far in this pass.
-    pub(super) left_in_pass: usize,
-}
-
-impl Schedule {
-    /// When the next shard's turn comes: the pass's slices spread evenly over `every`.
-    pub(super) fn due_ms(&self, every_ms: u64) -> u64 {
-        let offset = u128::from(every_ms) * (self.next_shard as u128 + 1) / SHARDS as u128;
-        self.pass_start_ms
-            .saturating_add(u64::try_from(offset).unwrap_or(u64::MAX))
-    }
-
-    /// One more shard swept at `now_ms`, with `left` entries still in it; `is_empty`
-    /// tells, at the end of a pass that left nothing, whether the store is still empty
-    /// (shards swept early in the pass may have filled since).
-    fn advance(
-        &mut self,
-        left: usize,
-        now_ms: u64,
-        every_ms: u64,
-        is_empty: impl FnOnce() -> bool,
-    ) {
-        self.left_in_pass += left;
-        self.next_shard += 1;
-        if self.next_shard == SHARDS {
-            // A pass ends; the next follows on, but never more than one pass behind:
-            // after a long gap (no calls, a starved thread, a clock moved forward) one
-            // whole pass is due at once, and no more. A pass that found the store empty
-            // waits an interval more: an idle store costs nothing.
-            self.pass_start_ms = if self.left_in_pass == 0 && is_empty() {
-                now_ms.saturating_add(every_ms)
-            } else {
-                self.pass_start_ms
-                    .saturating_add(every_ms)
-                    .max(now_ms.saturating_sub(every_ms))
-            };
-            self.next_shard = 0;
-            self.left_in_pass = 0;
-        }
-    }
-}
-
-/// The background sweeping thread, to wake it (a new interval, or the store dropped).
-#[derive(Debug)]
-pub(super) struct Sweeper {
-    pub(super) thread: std::thread::Thread,
-    /// Dropped when the thread has ended (only the tests look).
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub(super) alive: Weak<()>,
-}
 
 impl Sweeper {
     /// Starts the thread that sweeps `store` until it is dropped; `None` if no thread

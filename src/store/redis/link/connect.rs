@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use deadpool_redis::redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::super::conn::Connected;
-use super::{Attempt, Lent, Link, State, CLUSTER_STALL_MS, CONNECT_TIMEOUT, READY_TIMEOUT};
+use super::shared::{Attempt, Lent, Link, State, CLUSTER_STALL_MS, CONNECT_TIMEOUT, READY_TIMEOUT};
 use crate::store::{StoreError, StoreErrorKind};
 
 /// The first wait after a failed attempt; it doubles up to [`MAX_BACKOFF`].

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use deadpool_redis::redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
-use super::{Lent, Link, CONNECT_TIMEOUT, READY_TIMEOUT};
+use super::shared::{Lent, Link, CONNECT_TIMEOUT, READY_TIMEOUT};
 use crate::store::redis::command::Request;
 use crate::store::redis::conn::Conn;
 use crate::store::redis::script::{Library, Via};

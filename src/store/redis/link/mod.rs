@@ -9,34 +9,26 @@ use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use deadpool_redis::redis::{ErrorKind, Value};
 use tokio::sync::{Mutex, Notify};
 
 use super::command::Request;
-use super::conn::{Conn, Source};
+use super::conn::Source;
 use super::queue::Queue;
 use crate::store::{StoreError, StoreErrorKind};
 use crate::telemetry::LogThrottle;
 
 mod connect;
 mod library;
+mod shared;
 
-use super::reader::{Activity, Read, Reader, Since};
+use super::reader::{Activity, Read, Since};
 use connect::MIN_BACKOFF;
+use shared::{Attempt, Failing, Lent, State, CLUSTER_STALL_MS, STALL_MS};
+pub(super) use shared::{Link, READY_TIMEOUT};
 
-/// How long one attempt to get a connection from the pool may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// A connection that answered nothing for this long while calls time out is replaced
-/// (a half-open socket never reports an error); so is a cluster connection that
-/// answered nothing for this long while calls fail.
-const STALL_MS: u64 = 1_000;
-/// A cluster connection whose calls all fail or time out for this long is replaced,
-/// sooner than a single-node one: while no node answers, the cluster client retries
-/// every node at once on each call, and on a busy machine its errors do not always
-/// say that it lost every node. One paced replacement attempt costs far less.
-const CLUSTER_STALL_MS: u64 = 250;
 /// The longest a call waits for its reply while the connection keeps answering the
 /// calls sent before it (Redis answers in order on one connection): a busy app or a
 /// deep pipeline, not a silent Redis. Unless the store's timeout is longer.
@@ -45,10 +37,6 @@ const MAX_WAIT: Duration = Duration::from_secs(1);
 /// would spin.
 const MIN_TIMEOUT: Duration = Duration::from_millis(1);
 
-/// How long [`Link::connect`] waits for a connection, and for the library's load and
-/// the first call on it.
-pub(super) const READY_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// How long `lent`'s connection may answer nothing before it is presumed dead.
 fn stall_ms(lent: &Lent) -> u64 {
     if lent.conn.repairs_itself() {
@@ -56,80 +44,6 @@ fn stall_ms(lent: &Lent) -> u64 {
     } else {
         STALL_MS
     }
-}
-
-/// The connection shared by every clone of one store.
-#[derive(Debug)]
-pub(super) struct Link {
-    source: Source,
-    /// Where it connects (`host:port`, no password), for logs and errors.
-    address: Box<str>,
-    state: RwLock<State>,
-    /// Woken when an attempt to connect ends, for calls made before the first
-    /// connection exists.
-    settled: Notify,
-    /// What the connection has delivered, and when last.
-    activity: Arc<Activity>,
-    /// Whether calls go through the function library (until the server says it has
-    /// no functions: Redis before 7.0).
-    functions: AtomicBool,
-    /// Held while the library is being loaded, so the calls that all find it missing
-    /// after a restart load it once, not once each; `loads` counts finished loads.
-    loading: Mutex<()>,
-    loads: AtomicU64,
-    /// Calls sent (each one round trip, whatever it answered).
-    pub(super) calls: AtomicU64,
-    /// Calls that ended without a decision, and how many of them timed out or were
-    /// shed.
-    pub(super) failures: AtomicU64,
-    pub(super) timeouts: AtomicU64,
-    pub(super) shed: AtomicU64,
-    /// When calls began to fail, so that the first answer after a failure says so
-    /// once.
-    failing: Failing,
-    /// This store's own pace of "cannot connect" lines.
-    unreachable_log: LogThrottle,
-    /// The checks waiting for a call in flight to end, sent as the next batch.
-    pub(super) queue: Queue,
-}
-
-struct State {
-    conn: Option<Conn>,
-    /// What drives `conn`, when the store opened it ([`Source::Direct`]).
-    reader: Option<Arc<Reader>>,
-    /// Counts installed connections, so a failure reported by a call that used an
-    /// older one does not throw away its replacement.
-    generation: u64,
-    attempt: Attempt,
-    backoff: Duration,
-    /// Attempts to connect that ended, and why the last one failed, for
-    /// [`Link::connect`].
-    attempts: u64,
-    last_error: Option<String>,
-}
-
-impl std::fmt::Debug for State {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("State")
-            .field("connected", &self.conn.is_some())
-            .field("generation", &self.generation)
-            .field("attempt", &self.attempt)
-            .finish_non_exhaustive()
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Attempt {
-    Idle,
-    InFlight,
-    /// The last attempt failed; the next may start at this instant.
-    Backoff(Instant),
-}
-
-/// A connection lent to one call, with the generation to report failures against.
-pub(super) struct Lent {
-    conn: Conn,
-    generation: u64,
 }
 
 impl Link {
@@ -390,49 +304,5 @@ impl Link {
                 .unwrap_or_else(PoisonError::into_inner)
                 .backoff = MIN_BACKOFF;
         }
-    }
-}
-
-/// When calls (or attempts to connect) began to fail, so that the first answer after
-/// a failure logs, once, that Redis answers again and for how long it did not.
-#[derive(Debug)]
-struct Failing {
-    epoch: Instant,
-    /// 1 + ms since `epoch` of the first failure of the current spell; 0: none.
-    since: AtomicU64,
-}
-
-impl Failing {
-    fn new() -> Self {
-        Self {
-            epoch: Instant::now(),
-            since: AtomicU64::new(0),
-        }
-    }
-
-    fn begin(&self) {
-        if self.since.load(Ordering::Relaxed) == 0 {
-            let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-            let _ = self.since.compare_exchange(
-                0,
-                now.saturating_add(1),
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            );
-        }
-    }
-
-    /// How long the spell that just ended lasted; `None` when none was on (one load:
-    /// every answer passes here).
-    fn end(&self) -> Option<Duration> {
-        if self.since.load(Ordering::Relaxed) == 0 {
-            return None;
-        }
-        let began = self.since.swap(0, Ordering::Relaxed).checked_sub(1)?;
-        Some(
-            self.epoch
-                .elapsed()
-                .saturating_sub(Duration::from_millis(began)),
-        )
     }
 }
