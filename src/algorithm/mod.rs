@@ -36,7 +36,11 @@ mod token_bucket;
 pub(crate) use grant::Grant;
 #[cfg(all(feature = "redis", any(test, feature = "internals")))]
 pub(crate) use sliding_log::ring_stamps as sliding_log_ring_stamps;
-pub(crate) use state::{State, Step, MAX_CLOCK_BACK, MAX_DEBT};
+#[cfg(feature = "redis")]
+pub(crate) use state::MAX_CLOCK_BACK;
+#[cfg(any(test, feature = "redis"))]
+pub(crate) use state::MAX_DEBT;
+pub(crate) use state::{State, Step};
 
 /// The conformance table the stores are held to (tests/it/conformance.rs, through
 /// `redlimit::internals::traces`), checked here against the model itself.
@@ -275,6 +279,7 @@ pub(crate) fn charge_units(policies: &[Policy], units: u64) -> u64 {
 
 /// The most a charge takes from `policy` (its [`MAX_DEBT`] bound); `None` for a policy
 /// a charge leaves alone: slots are held by requests, never charged.
+#[cfg(any(test, feature = "redis"))]
 fn max_charge(policy: &Policy) -> Option<u64> {
     match policy.algorithm() {
         Algorithm::InFlight => None,

@@ -12,7 +12,8 @@ use crate::decision::Decision;
 use crate::key::{ClientIp, Global, Header, KeyExtractor, KeyRejection, Pair, Route};
 use crate::layer::{RuleError, Rules};
 use crate::limiter::{Limiter, LimiterBuilder};
-use crate::store::{AdminStore, Backend, Operation, PolicySet, Store, StoreError, StoreErrorKind};
+use crate::store::backend::Backend;
+use crate::store::{AdminStore, Operation, PolicySet, Store, StoreError, StoreErrorKind};
 use crate::subject::Subject;
 
 /// A key as the file writes it: one extractor, or one joined with the next (`ip+route`).

@@ -11,7 +11,8 @@ use crate::clock::FakeClock;
 use crate::key::Global;
 use crate::layer::middleware::*;
 use crate::limiter::Limiter;
-use crate::store::{AdminStore, Backend, Operation};
+use crate::store::backend::Backend;
+use crate::store::{AdminStore, Operation};
 use crate::store::{PolicySet, StoreError, StoreErrorKind};
 use crate::{Decision, MemoryStore, Policy, Subject};
 

@@ -1,7 +1,8 @@
 use super::*;
 use crate::clock::FakeClock;
 use crate::decision::{Decision, Origin};
-use crate::store::{AdminStore, Backend, Operation, PolicySet, StoreError};
+use crate::store::backend::Backend;
+use crate::store::{AdminStore, Operation, PolicySet, StoreError};
 use crate::MemoryStore;
 use std::time::Duration;
 

@@ -192,7 +192,8 @@ mod tests {
     use std::time::Duration;
 
     use crate::clock::Clock;
-    use crate::store::{AdminStore, Backend, Operation, PolicySet, StoreError, StoreErrorKind};
+    use crate::store::backend::Backend;
+    use crate::store::{AdminStore, Operation, PolicySet, StoreError, StoreErrorKind};
     use crate::{Decision, Error, Limiter, MemoryStore, Policy, Subject};
 
     /// The store's clock, following Tokio's (paused) time from `base_ms`.

@@ -17,7 +17,7 @@ pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 
-pub(crate) use backend::{AdminStore, Backend, CheckNow, Operation, PolicySet};
+pub(crate) use backend::{AdminStore, CheckNow, Operation, PolicySet};
 
 #[cfg(feature = "redis")]
 pub use self::redis::setup::SetupError;
@@ -34,4 +34,4 @@ pub trait Store: AdminStore {}
 
 impl<T: AdminStore> Store for T {}
 
-pub(crate) use self::lease::{GiveBack, GiveBackFuture, LeaseAsk, LeaseFuture, LeaseStore};
+pub(crate) use self::lease::{GiveBack, GiveBackFuture, LeaseAsk, LeaseStore};

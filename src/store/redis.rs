@@ -277,7 +277,7 @@ impl RedisStore {
     pub(crate) fn key(
         &self,
         subject: &crate::subject::Subject,
-        set: &crate::store::PolicySet,
+        set: &crate::store::backend::PolicySet,
         policy: &crate::policy::Policy,
     ) -> String {
         keys::key(&self.settings.prefix, subject, set, policy)
@@ -311,9 +311,10 @@ mod tests {
     use super::contract::Entry;
     use super::setup::without_password;
     use super::*;
+    use crate::error::{StoreError, StoreErrorKind};
     use crate::internals::RedisStoreInternals;
     use crate::policy::Policy;
-    use crate::store::{Backend, PolicySet, StoreError, StoreErrorKind};
+    use crate::store::backend::{Backend, PolicySet};
     use crate::subject::Subject;
     use deadpool_redis::redis::Value;
     use std::time::Duration;

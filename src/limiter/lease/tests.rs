@@ -6,9 +6,8 @@ use super::table::Local;
 use super::*;
 use crate::clock::{Clock, FakeClock};
 use crate::decision::Origin;
-use crate::store::{
-    GiveBack, GiveBackFuture, LeaseAsk, LeaseFuture, LeaseStore, StoreError, StoreErrorKind,
-};
+use crate::store::lease::LeaseFuture;
+use crate::store::{GiveBack, GiveBackFuture, LeaseAsk, LeaseStore, StoreError, StoreErrorKind};
 use crate::subject::Subject;
 use crate::MemoryStore;
 use std::sync::atomic::{AtomicUsize, Ordering};

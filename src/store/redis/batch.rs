@@ -33,7 +33,7 @@ use super::link::Link;
 use super::queue::Waiting;
 use super::reader::Since;
 use crate::decision::Decision;
-use crate::store::{StoreError, StoreErrorKind};
+use crate::error::{StoreError, StoreErrorKind};
 
 /// The most checks one call decides, by default: past about 32 a batch saves Redis
 /// little more per check (BENCHMARKS.md), while one call holds Redis longer.

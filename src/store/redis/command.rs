@@ -13,7 +13,8 @@ use super::contract::*;
 use super::keys::{lease_key_of, push_policy_suffix};
 use super::script::{batch_script, Library, Shape, ShapeScript, Via};
 use crate::policy::{Algorithm, Policy};
-use crate::store::{GiveBack, LeaseAsk, Operation};
+use crate::store::backend::Operation;
+use crate::store::lease::{GiveBack, LeaseAsk};
 
 // The encoders write a call's arguments one after the other: these are the
 // positions that order gives, checked where the positions are defined.

@@ -7,7 +7,7 @@ use super::contract::Entry;
 use super::script::{self, Via};
 use super::RedisStore;
 use crate::policy::Policy;
-use crate::store::{Operation, PolicySet};
+use crate::store::backend::{Operation, PolicySet};
 use crate::subject::Subject;
 
 impl RedisStore {

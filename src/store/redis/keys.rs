@@ -4,7 +4,7 @@
 
 use super::contract::code;
 use crate::policy::Policy;
-use crate::store::PolicySet;
+use crate::store::backend::PolicySet;
 use crate::subject::Subject;
 
 /// The Redis key that holds `subject`'s state for `policy` of `set`, under `prefix`.

@@ -17,10 +17,9 @@ use super::RedisStore;
 use crate::algorithm;
 use crate::clock::Clock;
 use crate::decision::Decision;
-use crate::store::{
-    AdminStore, Backend, GiveBack, GiveBackFuture, LeaseAsk, LeaseFuture, LeaseStore, Operation,
-    PolicySet, StoreError, StoreErrorKind,
-};
+use crate::error::{StoreError, StoreErrorKind};
+use crate::store::backend::{AdminStore, Backend, Operation, PolicySet};
+use crate::store::lease::{GiveBack, GiveBackFuture, LeaseAsk, LeaseFuture, LeaseStore};
 use crate::subject::Subject;
 
 impl RedisStore {

@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 use super::command::{Call, Check};
 use super::reader::Since;
 use crate::decision::Decision;
-use crate::store::StoreError;
+use crate::error::StoreError;
 
 /// The checks waiting for a pipelined call to end, shared by every clone of a store.
 #[derive(Debug, Default)]

@@ -49,7 +49,7 @@
 use std::fmt::Write as _;
 
 use crate::policy::Algorithm;
-use crate::store::Operation;
+use crate::store::backend::Operation;
 
 pub(super) mod reply;
 

@@ -11,8 +11,8 @@ use smallvec::SmallVec;
 use super::*;
 use crate::algorithm::Grant;
 use crate::decision::{Decision, PolicyOutcome};
+use crate::error::{StoreError, StoreErrorKind};
 use crate::policy::Policy;
-use crate::store::{StoreError, StoreErrorKind};
 
 /// One policy's [`REPLY_FIELDS`] integers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use deadpool_redis::redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::super::conn::Connected;
 use super::shared::{Attempt, Lent, Link, State, CLUSTER_STALL_MS, CONNECT_TIMEOUT, READY_TIMEOUT};
-use crate::store::{StoreError, StoreErrorKind};
+use crate::error::{StoreError, StoreErrorKind};
 
 /// The first wait after a failed attempt; it doubles up to [`MAX_BACKOFF`].
 pub(super) const MIN_BACKOFF: Duration = Duration::from_millis(25);

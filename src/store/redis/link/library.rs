@@ -8,10 +8,10 @@ use std::sync::Arc;
 use deadpool_redis::redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
 use super::shared::{Lent, Link, CONNECT_TIMEOUT, READY_TIMEOUT};
+use crate::error::{StoreError, StoreErrorKind};
 use crate::store::redis::command::Request;
 use crate::store::redis::conn::Conn;
 use crate::store::redis::script::{Library, Via};
-use crate::store::{StoreError, StoreErrorKind};
 
 impl Link {
     /// Sends one call on a lent connection, by the way the server takes it (see

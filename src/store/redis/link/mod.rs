@@ -17,7 +17,7 @@ use tokio::sync::{Mutex, Notify};
 use super::command::Request;
 use super::conn::Source;
 use super::queue::Queue;
-use crate::store::{StoreError, StoreErrorKind};
+use crate::error::{StoreError, StoreErrorKind};
 use crate::telemetry::LogThrottle;
 
 mod connect;
