@@ -73,6 +73,7 @@ pub(crate) mod future;
 mod grpc;
 mod headers;
 pub(crate) mod middleware;
+mod options;
 mod plan;
 pub(crate) mod response;
 mod rules;
@@ -82,18 +83,16 @@ mod verdict;
 mod wait;
 
 pub use aftercare::Usage;
-pub(crate) use aftercare::{Aftercare, AtEnd, Refund};
-pub(crate) use middleware::{Config, Shared};
-pub use middleware::{FailureMode, KeyedLayer, OverLimit};
+pub use middleware::KeyedLayer;
+pub use options::{BodyStyle, FailureMode, OverLimit};
 pub use plan::{Keyed, Plan};
-pub(crate) use plan::{Limit, Pick, Sealed};
 pub use rules::{RuleError, Rules, RulesBuilder};
 pub use tiers::Tiers;
 pub use wait::Wait;
 
 pub use crate::layer::future::ResponseFuture;
 pub use crate::layer::headers::HeaderStyle;
-pub use crate::layer::response::{BodyStyle, ResponseBody};
+pub use crate::layer::response::ResponseBody;
 pub use crate::layer::service::RateLimit;
 
 #[cfg(test)]

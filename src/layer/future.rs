@@ -14,10 +14,12 @@ use tower_service::Service;
 
 use crate::decision::Decision;
 use crate::error::Error;
+use crate::layer::aftercare::Aftercare;
+use crate::layer::options::{OverLimit, Shared};
+use crate::layer::plan::{Limit, Plan};
 use crate::layer::response::{self, Answer, ResponseBody};
 use crate::layer::verdict::{verdict, Headers, Verdict};
 use crate::layer::wait::Waiting;
-use crate::layer::{Aftercare, Limit, OverLimit, Plan, Shared};
 use crate::limiter::CheckFuture;
 use crate::store::Store;
 use crate::subject::Subject;

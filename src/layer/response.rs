@@ -19,23 +19,11 @@ use pin_project_lite::pin_project;
 use crate::decision::Decision;
 use crate::error::Error;
 use crate::key::KeyRejection;
+use crate::layer::aftercare::AtEnd;
 use crate::layer::grpc;
 use crate::layer::headers::{retry_after_secs, PolicyHeaders, Snapshot};
-use crate::layer::{AtEnd, Config};
+use crate::layer::options::{BodyStyle, Config};
 use crate::policy::Algorithm;
-
-/// How the layer's own answers (429, 503, key rejections) word their bodies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum BodyStyle {
-    /// A short `text/plain` sentence, e.g. `Too Many Requests: rate limit 'api'
-    /// exceeded; retry after 3 s`.
-    #[default]
-    PlainText,
-    /// `application/problem+json` (RFC 9457) with `type`, `title`, `status`, `detail`
-    /// and, for 429 and 503, `retry_after` in seconds: for API clients that parse errors.
-    ProblemJson,
-}
 
 pin_project! {
     /// The body of a rate-limited service's responses: the inner service's own body, or

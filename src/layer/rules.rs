@@ -8,7 +8,7 @@ use http::Method;
 
 use crate::error::debug_as_display;
 use crate::key::KeyExtractor;
-use crate::layer::{Keyed, Limit, Pick, Sealed};
+use crate::layer::plan::{Keyed, Limit, Pick, Sealed};
 use crate::limiter::Limiter;
 use crate::store::Store;
 

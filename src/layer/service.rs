@@ -8,9 +8,11 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
+use crate::layer::aftercare::{Aftercare, Usage};
 use crate::layer::future::{Asked, ResponseFuture};
+use crate::layer::options::Shared;
+use crate::layer::plan::{Pick, Plan};
 use crate::layer::response::{self, ResponseBody};
-use crate::layer::{Aftercare, Pick, Plan, Shared, Usage};
 use crate::store::Store;
 
 /// A service limited by key: it answers 429 itself when the limiter denies, and calls

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use http::request::Parts;
 
 use crate::key::KeyExtractor;
-use crate::layer::{Limit, Pick, Sealed};
+use crate::layer::plan::{Limit, Pick, Sealed};
 use crate::limiter::Limiter;
 use crate::store::Store;
 

@@ -7,9 +7,11 @@ use http::Request;
 
 use crate::decision::Decision;
 use crate::error::Error;
+use crate::layer::aftercare::Aftercare;
 use crate::layer::headers::{HeaderStyle, PolicyHeaders, Snapshot};
+use crate::layer::options::{Config, FailureMode, OverLimit};
+use crate::layer::plan::Limit;
 use crate::layer::response::{self, Answer};
-use crate::layer::{Aftercare, Config, FailureMode, Limit, OverLimit};
 use crate::store::Store;
 
 /// What to add to an allowed response once the inner service answers.
