@@ -1,6 +1,6 @@
 //! Admin operations on a limiter: what a check would decide, giving back, forgetting.
 
-use super::Limiter;
+use super::parts::Limiter;
 use crate::decision::{Decision, Origin};
 use crate::error::Error;
 use crate::store::{AdminStore, Operation};

@@ -11,7 +11,7 @@
 //!
 //! A check forgets the cached denial when the store admits (see `future.rs`).
 
-use super::Guard;
+use super::parts::Guard;
 use crate::decision::Decision;
 use crate::store::Operation;
 use crate::subject::Subject;

@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use pin_project_lite::pin_project;
 
 use super::lease::DecisionFuture;
-use super::Guard;
+use super::parts::Guard;
 use crate::decision::{Decision, Origin};
 use crate::error::Error;
 use crate::store::{PolicySet, StoreError};

@@ -20,60 +20,36 @@
 
 use std::sync::Arc;
 
-use crate::clock::Clock;
 use crate::error::Error;
 use crate::policy::Policy;
-use crate::store::{CheckNow, MemoryStore, PolicySet, Store};
+use crate::store::{CheckNow, PolicySet, Store};
 use crate::subject::Subject;
 
 mod admin;
 mod block_cache;
+mod build_error;
 mod builder;
 mod forget;
 mod future;
 mod kept;
 pub(crate) mod lease;
+mod parts;
+mod permit;
 mod slots;
 #[cfg(test)]
 mod tests;
 mod wait;
 
-pub use builder::{BuildError, LimiterBuilder};
+pub use build_error::BuildError;
+pub use builder::LimiterBuilder;
 pub use future::CheckFuture;
-pub(crate) use slots::run_off_path;
-pub use slots::Permit;
+pub(crate) use permit::run_off_path;
+pub use permit::Permit;
 
-use self::block_cache::BlockCache;
-use self::lease::{LeaseTable, Leased};
-use self::slots::SlotTable;
+use self::lease::Leased;
 use future::{After, CheckState, PendingLease};
+pub use parts::Limiter;
 pub(crate) use wait::{may_wait, wait_turn, Turn};
-
-/// A store and the policies one kind of request is checked against.
-///
-/// Built with at least one policy, so every check has something to decide. Wrap it in an
-/// `Arc` (the layer does) to share it.
-#[derive(Debug, Clone)]
-pub struct Limiter<S> {
-    /// Shared with the renewal of in-flight slots, which runs without the limiter.
-    store: Arc<S>,
-    set: PolicySet,
-    /// What runs around the store: block cache and fallback (none by default, so the
-    /// plain path costs nothing extra).
-    guard: Option<Arc<Guard>>,
-}
-
-/// The limiter's local helpers, shared by every pending check.
-#[derive(Debug)]
-struct Guard {
-    clock: Arc<dyn Clock>,
-    blocks: Option<BlockCache>,
-    fallback: Option<MemoryStore>,
-    /// This limiter's leases, when on.
-    leases: Option<Arc<LeaseTable>>,
-    /// The slots this instance holds, when the set has in-flight policies.
-    slots: Option<Arc<SlotTable>>,
-}
 
 impl<S: Store> Limiter<S> {
     /// A limiter on `store` with one policy and nothing around it: the shorthand for
@@ -154,57 +130,5 @@ impl<S: Store> Limiter<S> {
                 after: Some(after),
             },
         }
-    }
-}
-
-impl<S> Limiter<S> {
-    /// This limiter's leases, when on.
-    #[cfg(feature = "internals")]
-    pub(crate) fn lease_table(&self) -> Option<&LeaseTable> {
-        self.guard.as_ref()?.leases.as_deref()
-    }
-
-    /// The slots this instance holds, when the set has in-flight policies.
-    pub(crate) fn slot_table(&self) -> Option<&Arc<SlotTable>> {
-        self.guard.as_ref()?.slots.as_ref()
-    }
-
-    /// The memory fallback, when set.
-    pub(crate) fn fallback(&self) -> Option<&MemoryStore> {
-        self.guard.as_ref()?.fallback.as_ref()
-    }
-
-    /// The policies checked, in order.
-    pub fn policies(&self) -> &[Policy] {
-        self.set.policies()
-    }
-
-    /// The policies with their fingerprint, as stores see them.
-    pub(crate) fn policy_set(&self) -> &PolicySet {
-        &self.set
-    }
-
-    /// `cost` as the stores take it, or why no policy set could ever admit it.
-    #[inline]
-    pub(crate) fn valid_cost(&self, cost: u32) -> Result<u64, Error> {
-        let cost = u64::from(cost);
-        if cost == 0 {
-            return Err(Error::ZeroCost);
-        }
-        if cost > self.set.max_cost() {
-            let policy = self
-                .set
-                .policies()
-                .iter()
-                .find(|p| p.max_cost() < cost)
-                .map(|p| p.name().to_owned())
-                .unwrap_or_default();
-            return Err(Error::CostTooHigh {
-                cost,
-                max: self.set.max_cost(),
-                policy,
-            });
-        }
-        Ok(cost)
     }
 }

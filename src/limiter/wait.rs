@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::parts::Limiter;
 use crate::decision::Decision;
 use crate::error::Error;
-use crate::limiter::Limiter;
 use crate::store::Store;
 use crate::subject::Subject;
 use crate::telemetry::{self, WaitOutcome};

@@ -15,7 +15,7 @@ mod tests;
 
 use std::time::Duration;
 
-use crate::limiter::BuildError;
+use crate::limiter::build_error::BuildError;
 use crate::policy::{Algorithm, Policy};
 use crate::store::PolicySet;
 

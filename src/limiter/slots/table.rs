@@ -108,7 +108,7 @@ struct Counts {
 }
 
 /// Where a released slot was counted, so where it is given back.
-pub(super) enum Home {
+pub(in crate::limiter) enum Home {
     Store,
     Fallback,
 }
@@ -146,7 +146,7 @@ impl SlotTable {
     }
 
     /// Counts one more slot, and starts the renewal if it is not running.
-    pub(super) fn take(self: &Arc<Self>, subject: Subject, in_fallback: bool) {
+    pub(in crate::limiter) fn take(self: &Arc<Self>, subject: Subject, in_fallback: bool) {
         let start = {
             let mut held = self.lock();
             let counts = held.counts.entry(subject).or_default();
@@ -165,7 +165,7 @@ impl SlotTable {
     /// Counts one slot fewer: where it was taken if it is still counted there, else
     /// where the others are (slots of a subject are alike: any may be the one that
     /// ended). `None` when nothing of `subject` is held.
-    pub(super) fn give(&self, subject: &Subject, in_fallback: bool) -> Option<Home> {
+    pub(in crate::limiter) fn give(&self, subject: &Subject, in_fallback: bool) -> Option<Home> {
         let mut held = self.lock();
         let counts = held.counts.get_mut(subject)?;
         let home = if (in_fallback || counts.store == 0) && counts.fallback > 0 {
