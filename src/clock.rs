@@ -85,6 +85,37 @@ impl Clock for MonotonicClock {
     }
 }
 
+/// Milliseconds on this instance's own clock (a limiter's [`Clock`]): what it measures
+/// of its own, a subject's rate or idle time. A distinct type from [`StoreMs`], so the
+/// two clocks' times are never compared or subtracted by mistake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct LocalMs(pub(crate) u64);
+
+/// Milliseconds on the clock the store decides on, as this instance reads it: when a
+/// lease or a denial the store gave ends. It runs on its own (Redis `TIME` is not the
+/// local clock); see [`LocalMs`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct StoreMs(pub(crate) u64);
+
+impl LocalMs {
+    /// The milliseconds from `earlier` to this time (0 for a time before it).
+    pub(crate) fn since(self, earlier: Self) -> u64 {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+impl StoreMs {
+    /// The milliseconds from `earlier` to this time (0 for a time before it).
+    pub(crate) fn since(self, earlier: Self) -> u64 {
+        self.0.saturating_sub(earlier.0)
+    }
+
+    /// This time `ms` later.
+    pub(crate) fn after(self, ms: u64) -> Self {
+        Self(self.0.saturating_add(ms))
+    }
+}
+
 /// The system's wall clock, milliseconds since the Unix epoch.
 ///
 /// Use it for the Redis store's client-clock mode when several processes must share an

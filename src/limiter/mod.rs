@@ -20,6 +20,7 @@
 
 use std::sync::Arc;
 
+use crate::clock::LocalMs;
 use crate::error::Error;
 use crate::policy::Policy;
 use crate::store::{CheckNow, PolicySet, Store};
@@ -106,7 +107,7 @@ impl<S: Store> Limiter<S> {
         };
         if let Some(leases) = &guard.leases {
             let now = guard.clock.now_ms();
-            match leases.check(&subject, cost, now) {
+            match leases.check(&subject, cost, LocalMs(now)) {
                 // Served from a lease or a kept denial: nothing to do afterwards.
                 Leased::Decided(decision) => return CheckFuture::settled(Ok(decision)),
                 Leased::Pending(future) => {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::flight::{Answer, Asker, Waiter};
 use super::table::{give_back_of, DecisionFuture, Lease, LeaseTable, Local};
 use crate::algorithm::Grant;
+use crate::clock::StoreMs;
 use crate::decision::{Decision, Origin};
 use crate::error::StoreError;
 use crate::limiter::kept::KeptDenial;
@@ -25,11 +26,11 @@ impl LeaseTable {
         subject: &Subject,
         cost: u64,
         batch: u64,
-        sent: u64,
+        sent: StoreMs,
         result: Result<(Decision, Grant), StoreError>,
         asker: &Asker<Answer>,
     ) -> Result<Decision, StoreError> {
-        let now = self.store_clock.now_ms();
+        let now = self.store_now();
         let mut shard = self.shard(subject);
         let mut entry = shard.get_mut(subject);
         if let Some(entry) = entry.as_deref_mut() {
@@ -46,7 +47,7 @@ impl LeaseTable {
             drop(shard);
             let back = give_back_of(
                 grant.units,
-                grant.window_end_ms,
+                grant.window_end_ms.map(StoreMs),
                 grant.epoch,
                 self.plan.max_cost,
             );
@@ -74,7 +75,7 @@ impl LeaseTable {
             } else {
                 cost.saturating_add(batch)
             };
-            entry.denial = Some(KeptDenial::new(cost, &decision, sent, wait).up_to(up_to));
+            entry.denial = Some(KeptDenial::new(cost, &decision, sent.0, wait).up_to(up_to));
             return Ok(decision);
         }
         if grant.units == 0 {
@@ -85,7 +86,7 @@ impl LeaseTable {
         let life = grant.window_left_ms.map_or(self.plan.lifetime_ms, |left| {
             left.min(self.plan.lifetime_ms)
         });
-        let expires = sent.saturating_add(life);
+        let expires = sent.after(life);
         let mut stale = None;
         match &mut entry.lease {
             // Two leases of one generation at once: one, ending with the earlier. (A
@@ -94,7 +95,7 @@ impl LeaseTable {
             Some(lease) if now < lease.expires && lease.epoch == grant.epoch => {
                 lease.units += grant.units;
                 lease.expires = lease.expires.min(expires);
-                lease.window_end = lease.window_end.min(grant.window_end_ms);
+                lease.window_end = lease.window_end.min(grant.window_end_ms.map(StoreMs));
                 lease.decided_at = sent;
                 lease.decision = decision.clone();
             }
@@ -108,7 +109,7 @@ impl LeaseTable {
                     expires,
                     decided_at: sent,
                     decision: decision.clone(),
-                    window_end: grant.window_end_ms,
+                    window_end: grant.window_end_ms.map(StoreMs),
                     epoch: grant.epoch,
                 });
             }
@@ -138,7 +139,7 @@ impl LeaseTable {
         asker: Asker<Answer>,
     ) -> DecisionFuture {
         // Read before the call is made: the store decides no earlier.
-        let sent = self.store_clock.now_ms();
+        let sent = self.store_now();
         let call = self
             .source
             .check_leasing(subject.clone(), &self.set, cost, ask);
@@ -167,7 +168,7 @@ impl LeaseTable {
                 if let Some(Err(error)) = waiter.answer().await {
                     return Err(error);
                 }
-                let now = table.now_ms();
+                let now = table.local_now();
                 match table.try_local(&subject, cost, now) {
                     Local::Decided(decision) => return Ok(decision),
                     Local::Ask(ask, asker) => return table.ask(subject, cost, ask, asker).await,

@@ -7,19 +7,23 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::table::{lock, Entry, LeaseTable, Shard, SHARDS};
+use crate::clock::{LocalMs, StoreMs};
 use crate::store::{GiveBack, GiveBackFuture};
 use crate::subject::Subject;
 
 impl Entry {
     /// Holds nothing and waits for nothing, and was last asked for `idle_after` ms ago
     /// (`now` local, `at` on the store's clock).
-    fn is_idle(&self, now: u64, at: u64, idle_after: u64) -> bool {
+    fn is_idle(&self, now: LocalMs, at: StoreMs, idle_after: u64) -> bool {
         self.flight
             .as_ref()
             .is_none_or(|flight| !flight.in_flight())
             && self.lease.is_none()
-            && self.denial.as_ref().is_none_or(|denial| denial.is_over(at))
-            && now.saturating_sub(self.last_seen) >= idle_after
+            && self
+                .denial
+                .as_ref()
+                .is_none_or(|denial| denial.is_over(at.0))
+            && now.since(self.last_seen) >= idle_after
     }
 }
 
@@ -28,11 +32,11 @@ impl LeaseTable {
     /// quarter lifetime (a scan of the shard); whether there is room now. The sweep
     /// does the same in the background; this is for a table filled faster than it
     /// sweeps, so that a subject turning hot behind a crowd of cold ones still leases.
-    pub(super) fn make_room(&self, shard: &mut Shard, now: u64, at: u64) -> bool {
+    pub(super) fn make_room(&self, shard: &mut Shard, now: LocalMs, at: StoreMs) -> bool {
         let every = (self.plan.lifetime_ms / 4).max(1);
         if shard
             .pruned_at
-            .is_some_and(|at| now >= at && now - at < every)
+            .is_some_and(|pruned| now >= pruned && now.since(pruned) < every)
         {
             return false;
         }
@@ -65,8 +69,8 @@ impl LeaseTable {
 
     /// Gives back the units of every expired lease and forgets subjects idle for two
     /// lifetimes. Returns the give-back calls, for callers that wait for them.
-    pub(crate) fn sweep(&self, now: u64) -> Vec<GiveBackFuture> {
-        let at = self.store_clock.now_ms();
+    pub(crate) fn sweep(&self, now: LocalMs) -> Vec<GiveBackFuture> {
+        let at = self.store_now();
         let idle_after = self.plan.lifetime_ms.saturating_mul(2);
         let mut returns = Vec::new();
         for shard in self.shards.iter() {
@@ -85,7 +89,7 @@ impl LeaseTable {
                 if entry
                     .denial
                     .as_ref()
-                    .is_some_and(|denial| denial.is_over(at))
+                    .is_some_and(|denial| denial.is_over(at.0))
                 {
                     entry.denial = None;
                 }
@@ -114,7 +118,7 @@ impl LeaseTable {
                 let Some(table) = table.upgrade() else {
                     return;
                 };
-                let returns = table.sweep(table.now_ms());
+                let returns = table.sweep(table.local_now());
                 drop(table);
                 for call in returns {
                     if let Err(error) = call.await {
@@ -128,7 +132,7 @@ impl LeaseTable {
     /// [`LeaseTable::sweep`] now, waiting for its give-backs: how many calls it made.
     #[cfg(feature = "internals")]
     pub(crate) async fn sweep_now(&self) -> usize {
-        let calls = self.sweep(self.now_ms());
+        let calls = self.sweep(self.local_now());
         let made = calls.len();
         for call in calls {
             let _ = call.await;

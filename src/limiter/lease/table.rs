@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::flight::{self, Answer, Asker, Waiter};
 use super::plan::Plan;
-use crate::clock::{Clock, MonotonicClock};
+use crate::clock::{Clock, LocalMs, MonotonicClock, StoreMs};
 use crate::decision::{Decision, Origin};
 use crate::limiter::kept::KeptDenial;
 use crate::store::{GiveBack, GiveBackFuture, LeaseAsk, LeaseStore, PolicySet};
@@ -80,7 +80,7 @@ pub(super) const SHARDS: usize = 16;
 #[derive(Debug, Default)]
 pub(super) struct Shard {
     map: HashMap<Subject, Entry, foldhash::fast::RandomState>,
-    pub(super) pruned_at: Option<u64>,
+    pub(super) pruned_at: Option<LocalMs>,
 }
 
 impl Deref for Shard {
@@ -101,12 +101,12 @@ impl DerefMut for Shard {
 #[derive(Debug)]
 pub(super) struct Entry {
     /// Start of the current rate period (one lifetime long), local ms.
-    period_start: u64,
+    period_start: LocalMs,
     /// Units asked in the current period and in the one before it.
     this_period: u64,
     last_period: u64,
     /// When the subject was last asked for, local ms.
-    pub(super) last_seen: u64,
+    pub(super) last_seen: LocalMs,
     /// The leasing check in flight, if any: the subject's other requests wait for its
     /// answer here instead of asking too. Left behind by an asker that was dropped, it
     /// is closed, and counts as none.
@@ -123,14 +123,14 @@ pub(super) struct Lease {
     pub(super) units: u64,
     /// When the lease is spent no more, on the store's clock as this instance reads it
     /// (`LeaseTable::store_clock`).
-    pub(super) expires: u64,
+    pub(super) expires: StoreMs,
     /// When the call that took it was sent, on the same clock: the store decided no
     /// earlier.
-    pub(super) decided_at: u64,
+    pub(super) decided_at: StoreMs,
     /// The store's decision when the lease was taken (remaining after the lease).
     pub(super) decision: Decision,
     /// The end of the lease's window on the store's clock, for the give-back.
-    pub(super) window_end: Option<u64>,
+    pub(super) window_end: Option<StoreMs>,
     /// The store's lease generation the units were taken in
     /// ([`Grant::epoch`](crate::store::Grant::epoch)).
     pub(super) epoch: u64,
@@ -148,13 +148,13 @@ impl Lease {
 /// a refund takes): none without units or a window to give them back to.
 pub(super) fn give_back_of(
     units: u64,
-    window_end: Option<u64>,
+    window_end: Option<StoreMs>,
     epoch: u64,
     max_cost: u64,
 ) -> Option<GiveBack> {
     Some(GiveBack {
         units: units.min(max_cost),
-        before_ms: window_end.filter(|_| units > 0)?,
+        before_ms: window_end.filter(|_| units > 0)?.0,
         epoch,
     })
 }
@@ -205,7 +205,7 @@ impl LeaseTable {
     /// Units held in leases that have not expired.
     #[cfg(any(test, feature = "internals"))]
     pub(crate) fn held_units(&self) -> u64 {
-        let now = self.store_clock.now_ms();
+        let now = self.store_now();
         self.shards
             .iter()
             .map(|shard| {
@@ -219,14 +219,20 @@ impl LeaseTable {
             .sum()
     }
 
-    pub(crate) fn now_ms(&self) -> u64 {
-        self.clock.now_ms()
+    /// Now on the limiter's local clock: rates and idle times.
+    pub(crate) fn local_now(&self) -> LocalMs {
+        LocalMs(self.clock.now_ms())
+    }
+
+    /// Now on the store's clock, as this instance reads it: leases and kept denials.
+    pub(super) fn store_now(&self) -> StoreMs {
+        StoreMs(self.store_clock.now_ms())
     }
 
     /// A check of `cost` with leases at local time `now`: decided here, on its way
     /// from the store (a leasing check, or a wait for the one in flight), or to be
     /// checked as without leases.
-    pub(crate) fn check(self: &Arc<Self>, subject: &Subject, cost: u64, now: u64) -> Leased {
+    pub(crate) fn check(self: &Arc<Self>, subject: &Subject, cost: u64, now: LocalMs) -> Leased {
         match self.try_local(subject, cost, now) {
             Local::Decided(decision) => Leased::Decided(decision),
             Local::Ask(ask, asker) => Leased::Pending(self.ask(subject.clone(), cost, ask, asker)),
@@ -237,9 +243,9 @@ impl LeaseTable {
 
     /// Decides from what this instance holds, or says how to ask the store. Gives back
     /// an expired lease's units on the way.
-    pub(crate) fn try_local(self: &Arc<Self>, subject: &Subject, cost: u64, now: u64) -> Local {
+    pub(crate) fn try_local(self: &Arc<Self>, subject: &Subject, cost: u64, now: LocalMs) -> Local {
         let plan = self.plan;
-        let at = self.store_clock.now_ms();
+        let at = self.store_now();
         let mut shard = self.shard(subject);
         if !shard.contains_key(subject) {
             if shard.len().saturating_mul(SHARDS) >= plan.max_subjects
@@ -265,7 +271,7 @@ impl LeaseTable {
             return Local::Plain;
         };
         entry.last_seen = now;
-        let since = now.saturating_sub(entry.period_start);
+        let since = now.since(entry.period_start);
         if since >= plan.lifetime_ms {
             entry.last_period = if since >= plan.lifetime_ms.saturating_mul(2) {
                 0
@@ -278,10 +284,10 @@ impl LeaseTable {
         entry.this_period = entry.this_period.saturating_add(cost);
 
         if let Some(denial) = &entry.denial {
-            if let Some(decision) = denial.answer(cost, at, Origin::Lease) {
+            if let Some(decision) = denial.answer(cost, at.0, Origin::Lease) {
                 return Local::Decided(decision);
             }
-            if denial.is_over(at) {
+            if denial.is_over(at.0) {
                 entry.denial = None;
             }
         }
@@ -291,7 +297,7 @@ impl LeaseTable {
             if at < lease.expires {
                 if lease.units >= cost {
                     lease.units -= cost;
-                    let elapsed = at.saturating_sub(lease.decided_at);
+                    let elapsed = at.since(lease.decided_at);
                     let mut decision = lease.decision.clone();
                     let remaining = decision.remaining().saturating_add(lease.units);
                     let reset = decision.outcome().reset_after_ms.saturating_sub(elapsed);

@@ -4,7 +4,7 @@
 
 use super::table::Local;
 use super::*;
-use crate::clock::{Clock, FakeClock};
+use crate::clock::{Clock, FakeClock, LocalMs, StoreMs};
 use crate::decision::Origin;
 use crate::store::lease::LeaseFuture;
 use crate::store::{GiveBack, GiveBackFuture, LeaseAsk, LeaseStore, StoreError, StoreErrorKind};
@@ -67,11 +67,11 @@ async fn a_subject_asks_for_its_rate_and_spends_the_grant_here() {
     let subject = Subject::new("s");
     for _ in 0..4 {
         assert!(matches!(
-            table.try_local(&subject, 1, 1_000_000),
+            table.try_local(&subject, 1, LocalMs(1_000_000)),
             Local::Plain
         ));
     }
-    let Local::Ask(ask, asker) = table.try_local(&subject, 1, 1_000_000) else {
+    let Local::Ask(ask, asker) = table.try_local(&subject, 1, LocalMs(1_000_000)) else {
         panic!("the fifth unit in a lifetime asks for a lease");
     };
     assert_eq!(ask, LeaseAsk { want: 5, batch: 2 });
@@ -80,24 +80,24 @@ async fn a_subject_asks_for_its_rate_and_spends_the_grant_here() {
         .check_leasing(subject.clone(), &table.set, 1, ask)
         .await;
     let decision = table
-        .granted(&subject, 1, ask.batch, 1_000_000, answer, &asker)
+        .granted(&subject, 1, ask.batch, StoreMs(1_000_000), answer, &asker)
         .unwrap();
     // 1 for this request and 5 leased: 994 left in the store, 999 here.
     assert_eq!(decision.remaining(), 999);
     for left in (0..5).rev() {
-        let Local::Decided(decision) = table.try_local(&subject, 1, 1_000_010) else {
+        let Local::Decided(decision) = table.try_local(&subject, 1, LocalMs(1_000_010)) else {
             panic!("served from the lease");
         };
         assert_eq!(decision.origin(), Origin::Lease);
         assert_eq!(decision.remaining(), 994 + left);
     }
     // The lease is spent: the next unit asks again, for the rate seen (11 units).
-    let Local::Ask(ask, asker) = table.try_local(&subject, 1, 1_000_020) else {
+    let Local::Ask(ask, asker) = table.try_local(&subject, 1, LocalMs(1_000_020)) else {
         panic!("asks again");
     };
     assert_eq!(ask.want, 11);
     // Meanwhile the subject's other requests wait for that answer.
-    let Local::Wait(waiter) = table.try_local(&subject, 1, 1_000_020) else {
+    let Local::Wait(waiter) = table.try_local(&subject, 1, LocalMs(1_000_020)) else {
         panic!("waits for the leasing check in flight");
     };
     assert!(waiter.waits_for(&asker), "the one just asked");
@@ -112,11 +112,11 @@ fn subjects_past_the_bound_are_checked_without_leases() {
         Leases::new().max_subjects(32),
     );
     for i in 0..1_000 {
-        let _ = table.try_local(&Subject::new(format!("s{i}")), 1, 0);
+        let _ = table.try_local(&Subject::new(format!("s{i}")), 1, LocalMs(0));
     }
     assert!(table.len() <= 32, "{} tracked", table.len());
     // Idle subjects are swept after two lifetimes, which makes room again.
-    assert!(table.sweep(200).is_empty());
+    assert!(table.sweep(LocalMs(200)).is_empty());
     assert_eq!(table.len(), 0);
 }
 /// The cause of a failing store's errors, to tell the asker's own error apart from one
@@ -202,11 +202,14 @@ fn in_flight(
     let table = Arc::new(LeaseTable::new(plan, set, source, Arc::new(clock)));
     let subject = Subject::new("s");
     // From two units a lifetime: the second request asks.
-    assert!(matches!(table.check(&subject, 1, 0), Leased::Plain));
-    let Leased::Pending(asking) = table.check(&subject, 1, 0) else {
+    assert!(matches!(
+        table.check(&subject, 1, LocalMs(0)),
+        Leased::Plain
+    ));
+    let Leased::Pending(asking) = table.check(&subject, 1, LocalMs(0)) else {
         panic!("the second unit asks for a lease");
     };
-    let waiting = [(); 2].map(|()| match table.check(&subject, 1, 0) {
+    let waiting = [(); 2].map(|()| match table.check(&subject, 1, LocalMs(0)) {
         Leased::Pending(waiting) => waiting,
         _ => panic!("waits for the leasing check in flight"),
     });
