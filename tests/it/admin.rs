@@ -232,6 +232,10 @@ async fn reset_forgets_every_policy_of_the_subject_only() {
 async fn a_redis_reset_deletes_the_keys() {
     let server = RedisServer::start();
     let store = server.store();
+    // As the README starts a store: connected, its library loaded (a first call on a
+    // fresh server runs its script in full, within the 50 ms timeout, which a starved
+    // Redis can outlast).
+    store.connect().await.unwrap();
     let policies = every_algorithm(5).into_iter();
     let limiter = policies
         .fold(
@@ -304,6 +308,7 @@ async fn a_shadow_policy_keeps_the_enforced_key_and_state_format() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     let store = server.store();
+    store.connect().await.unwrap();
     let policy = Policy::fixed_window("trial", 5, Duration::from_secs(3_600)).unwrap();
     let shadow = Limiter::new(store.clone(), policy.clone().shadow());
     shadow.check("s", 2).await.unwrap();
