@@ -37,6 +37,15 @@ local function read_policies(args, a0, n)
       holder = string.sub(code, #ALG_IN_FLIGHT + 1)
       code = ALG_IN_FLIGHT
       decide = DECIDE[code]
+    elseif not decide and code and string.sub(code, -#UNIT_REQUESTS) == UNIT_REQUESTS then
+      -- A rate policy counting requests (its code, then UNIT_REQUESTS): one unit a
+      -- request, whatever its cost.
+      local base = string.sub(code, 1, #code - #UNIT_REQUESTS)
+      if base ~= ALG_IN_FLIGHT and DECIDE[base] then
+        code, decide = base, DECIDE[base]
+        set.per_request = set.per_request or {}
+        set.per_request[i] = true
+      end
     end
     local limit, window = tonumber(args[at + POLICY_LIMIT]), tonumber(args[at + POLICY_N])
     if not (decide and limit and window) then
@@ -69,7 +78,7 @@ end
 -- batch's checks read the states the batch has written so far, else what its
 -- one MGET read (a redis.call costs more than the read), else a GET.
 local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, raws, batch)
-  local all, n, holders = true, #set / SET_FIELDS, set.holders
+  local all, n, holders, per_request = true, #set / SET_FIELDS, set.holders, set.per_request
   -- A release or renewal carries its holder's count where the cost goes; it
   -- answers as a peek of 1.
   local held = cost
@@ -122,7 +131,10 @@ local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, 
       end
     else
       local asked = cost
-      if op == OP_REFUND and raw then
+      if per_request and per_request[i] then
+        -- One a request; refunds and charges of cost units leave it alone.
+        asked = 1
+      elseif op == OP_REFUND and raw then
         local given_back = REFUND[set[b + SET_CODE]](limit, window, now, cost, raw)
         if given_back then
           redis.call("SET", key, given_back, "KEEPTTL")

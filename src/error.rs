@@ -23,6 +23,14 @@ pub enum Error {
         /// The policy that could never admit it.
         policy: String,
     },
+    /// The limiter's policies count a named scope the check's subject does not carry
+    /// ([`Subject::within`](crate::Subject::within)): a setup mistake (the layer's
+    /// [`scope`](crate::RateLimitLayer::scope) extracts each), never a denial.
+    #[error("the limiter counts scope {0:?}, which the check's subject does not carry (Subject::within)")]
+    MissingScope(String),
+    /// A live limit names no policy of the limiter, or a limit it cannot take.
+    #[error("live limit: {0}")]
+    BadLimit(String),
     /// The store failed; this is never a denial.
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -94,7 +94,7 @@ pub use decision::{Decision, Origin, PolicyOutcome};
 pub use error::Error;
 pub use layer::middleware::RateLimitLayer;
 pub use limiter::{BuildError, CheckFuture, Limiter, LimiterBuilder, Permit};
-pub use policy::{Algorithm, Policy, PolicyError};
+pub use policy::{Algorithm, Policy, PolicyError, Scope, Unit};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use store::redis::RedisStore;

@@ -108,6 +108,9 @@ pub enum PolicyError {
     /// The refill amount of a token bucket is zero.
     #[error("policy {0:?}: the refill amount must be at least 1")]
     ZeroRefill(String),
+    /// A scope's name is empty, too long or has characters outside `[A-Za-z0-9_.-]`.
+    #[error("scope name {0:?} must be 1 to 64 characters of A-Z, a-z, 0-9, '_', '.' or '-'")]
+    BadScope(String),
     /// Numbers too large to compute exactly: limit x window over 2^53, a window or fill
     /// time over [`Policy::MAX_WINDOW`], a refill faster than a token per µs.
     #[error("policy {0:?}: {1}")]
@@ -115,6 +118,120 @@ pub enum PolicyError {
 }
 
 debug_as_display!(PolicyError);
+
+/// What a policy counts: the request's cost (the default), or requests, one each
+/// whatever they cost.
+///
+/// Requests per minute beside tokens per minute, in one limiter: the tokens policy
+/// counts the cost (`cost_fn`, reserved and settled), the requests policy one per
+/// request. A refund or a settlement gives back or charges cost units only: a request
+/// that ran stays counted.
+///
+/// ```
+/// use redlimit::{Policy, Unit};
+/// use std::time::Duration;
+///
+/// # fn main() -> Result<(), redlimit::PolicyError> {
+/// let rpm = Policy::fixed_window("rpm", 60, Duration::from_secs(60))?.counting(Unit::Requests);
+/// assert_eq!(rpm.unit(), Unit::Requests);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Unit {
+    /// The cost each check asks for (1 unless a cost is given).
+    #[default]
+    Cost,
+    /// One per request, whatever its cost.
+    Requests,
+}
+
+/// Whose counter a policy keeps: the subject a request is checked for (its key, the
+/// default), another subject of the same request by name (its org, team, tenant), or
+/// one counter shared by every request.
+///
+/// A limiter's policies may count different scopes; a check decides them all, all
+/// or nothing, in one store call ([`Subject::within`](crate::Subject::within) gives a
+/// check its named subjects; the layer's
+/// [`scope`](crate::RateLimitLayer::scope) extracts them).
+///
+/// ```
+/// use redlimit::{Policy, Scope};
+/// use std::time::Duration;
+///
+/// # fn main() -> Result<(), redlimit::PolicyError> {
+/// let minute = Duration::from_secs(60);
+/// let per_org = Policy::sliding_window("org", 1000, minute)?.per(Scope::named("org")?);
+/// let everyone = Policy::fixed_window("all", 100_000, minute)?.per(Scope::global());
+/// assert_eq!(per_org.scope().name(), Some("org"));
+/// assert!(everyone.scope().is_global());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Scope(ScopeKind);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+enum ScopeKind {
+    #[default]
+    Key,
+    Named(Arc<str>),
+    Global,
+}
+
+impl Scope {
+    /// The subject the request is checked for: the default.
+    pub fn key() -> Self {
+        Self(ScopeKind::Key)
+    }
+
+    /// Another subject of the request, by name (`"org"`): 1 to 64 characters of
+    /// `[A-Za-z0-9_.-]`.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::BadScope`] for any other name.
+    pub fn named(name: impl Into<String>) -> Result<Self, PolicyError> {
+        let name = name.into();
+        if is_plain_name(&name) {
+            Ok(Self(ScopeKind::Named(name.into())))
+        } else {
+            Err(PolicyError::BadScope(name))
+        }
+    }
+
+    /// One counter for every request.
+    pub fn global() -> Self {
+        Self(ScopeKind::Global)
+    }
+
+    /// The name of a named scope.
+    pub fn name(&self) -> Option<&str> {
+        match &self.0 {
+            ScopeKind::Named(name) => Some(name),
+            _ => None,
+        }
+    }
+
+    /// Whether this is the request's key (the default).
+    pub fn is_key(&self) -> bool {
+        self.0 == ScopeKind::Key
+    }
+
+    /// Whether every request shares this counter.
+    pub fn is_global(&self) -> bool {
+        self.0 == ScopeKind::Global
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            ScopeKind::Key => f.write_str("key"),
+            ScopeKind::Named(name) => f.write_str(name),
+            ScopeKind::Global => f.write_str("global"),
+        }
+    }
+}
 
 /// A rate-limit policy: algorithm, limit, window and a name for headers and keys. Cheap
 /// to clone; built only through the checked constructors, so exact in Rust and in Lua.
@@ -130,6 +247,10 @@ pub struct Policy {
     emission_us: u64,
     /// Decides, counts and shows in headers, but never denies.
     shadow: bool,
+    /// What it counts: the cost, or requests.
+    unit: Unit,
+    /// Whose counter it keeps.
+    scope: Scope,
     /// In-flight only: the instance whose slots this is, given by the limiter that
     /// checks the policy (0 until then). Not part of the fingerprint: every instance
     /// counts into the same state.
@@ -145,19 +266,21 @@ impl PartialEq for Policy {
             && self.window_ms == other.window_ms
             && self.emission_us == other.emission_us
             && self.shadow == other.shadow
+            && self.unit == other.unit
+            && self.scope == other.scope
     }
 }
 
-/// Hashes what keys the state (name, algorithm, numbers), not the shadow flag: a
-/// policy switched from shadow to enforced keeps its state, in memory as in Redis.
+/// Hashes what identifies the state ([`Policy::state_window`], name, algorithm, unit,
+/// scope), not the limit nor the shadow flag: a policy whose limit changes, or that
+/// is switched from shadow to enforced, keeps its state, in memory as in Redis.
 impl Hash for Policy {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        // Same fields, same order as a derived impl had: fingerprints do not change.
         self.name.hash(state);
         self.algorithm.hash(state);
-        self.limit.hash(state);
-        self.window_ms.hash(state);
-        self.emission_us.hash(state);
+        self.state_window().hash(state);
+        self.unit.hash(state);
+        self.scope.hash(state);
     }
 }
 
@@ -169,6 +292,8 @@ impl fmt::Debug for Policy {
             .field("limit", &self.limit)
             .field("window_ms", &self.window_ms)
             .field("shadow", &self.shadow)
+            .field("unit", &self.unit)
+            .field("scope", &self.scope)
             .finish_non_exhaustive()
     }
 }
@@ -289,6 +414,8 @@ impl Policy {
             window_ms: tolerance_us.div_ceil(1_000),
             emission_us,
             shadow: false,
+            unit: Unit::Cost,
+            scope: Scope::key(),
             holder: 0,
         })
     }
@@ -329,6 +456,8 @@ impl Policy {
             window_ms,
             emission_us: 0,
             shadow: false,
+            unit: Unit::Cost,
+            scope: Scope::key(),
             holder: 0,
         })
     }
@@ -363,21 +492,84 @@ impl Policy {
         self.emission_us
     }
 
-    /// The largest cost this policy can ever admit in one request (any, in flight).
+    /// The largest cost this policy can ever admit in one request (any, when it
+    /// counts requests or requests in flight).
     pub fn max_cost(&self) -> u64 {
+        if self.counts_requests() {
+            return u64::MAX;
+        }
+        self.limit
+    }
+
+    /// The units a request of `cost` takes: its cost, or one of a policy that counts
+    /// requests (one slot of an in-flight policy), whatever they cost.
+    pub(crate) fn units_taken(&self, cost: u64) -> u64 {
+        if self.counts_requests() {
+            return 1;
+        }
+        cost
+    }
+
+    /// Whether a request takes one unit whatever it costs: an in-flight policy, or one
+    /// [`counting`](Policy::counting) [`Unit::Requests`]. Refunds and charges of cost
+    /// units leave such a policy alone.
+    pub(crate) fn counts_requests(&self) -> bool {
+        self.unit == Unit::Requests || self.algorithm == Algorithm::InFlight
+    }
+
+    /// The number besides the algorithm that gives a stored state its meaning: the
+    /// window in ms, or a token bucket's emission interval in µs (its capacity, the
+    /// limit, may change under the same state).
+    pub(crate) fn state_window(&self) -> u64 {
         match self.algorithm {
-            Algorithm::InFlight => u64::MAX,
-            _ => self.limit,
+            Algorithm::TokenBucket => self.emission_us,
+            _ => self.window_ms,
         }
     }
 
-    /// The units a request of `cost` takes: its cost, or one slot of an in-flight
-    /// policy, which counts requests whatever they cost.
-    pub(crate) fn units_taken(&self, cost: u64) -> u64 {
-        match self.algorithm {
-            Algorithm::InFlight => 1,
-            _ => cost,
-        }
+    /// This policy counting `unit` ([`Unit::Cost`] by default).
+    pub fn counting(mut self, unit: Unit) -> Self {
+        self.unit = unit;
+        self
+    }
+
+    /// What this policy counts.
+    pub fn unit(&self) -> Unit {
+        self.unit
+    }
+
+    /// This policy keeping a counter per `scope` ([`Scope::key`] by default).
+    pub fn per(mut self, scope: Scope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// Whose counter this policy keeps.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// This policy with another limit (a live override), everything else kept: the
+    /// same state, read under the new limit. `None` when the limit cannot be computed
+    /// exactly (see the constructors) or is 0.
+    pub(crate) fn with_limit(&self, limit: u64) -> Option<Self> {
+        let fits = limit >= 1
+            && match self.algorithm {
+                Algorithm::TokenBucket => limit
+                    .checked_mul(self.emission_us)
+                    .is_some_and(|t| t <= max_window_us()),
+                Algorithm::SlidingLog => limit <= u64::from(MAX_SLIDING_LOG_LIMIT),
+                _ => limit.checked_mul(self.window_ms).is_some_and(|p| p < MAX_EXACT),
+            }
+            && limit <= u64::from(u32::MAX);
+        fits.then(|| {
+            let mut policy = self.clone();
+            policy.limit = limit;
+            if self.algorithm == Algorithm::TokenBucket {
+                policy.window_ms = (limit * self.emission_us).div_ceil(1_000);
+            }
+            policy
+        })
     }
 
     /// Whether this policy counts requests running now ([`Policy::in_flight`]).
@@ -435,13 +627,17 @@ const fn max_window_us() -> u64 {
     MAX_WINDOW.as_secs() * 1_000_000
 }
 
-fn checked_name(name: String) -> Result<String, PolicyError> {
-    let ok = !name.is_empty()
+/// 1 to [`MAX_NAME_LEN`] characters of `[A-Za-z0-9_.-]`: policy and scope names.
+fn is_plain_name(name: &str) -> bool {
+    !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-    if ok {
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+fn checked_name(name: String) -> Result<String, PolicyError> {
+    if is_plain_name(&name) {
         Ok(name)
     } else {
         Err(PolicyError::BadName(name))

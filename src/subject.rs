@@ -28,6 +28,11 @@ pub(crate) const MAX_RAW_LEN: usize = 128;
 const RAW: u8 = b'r';
 const HASHED: u8 = b'h';
 const SECRET: u8 = b's';
+/// A subject with named scopes beside its key ([`Subject::within`]): the key's bytes,
+/// then each scope's name and bytes, by name, every part after its length (u16).
+const SCOPED: u8 = b'm';
+/// The one subject of [`Scope::global`](crate::Scope::global) counters.
+pub(crate) const GLOBAL: &[u8] = b"g";
 /// Context string of the unkeyed hash used for overlong subjects.
 const LONG_CONTEXT: &str = "redlimit 2026 long subject";
 
@@ -97,6 +102,106 @@ impl Subject {
         Self::new(joined)
     }
 
+    /// This subject with `scope`'s subject beside it, for the policies
+    /// [`per`](crate::Policy::per) [`Scope::named`](crate::Scope::named)`(scope)`: one
+    /// check decides the key's counters and the scope's (an org's, a team's) together.
+    /// A scope given again replaces the earlier one.
+    ///
+    /// The scopes do not change whose subject this is for the key's own counters: a
+    /// limiter whose policies name no scope counts `user` and `user` within any org
+    /// as one subject.
+    ///
+    /// ```
+    /// use redlimit::Subject;
+    ///
+    /// let user = Subject::new("user:7").within("org", &Subject::new("acme"));
+    /// assert_ne!(user, Subject::new("user:7"));
+    /// ```
+    pub fn within(&self, scope: &str, subject: &Subject) -> Subject {
+        let mut parts: SmallVec<[(&[u8], &[u8]); 2]> = self.scopes().collect();
+        parts.retain(|(name, _)| *name != scope.as_bytes());
+        parts.push((scope.as_bytes(), subject.key_part()));
+        parts.sort_unstable();
+        let key = self.key_part();
+        let mut bytes = SmallVec::with_capacity(
+            1 + 2 + key.len() + parts.iter().map(|(n, s)| 4 + n.len() + s.len()).sum::<usize>(),
+        );
+        bytes.push(SCOPED);
+        push_part(&mut bytes, key);
+        for (name, part) in parts {
+            push_part(&mut bytes, name);
+            push_part(&mut bytes, part);
+        }
+        Self { bytes }
+    }
+
+    /// The subject of the request's key (itself, when it has no scopes).
+    pub(crate) fn key_part(&self) -> &[u8] {
+        if self.bytes.first() != Some(&SCOPED) {
+            return &self.bytes;
+        }
+        split_part(&self.bytes[1..]).map_or(&[][..], |(key, _)| key)
+    }
+
+    /// Whether named scopes ride beside the key.
+    #[inline]
+    pub(crate) fn is_scoped(&self) -> bool {
+        self.bytes.first() == Some(&SCOPED)
+    }
+
+    /// The named scopes and their subjects' bytes, by name.
+    pub(crate) fn scopes(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
+        let mut rest = if self.is_scoped() {
+            split_part(&self.bytes[1..]).map_or(&[][..], |(_, rest)| rest)
+        } else {
+            &[][..]
+        };
+        std::iter::from_fn(move || {
+            let (name, after) = split_part(rest)?;
+            let (part, after) = split_part(after)?;
+            rest = after;
+            Some((name, part))
+        })
+    }
+
+    /// The subject bytes of the scope `name`, if given.
+    pub(crate) fn scope_part(&self, name: &str) -> Option<&[u8]> {
+        self.scopes()
+            .find(|(n, _)| *n == name.as_bytes())
+            .map(|(_, part)| part)
+    }
+
+    /// The subject whose stored bytes are `bytes` (what [`as_bytes`](Self::as_bytes)
+    /// gave).
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Self {
+        Self {
+            bytes: SmallVec::from_slice(bytes),
+        }
+    }
+
+    /// This subject with only the scopes `keep` names (none: the key's plain subject),
+    /// or the first of them it lacks.
+    pub(crate) fn narrowed<'n>(
+        &self,
+        keep: &'n [std::sync::Arc<str>],
+    ) -> Result<Subject, &'n str> {
+        if keep.is_empty() {
+            return Ok(Self {
+                bytes: SmallVec::from_slice(self.key_part()),
+            });
+        }
+        let mut out = Self {
+            bytes: SmallVec::from_slice(self.key_part()),
+        };
+        for name in keep {
+            let part = self.scope_part(name).ok_or(&**name)?;
+            out = out.within(name, &Self {
+                bytes: SmallVec::from_slice(part),
+            });
+        }
+        Ok(out)
+    }
+
     fn tagged(tag: u8, value: &[u8]) -> Self {
         let mut bytes = SmallVec::with_capacity(value.len() + 1);
         bytes.push(tag);
@@ -116,7 +221,26 @@ impl Subject {
     /// `{`, `}` or `%` ambiguity); hashes are `#` and hex (`#` is always escaped in raw
     /// values). The mapping is injective and never emits `{` or `}`.
     pub(crate) fn write_key_part(&self, out: &mut String) {
-        let (tag, value) = self.bytes.split_first().unwrap_or((&RAW, &[]));
+        if self.is_scoped() {
+            // Only a limiter's own keys are written from parts (scoped sets); shown
+            // whole in `Debug`: the key, then `+scope=subject` (`+` and `=` are
+            // escaped inside parts).
+            write_key_part_of(self.key_part(), out);
+            for (name, part) in self.scopes() {
+                out.push('+');
+                out.push_str(&String::from_utf8_lossy(name));
+                out.push('=');
+                write_key_part_of(part, out);
+            }
+            return;
+        }
+        write_key_part_of(&self.bytes, out);
+    }
+}
+
+/// Appends `bytes` (a plain subject's) as [`Subject::write_key_part`] shows them.
+pub(crate) fn write_key_part_of(bytes: &[u8], out: &mut String) {
+        let (tag, value) = bytes.split_first().unwrap_or((&RAW, &[]));
         match *tag {
             RAW => {
                 for &b in value {
@@ -127,14 +251,28 @@ impl Subject {
                     }
                 }
             }
+            b'g' if value.is_empty() => out.push('~'),
             other => {
                 out.push(if other == SECRET { '$' } else { '#' });
                 for b in value {
                     let _ = write!(out, "{b:02x}");
                 }
             }
-        }
     }
+}
+
+/// Appends `part` after its length.
+fn push_part(bytes: &mut SmallVec<[u8; 32]>, part: &[u8]) {
+    let len = u16::try_from(part.len()).unwrap_or(u16::MAX);
+    bytes.extend_from_slice(&len.to_le_bytes());
+    bytes.extend_from_slice(&part[..usize::from(len)]);
+}
+
+/// The part at the start of `bytes` and what follows it.
+fn split_part(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let len = usize::from(u16::from_le_bytes([*bytes.first()?, *bytes.get(1)?]));
+    let rest = &bytes[2..];
+    (rest.len() >= len).then(|| rest.split_at(len))
 }
 
 /// Derives the 32-byte key [`Subject::secret`] uses from a secret of any length.

@@ -53,6 +53,8 @@ pub mod traces;
 /// `cost` must be at least 1 and at most `policy.max_cost()`; the limiter checks that.
 #[inline]
 pub(crate) fn decide(policy: &Policy, state: Option<&State>, now_ms: u64, cost: u64) -> Step {
+    // A policy counting requests takes one whatever the cost.
+    let cost = policy.units_taken(cost);
     match policy.algorithm() {
         Algorithm::FixedWindow => fixed_window::decide(policy, state, now_ms, cost),
         Algorithm::SlidingWindow => sliding_window::decide(policy, state, now_ms, cost),
@@ -254,6 +256,10 @@ pub(crate) fn decide_leasing(
 ///
 /// "Now" is clamped as the check clamps it when the clock went back.
 pub(crate) fn refund(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> Option<State> {
+    // Cost units come back; a request that ran stays counted.
+    if policy.counts_requests() {
+        return None;
+    }
     match state? {
         State::FixedWindow { window, count } => {
             fixed_window::refund(policy, *window, *count, now, cost)
@@ -281,10 +287,7 @@ pub(crate) fn charge_units(policies: &[Policy], units: u64) -> u64 {
 /// a charge leaves alone: slots are held by requests, never charged.
 #[cfg(any(test, feature = "redis"))]
 fn max_charge(policy: &Policy) -> Option<u64> {
-    match policy.algorithm() {
-        Algorithm::InFlight => None,
-        _ => Some(MAX_DEBT * policy.limit()),
-    }
+    (!policy.counts_requests()).then(|| MAX_DEBT * policy.limit())
 }
 
 /// The state after consuming `cost` units (any number; at most the [`MAX_DEBT`] bound
@@ -309,6 +312,10 @@ pub(crate) fn charge(
     now: u64,
     cost: u64,
 ) -> Option<(State, u64)> {
+    // Cost units are charged; requests are counted by their checks alone.
+    if policy.counts_requests() {
+        return None;
+    }
     let (next, ttl) = match policy.algorithm() {
         Algorithm::FixedWindow => fixed_window::charge(policy, state, now, cost),
         Algorithm::SlidingWindow => sliding_window::charge(policy, state, now, cost),

@@ -247,6 +247,20 @@ pub(crate) fn rejected(head: &Parts, rejection: &KeyRejection, config: &Config) 
     answer(rejection.status(), config, body)
 }
 
+/// The answer to a check the limiter could not make as set up (its policies count a
+/// scope the layer gives no subject for): a 500 that names it, in every failure mode.
+pub(crate) fn misconfigured(head: &Parts, error: &Error, config: &Config) -> Answer {
+    let message = error.to_string();
+    if grpc::is_grpc(head) {
+        return grpc::trailers_only(head, grpc::INTERNAL, &message, None);
+    }
+    let body = match config.body_style {
+        BodyStyle::PlainText => message,
+        BodyStyle::ProblemJson => problem_json(StatusCode::INTERNAL_SERVER_ERROR, &message, None),
+    };
+    answer(StatusCode::INTERNAL_SERVER_ERROR, config, body)
+}
+
 fn answer(status: StatusCode, config: &Config, body: String) -> Answer {
     let content_type = match config.body_style {
         BodyStyle::PlainText => "text/plain; charset=utf-8",

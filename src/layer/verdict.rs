@@ -121,6 +121,12 @@ where
             let (head, _body) = request.into_parts();
             return Verdict::Answer(response::impossible_cost(&head, &error, config, policies));
         }
+        Err(error) => {
+            // A setup mistake, never the request's nor the store's: said on the log.
+            tracing::error!(%error, "redlimit: the request could not be checked");
+            let (head, _body) = request.into_parts();
+            return Verdict::Answer(response::misconfigured(&head, &error, config));
+        }
     };
     Verdict::Pass {
         request,

@@ -133,12 +133,14 @@ impl<S: AdminStore> Limiter<S> {
         subject: Subject,
         cost: u64,
     ) -> Result<Option<Decision>, Error> {
+        let (subject, live) = self.prepare(subject, 1)?;
+        let set = live.as_ref().unwrap_or(&self.set);
         let guard = self.guard.as_ref();
         match origin {
             Origin::FailOpen | Origin::BlockCache => Ok(None),
             Origin::Fallback => Ok(guard.and_then(|g| g.fallback.as_ref()).map(|fallback| {
                 fallback
-                    .run_op(op, subject, &self.set, cost)
+                    .run_op(op, subject, set, cost)
                     .with_origin(Origin::Fallback)
             })),
             Origin::Store | Origin::Lease => {
@@ -148,7 +150,7 @@ impl<S: AdminStore> Limiter<S> {
                 let after = guard
                     .filter(|g| g.forgets_after(op))
                     .map(|g| (g, subject.clone()));
-                match self.store.run(op, subject, &self.set, cost).await {
+                match self.store.run(op, subject, set, cost).await {
                     Ok(decision) => {
                         if let Some((guard, subject)) = after {
                             guard.forget_after(op, &subject, &decision);
@@ -171,7 +173,7 @@ impl<S: AdminStore> Limiter<S> {
     ///
     /// A store failure is an error even with a fallback: the store's state is unchanged.
     pub async fn reset(&self, subject: impl Into<Subject>) -> Result<(), Error> {
-        let subject = subject.into();
+        let (subject, _) = self.prepare(subject.into(), 1)?;
         if let Some(guard) = &self.guard {
             guard.forget_before(Operation::Reset, &subject);
             if let Some(fallback) = &guard.fallback {
@@ -188,25 +190,140 @@ impl<S: AdminStore> Limiter<S> {
             })
     }
 
+    /// Sets `policy`'s limit for `subject` (the subject of the policy's own scope: the
+    /// key's, an org's; ignored for a global policy) to `limit`, on every instance
+    /// that shares the store within the poll interval of
+    /// [`LimiterBuilder::live_limits`](crate::LimiterBuilder::live_limits), on this
+    /// one at once. The count is kept: a key that used 800 of 1000 and is raised to
+    /// 5000 has 4200 left. The limit is stored as the store keeps the subject (an API
+    /// key as its keyed hash), never raw.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadLimit`] when live limits are off, no policy has that name, or the
+    /// policy cannot take the limit (0, or past what its algorithm computes exactly:
+    /// see the constructors); [`Error::Store`] when the store does not answer (nothing
+    /// changed then).
+    pub async fn set_limit(
+        &self,
+        policy: &str,
+        subject: impl Into<Subject>,
+        limit: u64,
+    ) -> Result<(), Error> {
+        let (index, part) = self.live_limit_of(policy, &subject.into())?;
+        if self.set.policies()[index].with_limit(limit).is_none() {
+            return Err(Error::BadLimit(format!(
+                "policy {policy:?} cannot take a limit of {limit}"
+            )));
+        }
+        self.write_limit(index, &part, Some(limit)).await
+    }
+
+    /// Removes `policy`'s live limit for `subject`: its own limit applies again, on
+    /// every instance as [`set_limit`](Self::set_limit) says.
+    ///
+    /// # Errors
+    ///
+    /// As [`set_limit`](Self::set_limit)'s.
+    pub async fn remove_limit(&self, policy: &str, subject: impl Into<Subject>) -> Result<(), Error> {
+        let (index, part) = self.live_limit_of(policy, &subject.into())?;
+        self.write_limit(index, &part, None).await
+    }
+
+    /// The limit `policy` applies to `subject` now on this instance: its live limit,
+    /// else its own.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadLimit`] when no policy has that name.
+    pub fn limit_of(&self, policy: &str, subject: impl Into<Subject>) -> Result<u64, Error> {
+        let index = self.policy_index(policy)?;
+        let own = self.set.policies()[index].limit();
+        let Some(limits) = &self.limits else {
+            return Ok(own);
+        };
+        let part = self.scope_part(index, &subject.into());
+        Ok(limits.get(index, &part).unwrap_or(own))
+    }
+
+    /// Reads the store's live limits now if they changed (the polling does this every
+    /// interval): for a start that must apply them before its first request.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadLimit`] when live limits are off; [`Error::Store`] when the store
+    /// does not answer.
+    pub async fn refresh_limits(&self) -> Result<(), Error> {
+        let limits = self.limits.as_ref().ok_or_else(limits_off)?;
+        limits.refresh().await.map_err(Error::Store)
+    }
+
+    fn policy_index(&self, policy: &str) -> Result<usize, Error> {
+        self.set
+            .policies()
+            .iter()
+            .position(|p| p.name() == policy)
+            .ok_or_else(|| Error::BadLimit(format!("no policy is named {policy:?}")))
+    }
+
+    /// The bytes a live limit of policy `index` is kept under for `subject`.
+    fn scope_part(&self, index: usize, subject: &Subject) -> Vec<u8> {
+        let policy = &self.set.policies()[index];
+        if policy.scope().is_global() {
+            crate::subject::GLOBAL.to_vec()
+        } else {
+            subject.key_part().to_vec()
+        }
+    }
+
+    fn live_limit_of(&self, policy: &str, subject: &Subject) -> Result<(usize, Vec<u8>), Error> {
+        if self.limits.is_none() {
+            return Err(limits_off());
+        }
+        let index = self.policy_index(policy)?;
+        Ok((index, self.scope_part(index, subject)))
+    }
+
+    async fn write_limit(&self, index: usize, part: &[u8], limit: Option<u64>) -> Result<(), Error> {
+        let limits = self.limits.as_ref().ok_or_else(limits_off)?;
+        limits.write(index, part, limit).await.map_err(|error| {
+            crate::telemetry::store_failed(&error, false);
+            Error::Store(error)
+        })?;
+        // A denial this instance keeps was decided under the old limit.
+        if let Some(blocks) = self.guard.as_ref().and_then(|g| g.blocks.as_ref()) {
+            if self.set.policies()[index].scope().is_key() && !self.set.is_scoped() {
+                blocks.forget(&Subject::from_bytes(part));
+            }
+        }
+        Ok(())
+    }
+
     async fn admin(&self, op: Operation, subject: Subject, cost: u64) -> Result<Decision, Error> {
+        let (subject, live) = self.prepare(subject, cost)?;
+        let set = live.as_ref().unwrap_or(&self.set);
         if let Some(guard) = &self.guard {
             guard.forget_before(op, &subject);
         }
         let fallback = self.guard.as_ref().and_then(|g| g.fallback.as_ref());
         let key = fallback.map(|_| subject.clone());
-        match self.store.run(op, subject, &self.set, cost).await {
+        match self.store.run(op, subject, set, cost).await {
             Ok(decision) => Ok(decision),
             Err(error) => {
                 crate::telemetry::store_failed(&error, fallback.is_some());
                 match (fallback, key) {
                     (Some(fallback), Some(subject)) => Ok(fallback
-                        .run_op(op, subject, &self.set, cost)
+                        .run_op(op, subject, set, cost)
                         .with_origin(Origin::Fallback)),
                     _ => Err(Error::Store(error)),
                 }
             }
         }
     }
+}
+
+fn limits_off() -> Error {
+    Error::BadLimit("live limits are off (LimiterBuilder::live_limits)".to_owned())
 }
 
 #[cfg(test)]

@@ -27,6 +27,15 @@ pub enum BuildError {
     /// ([`LimiterBuilder::leases`](crate::LimiterBuilder::leases) on a set with an in-flight policy).
     #[error("policy {0:?} counts requests in flight, which never lease: a slot belongs to the request that holds it")]
     LeaseInFlight(String),
+    /// Leases are units of the key's cost taken ahead: a policy of another subject
+    /// (an org's, a global one) or one counting requests has none to lease yet
+    /// ([`LimiterBuilder::leases`](crate::LimiterBuilder::leases) on a set with one).
+    #[error("policy {0:?} counts another subject than the key, or requests: leases take the key's cost units ahead, so a limiter with it does not lease")]
+    LeaseScoped(String),
+    /// An instance's slots are counted per subject it holds them for; a policy of
+    /// requests in flight counts the request's key only.
+    #[error("policy {0:?} counts requests in flight for another subject than the key: in-flight policies count the request's key")]
+    ScopedInFlight(String),
     /// A lease that lives 0 ms would never be spent ([`Leases::lifetime`](crate::lease::Leases::lifetime)).
     #[error("a lease lifetime must be at least 1 ms")]
     LeaseZeroLifetime,

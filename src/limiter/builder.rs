@@ -11,6 +11,9 @@ use super::parts::{Guard, Limiter};
 use super::slots::{in_flight, SlotTable};
 use crate::clock::{Clock, MonotonicClock};
 use crate::policy::Policy;
+use super::limits::LiveLimits;
+use crate::policy::Unit;
+use crate::store::limits::LimitStore;
 use crate::store::{LeaseStore, MemoryStore, PolicySet, Store};
 
 /// The settings of a [`Limiter`] before it is built: from [`Limiter::builder`].
@@ -36,6 +39,7 @@ pub struct LimiterBuilder<S> {
     fallback: Option<MemoryStore>,
     clock: Option<Arc<dyn Clock>>,
     leases: Option<(Leases, Arc<dyn LeaseStore>)>,
+    live_limits: Option<(std::time::Duration, Arc<dyn LimitStore>)>,
 }
 
 impl<S: Store> LimiterBuilder<S> {
@@ -47,6 +51,7 @@ impl<S: Store> LimiterBuilder<S> {
             fallback: None,
             clock: None,
             leases: None,
+            live_limits: None,
         }
     }
 
@@ -114,6 +119,7 @@ impl<S: Store> LimiterBuilder<S> {
             fallback,
             clock,
             leases,
+            live_limits,
         } = self;
         if policies.is_empty() {
             return Err(BuildError::NoPolicy);
@@ -128,7 +134,23 @@ impl<S: Store> LimiterBuilder<S> {
                 return Err(BuildError::ShadowInFlight(shadow.name().to_owned()));
             }
         }
+        if let Some(p) = policies
+            .iter()
+            .find(|p| p.is_in_flight() && !p.scope().is_key())
+        {
+            return Err(BuildError::ScopedInFlight(p.name().to_owned()));
+        }
         let set = PolicySet::new(policies);
+        if leases.is_some() {
+            if let Some(p) = set
+                .policies()
+                .iter()
+                .find(|p| !p.scope().is_key() || p.unit() != Unit::Cost)
+            {
+                return Err(BuildError::LeaseScoped(p.name().to_owned()));
+            }
+        }
+        let live = live_limits.map(|(every, store)| LiveLimits::new(store, every, set.clone()));
         let (clock, leases) = match leases {
             Some((settings, lease_store)) => {
                 let plan = settings.resolve(&set)?;
@@ -138,7 +160,9 @@ impl<S: Store> LimiterBuilder<S> {
             }
             None => (clock, None),
         };
-        Ok(assemble(store, set, block_cache, fallback, clock, leases))
+        let mut limiter = assemble(store, set, block_cache, fallback, clock, leases);
+        limiter.limits = live;
+        Ok(limiter)
     }
 }
 
@@ -161,6 +185,7 @@ pub(super) fn assemble<S: Store>(
             store,
             set,
             guard: None,
+            limits: None,
         };
     }
     let clock = clock.unwrap_or_else(|| Arc::new(MonotonicClock::new()));
@@ -174,6 +199,7 @@ pub(super) fn assemble<S: Store>(
             leases,
             slots,
         })),
+        limits: None,
     }
 }
 
@@ -189,6 +215,23 @@ impl<S: Store + LeaseStore + Clone> LimiterBuilder<S> {
     pub fn leases(mut self, leases: Leases) -> Self {
         let store: Arc<dyn LeaseStore> = Arc::new(self.store.clone());
         self.leases = Some((leases, store));
+        self
+    }
+}
+
+impl<S: Store + LimitStore + Clone> LimiterBuilder<S> {
+    /// Live limits: a limit per policy and subject, set at runtime
+    /// ([`Limiter::set_limit`]) and kept in the store, so that every instance sharing
+    /// it applies the change within `every` (and a round trip) of it, and this one at
+    /// once. A changed limit keeps the count: the state reads the same under it.
+    ///
+    /// Each instance polls the store every `every` (one `HGET` in Redis; the whole
+    /// table, one `HGETALL`, only after a change) on the Tokio runtime the limiter is
+    /// built in; a check reads only this instance's copy. `Duration::ZERO` polls as
+    /// often as the store answers.
+    pub fn live_limits(mut self, every: std::time::Duration) -> Self {
+        let store: Arc<dyn LimitStore> = Arc::new(self.store.clone());
+        self.live_limits = Some((every.max(std::time::Duration::from_millis(1)), store));
         self
     }
 }

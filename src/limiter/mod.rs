@@ -34,6 +34,7 @@ mod forget;
 mod future;
 mod kept;
 pub(crate) mod lease;
+mod limits;
 mod parts;
 mod permit;
 mod slots;
@@ -81,13 +82,17 @@ impl<S: Store> Limiter<S> {
             Ok(cost) => cost,
             Err(error) => return CheckFuture::settled(Err(error)),
         };
-        let subject = subject.into();
+        let (subject, live) = match self.prepare(subject.into(), cost) {
+            Ok(prepared) => prepared,
+            Err(error) => return CheckFuture::settled(Err(error)),
+        };
+        let set = live.as_ref().unwrap_or(&self.set);
         let Some(guard) = &self.guard else {
-            return match self.store.check_now(subject, &self.set, cost) {
+            return match self.store.check_now(subject, set, cost) {
                 CheckNow::Decided(result) => CheckFuture::settled(result.map_err(Error::from)),
                 CheckNow::Later(subject) => CheckFuture {
                     state: CheckState::Store {
-                        future: self.store.check(subject, &self.set, cost),
+                        future: self.store.check(subject, set, cost),
                     },
                     after: None,
                 },
@@ -102,7 +107,7 @@ impl<S: Store> Limiter<S> {
         let after = || After {
             guard: Arc::clone(guard),
             subject: subject.clone(),
-            set: self.set.clone(),
+            set: set.clone(),
             cost,
         };
         if let Some(leases) = &guard.leases {
@@ -122,11 +127,11 @@ impl<S: Store> Limiter<S> {
             }
         }
         let after = after();
-        match self.store.check_now(subject, &self.set, cost) {
+        match self.store.check_now(subject, set, cost) {
             CheckNow::Decided(result) => CheckFuture::settled(after.finish(result)),
             CheckNow::Later(subject) => CheckFuture {
                 state: CheckState::Store {
-                    future: self.store.check(subject, &self.set, cost),
+                    future: self.store.check(subject, set, cost),
                 },
                 after: Some(after),
             },

@@ -5,11 +5,13 @@ use std::sync::Arc;
 
 use super::block_cache::BlockCache;
 use super::lease::LeaseTable;
+use super::limits::LiveLimits;
 use super::slots::SlotTable;
 use crate::clock::Clock;
 use crate::error::Error;
 use crate::policy::Policy;
 use crate::store::{MemoryStore, PolicySet};
+use crate::subject::Subject;
 
 /// A store and the policies one kind of request is checked against.
 ///
@@ -23,6 +25,8 @@ pub struct Limiter<S> {
     /// What runs around the store: block cache and fallback (none by default, so the
     /// plain path costs nothing extra).
     pub(super) guard: Option<Arc<Guard>>,
+    /// Live limits, when on ([`LimiterBuilder::live_limits`](super::LimiterBuilder::live_limits)).
+    pub(super) limits: Option<Arc<LiveLimits>>,
 }
 
 /// The limiter's local helpers, shared by every pending check.
@@ -67,24 +71,57 @@ impl<S> Limiter<S> {
     /// `cost` as the stores take it, or why no policy set could ever admit it.
     #[inline]
     pub(crate) fn valid_cost(&self, cost: u32) -> Result<u64, Error> {
-        let cost = u64::from(cost);
-        if cost == 0 {
-            return Err(Error::ZeroCost);
-        }
-        if cost > self.set.max_cost() {
-            let policy = self
-                .set
-                .policies()
-                .iter()
-                .find(|p| p.max_cost() < cost)
-                .map(|p| p.name().to_owned())
-                .unwrap_or_default();
-            return Err(Error::CostTooHigh {
-                cost,
-                max: self.set.max_cost(),
-                policy,
-            });
-        }
-        Ok(cost)
+        valid_cost_in(&self.set, cost)
     }
+
+    /// What a call for `subject` of `cost` runs against: the subject narrowed to the
+    /// scopes the policies count (a limiter whose policies name no scope counts the
+    /// key alone, whatever rides beside it), and, when live limits are on and the
+    /// subject has some, the policy set with them (`None`: the limiter's own). A live
+    /// limit below `cost` is [`Error::CostTooHigh`], as a policy's own would be.
+    #[inline]
+    pub(crate) fn prepare(
+        &self,
+        subject: Subject,
+        cost: u64,
+    ) -> Result<(Subject, Option<PolicySet>), Error> {
+        let subject = if subject.is_scoped() || self.set.is_scoped() {
+            subject
+                .narrowed(self.set.scopes())
+                .map_err(|scope| Error::MissingScope(scope.to_owned()))?
+        } else {
+            subject
+        };
+        let Some(limits) = &self.limits else {
+            return Ok((subject, None));
+        };
+        let set = limits.set_for(&self.set, &subject);
+        if let Some(set) = &set {
+            valid_cost_in(set, u32::try_from(cost).unwrap_or(u32::MAX))?;
+        }
+        Ok((subject, set))
+    }
+}
+
+/// `cost` as the stores take it under `set`, or why `set` could never admit it.
+#[inline]
+fn valid_cost_in(set: &PolicySet, cost: u32) -> Result<u64, Error> {
+    let cost = u64::from(cost);
+    if cost == 0 {
+        return Err(Error::ZeroCost);
+    }
+    if cost > set.max_cost() {
+        let policy = set
+            .policies()
+            .iter()
+            .find(|p| p.max_cost() < cost)
+            .map(|p| p.name().to_owned())
+            .unwrap_or_default();
+        return Err(Error::CostTooHigh {
+            cost,
+            max: set.max_cost(),
+            policy,
+        });
+    }
+    Ok(cost)
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::decision::Decision;
 use crate::error::StoreError;
-use crate::policy::Policy;
+use crate::policy::{Policy, Unit};
 use crate::subject::Subject;
 
 /// The policies one [`Limiter`](crate::Limiter) checks together, with a fingerprint
@@ -16,10 +16,13 @@ use crate::subject::Subject;
 /// State is only ever read by the policy set that wrote it: the memory store keys its
 /// entries by the fingerprint, and every Redis key of the set carries
 /// [`key_tag`](PolicySet::key_tag), the fingerprint in hex. A policy whose window,
-/// limit or algorithm changed under the same name, or a set that gained or lost a
-/// policy, therefore starts fresh counting instead of reading numbers it would
-/// misread (a rolling deploy costs at most one window of fresh counting). The shadow
-/// flag is not part of it: switching a policy between shadow and enforced keeps its
+/// algorithm, unit or scope changed under the same name, or a set that gained or lost
+/// a policy, therefore starts fresh counting instead of reading numbers it would
+/// misread (a rolling deploy costs at most one window of fresh counting). The limit
+/// is not part of it, nor the shadow flag: every algorithm's state means the same
+/// under another limit (a token bucket's identity is its emission interval), so a
+/// limit raised or lowered, by a deploy or live ([`crate::Limiter::set_limit`]),
+/// keeps the count, and switching a policy between shadow and enforced keeps its
 /// state.
 #[derive(Debug, Clone)]
 pub struct PolicySet {
@@ -27,6 +30,12 @@ pub struct PolicySet {
     fingerprint: u64,
     key_tag: Box<str>,
     max_cost: u64,
+    /// The named scopes the policies count, in the order first named: a check's
+    /// subject must carry each (empty: the set counts the key and global alone).
+    scopes: Arc<[Arc<str>]>,
+    /// Whether some policy counts another subject than the key (named or global):
+    /// the stores then keep a counter per scope and subject.
+    scoped: bool,
 }
 
 /// Hex digits of the fingerprint in Redis keys: 48 bits, so two sets of one
@@ -47,21 +56,84 @@ impl PolicySet {
             h.write(policy.name().as_bytes());
             h.write(&[0xff]);
             h.write(policy.algorithm().as_str().as_bytes());
-            for n in [
-                policy.limit(),
-                policy.window_ms(),
-                policy.emission_interval_us(),
-            ] {
-                h.write(&n.to_le_bytes());
+            h.write(&policy.state_window().to_le_bytes());
+            // What a policy counts, and whose: written only when not the default, so
+            // a set of defaults keeps one fingerprint whatever is added here later.
+            if policy.unit() != Unit::Cost {
+                h.write(b"\xfeunit=requests");
+            }
+            if !policy.scope().is_key() {
+                h.write(b"\xfescope=");
+                h.write(policy.scope().to_string().as_bytes());
+                h.write(&[0xff]);
             }
         }
         let fingerprint = h.finish();
-        let max_cost = policies.iter().map(Policy::max_cost).min().unwrap_or(0);
+        let mut scopes: Vec<Arc<str>> = Vec::new();
+        for name in policies.iter().filter_map(|p| p.scope().name()) {
+            if !scopes.iter().any(|s| &**s == name) {
+                scopes.push(name.into());
+            }
+        }
+        let scoped = policies.iter().any(|p| !p.scope().is_key());
         Self {
+            max_cost: max_cost(&policies),
             policies: policies.into(),
             fingerprint,
             key_tag: format!("{:012x}", fingerprint >> (64 - 4 * KEY_TAG_DIGITS)).into(),
-            max_cost,
+            scopes: scopes.into(),
+            scoped,
+        }
+    }
+
+    /// This set with some limits replaced (live overrides: `(policy index, limit)`),
+    /// keeping its fingerprint and key tag, so the same states are read under the new
+    /// limits. An index past the policies, or a limit a policy cannot compute exactly,
+    /// is skipped.
+    pub(crate) fn with_limits(&self, limits: &[(usize, u64)]) -> Self {
+        let mut policies = self.policies.to_vec();
+        for &(i, limit) in limits {
+            if let Some(changed) = policies.get(i).and_then(|p| p.with_limit(limit)) {
+                policies[i] = changed;
+            }
+        }
+        Self {
+            max_cost: max_cost(&policies),
+            policies: policies.into(),
+            fingerprint: self.fingerprint,
+            key_tag: self.key_tag.clone(),
+            scopes: Arc::clone(&self.scopes),
+            scoped: self.scoped,
+        }
+    }
+
+    /// The named scopes a check's subject must carry, in the order first named.
+    pub fn scopes(&self) -> &[Arc<str>] {
+        &self.scopes
+    }
+
+    /// Whether some policy counts another subject than the request's key.
+    #[inline]
+    pub fn is_scoped(&self) -> bool {
+        self.scoped
+    }
+
+    /// The scope whose subject gives a scoped set's Redis keys their hash tag, so a
+    /// check's keys share one cluster slot: the last named scope (policies are added
+    /// from the narrowest subject to the broadest: key, team, org), else the key.
+    pub fn tag_scope(&self) -> Option<&str> {
+        self.scopes.last().map(|s| &**s)
+    }
+
+    /// The subject bytes of `policy`'s counter in a check of `subject` (narrowed to
+    /// this set's scopes: each is there).
+    pub(crate) fn part_of<'s>(&self, policy: &Policy, subject: &'s Subject) -> &'s [u8] {
+        if policy.scope().is_global() {
+            return crate::subject::GLOBAL;
+        }
+        match policy.scope().name() {
+            Some(name) => subject.scope_part(name).unwrap_or(&[]),
+            None => subject.key_part(),
         }
     }
 
@@ -84,6 +156,12 @@ impl PolicySet {
     pub fn max_cost(&self) -> u64 {
         self.max_cost
     }
+}
+
+/// The largest cost every policy of `policies` could admit (0 when there are none);
+/// one counting requests takes any.
+fn max_cost(policies: &[Policy]) -> u64 {
+    policies.iter().map(Policy::max_cost).min().unwrap_or(0)
 }
 
 /// A holder id no other set in any process is likely to have: 64 bits from the

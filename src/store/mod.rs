@@ -13,6 +13,7 @@ pub use crate::error::{StoreError, StoreErrorKind};
 
 pub(crate) mod backend;
 pub(crate) mod lease;
+pub(crate) mod limits;
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;

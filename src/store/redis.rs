@@ -13,6 +13,7 @@ mod contract;
 #[cfg(feature = "internals")]
 mod hooks;
 mod keys;
+mod limits;
 mod link;
 mod ops;
 mod queue;

@@ -47,6 +47,8 @@ impl MemoryStore {
                 swept_in_background: AtomicBool::new(false),
                 sweeper: OnceLock::new(),
                 epochs: Mutex::default(),
+                scoped: Mutex::default(),
+                limits: Mutex::default(),
             }),
         }
     }

@@ -29,6 +29,9 @@ impl MemoryStore {
         let inner = &*self.inner;
         let now = inner.now_and_sweep();
         let policies = set.policies();
+        if set.is_scoped() {
+            return self.run_scoped(Operation::Check, &subject, set, now, cost);
+        }
         let mut shard = inner.map.lock(set.fingerprint(), subject.as_bytes());
         let entry = shard.find_or_insert(policies.len(), now);
         if let ([policy], [state]) = (&policies[..], entry.states.as_mut_slice()) {
@@ -57,58 +60,75 @@ impl MemoryStore {
         let inner = &*self.inner;
         let now = inner.now_and_sweep();
         let policies = set.policies();
+        if set.is_scoped() {
+            return self.run_scoped(op, &subject, set, now, cost);
+        }
         let mut shard = inner.map.lock(set.fingerprint(), subject.as_bytes());
         if op == Operation::Reset {
             shard.remove();
             lock_epochs(inner).forget(set.fingerprint(), subject.as_bytes());
         }
-        if let Some(change) = hold_of(op, cost) {
-            // A renewal writes its holder's entry back even after the state was lost.
-            let entry = match change {
-                Hold::Renew { .. } => Some(shard.find_or_insert(policies.len(), now)),
-                Hold::Release => shard.find(policies.len(), now),
-            };
-            let Some(entry) = entry else {
-                drop(shard);
-                let states: SmallVec<[Option<State>; 1]> =
-                    SmallVec::from_elem(None, policies.len());
-                return peek(policies, &states, now, 1);
-            };
-            let mut keep = None;
-            for (policy, state) in policies.iter().zip(entry.states.as_mut_slice()) {
-                keep = keep.max(algorithm::hold(policy, state, now, change));
+        // A charge creates the entry (its debt is state the checks after it see), a
+        // renewal too (it writes its holder's entry back even after the state was
+        // lost); the others act on the entry there is, or on none.
+        let entry = match op {
+            Operation::Charge | Operation::Renew => Some(shard.find_or_insert(policies.len(), now)),
+            _ => shard.find(policies.len(), now),
+        };
+        let Some(entry) = entry else {
+            drop(shard);
+            let mut states: SmallVec<[Option<State>; 1]> =
+                SmallVec::from_elem(None, policies.len());
+            return apply(op, policies, &mut states, now, cost).0;
+        };
+        let (decision, keep) = apply(op, policies, entry.states.as_mut_slice(), now, cost);
+        entry.keep(now, keep);
+        decision
+    }
+
+    /// Any operation of a scoped set: each scope's subject has an entry of its own (an
+    /// org's shared by its users, a global one by everyone), keyed by the set's
+    /// fingerprint and the scope. Under the store's scoped lock, the states are read
+    /// from every entry, the operation runs on them as on one entry's, and what it
+    /// wrote goes back: all or nothing, as one entry's.
+    fn run_scoped(
+        &self,
+        op: Operation,
+        subject: &Subject,
+        set: &PolicySet,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
+        let inner = &*self.inner;
+        let policies = set.policies();
+        let _one_at_a_time = inner.scoped.lock().unwrap_or_else(PoisonError::into_inner);
+        let groups = scope_groups(set, subject);
+        let mut states: SmallVec<[Option<State>; 4]> = SmallVec::from_elem(None, policies.len());
+        for group in &groups {
+            let mut shard = inner.map.lock(group.fingerprint, group.part);
+            if op == Operation::Reset {
+                shard.remove();
+            } else if let Some(entry) = shard.find(group.policies.len(), now) {
+                for (&i, state) in group.policies.iter().zip(entry.states.as_slice()) {
+                    states[i].clone_from(state);
+                }
+            }
+        }
+        let before = states.clone();
+        let (decision, keep) = apply(op, policies, &mut states, now, cost);
+        for group in &groups {
+            let changed = group.policies.iter().any(|&i| states[i] != before[i]);
+            if !changed {
+                continue;
+            }
+            let mut shard = inner.map.lock(group.fingerprint, group.part);
+            let entry = shard.find_or_insert(group.policies.len(), now);
+            for (&i, state) in group.policies.iter().zip(entry.states.as_mut_slice()) {
+                state.clone_from(&states[i]);
             }
             entry.keep(now, keep);
-            return peek(policies, entry.states.as_slice(), now, 1);
         }
-        if op == Operation::Charge {
-            // A charge creates the entry too: its debt is state the checks after it see.
-            let entry = shard.find_or_insert(policies.len(), now);
-            let mut keep = 1;
-            for (policy, state) in policies.iter().zip(entry.states.as_mut_slice()) {
-                if let Some((next, ttl)) = algorithm::charge(policy, state.as_ref(), now, cost) {
-                    *state = Some(next);
-                    keep = keep.max(ttl);
-                }
-            }
-            entry.keep(now, Some(keep));
-            return peek(policies, entry.states.as_slice(), now, 1);
-        }
-        // Only a check and a charge create an entry.
-        let Some(entry) = shard.find(policies.len(), now) else {
-            drop(shard);
-            let states: SmallVec<[Option<State>; 1]> = SmallVec::from_elem(None, policies.len());
-            return peek(policies, &states, now, cost);
-        };
-        if op == Operation::Refund {
-            for (policy, state) in policies.iter().zip(entry.states.as_mut_slice()) {
-                if let Some(next) = algorithm::refund(policy, state.as_ref(), now, cost) {
-                    *state = Some(next);
-                }
-            }
-        }
-        // A peek, or what a check would now make of the refunded state.
-        peek(policies, entry.states.as_slice(), now, cost)
+        decision
     }
 
     /// A leasing check on one entry, under its shard's lock (the model of the Redis
@@ -152,6 +172,85 @@ fn decide_many(entry: &mut Entry, policies: &Arc<[Policy]>, now: u64, cost: u64)
     let (outcomes, keep) = algorithm::decide_all(policies, entry.states.as_mut_slice(), now, cost);
     entry.keep(now, keep);
     Decision::from_outcomes(policies, outcomes, cost)
+}
+
+/// `op` on the states of one subject's policies (`None` where there is none), as one
+/// entry's: what it answers, and how long (ms from `now`) what it wrote must be kept.
+/// The one writing of every operation's rule, for an entry and for a scoped set's
+/// entries alike.
+fn apply(
+    op: Operation,
+    policies: &Arc<[Policy]>,
+    states: &mut [Option<State>],
+    now: u64,
+    cost: u64,
+) -> (Decision, Option<u64>) {
+    if let Some(change) = hold_of(op, cost) {
+        let mut keep = None;
+        for (policy, state) in policies.iter().zip(states.iter_mut()) {
+            keep = keep.max(algorithm::hold(policy, state, now, change));
+        }
+        return (peek(policies, states, now, 1), keep);
+    }
+    match op {
+        Operation::Check => {
+            let (outcomes, keep) = algorithm::decide_all(policies, states, now, cost);
+            (Decision::from_outcomes(policies, outcomes, cost), keep)
+        }
+        Operation::Charge => {
+            let mut keep = 1;
+            for (policy, state) in policies.iter().zip(states.iter_mut()) {
+                if let Some((next, ttl)) = algorithm::charge(policy, state.as_ref(), now, cost) {
+                    *state = Some(next);
+                    keep = keep.max(ttl);
+                }
+            }
+            (peek(policies, states, now, 1), Some(keep))
+        }
+        Operation::Refund => {
+            for (policy, state) in policies.iter().zip(states.iter_mut()) {
+                if let Some(next) = algorithm::refund(policy, state.as_ref(), now, cost) {
+                    *state = Some(next);
+                }
+            }
+            (peek(policies, states, now, cost), None)
+        }
+        // A peek, or a reset's answer on the fresh state its caller left.
+        _ => (peek(policies, states, now, cost), None),
+    }
+}
+
+/// The entries of a scoped set's check: one per scope, with its policies' indexes.
+struct ScopeGroup<'s> {
+    /// The set's fingerprint mixed with the scope: entries no other set reads.
+    fingerprint: u64,
+    /// The scope's subject.
+    part: &'s [u8],
+    policies: SmallVec<[usize; 2]>,
+}
+
+/// `set`'s policies grouped by the subject they count in a check of `subject`.
+fn scope_groups<'s>(set: &PolicySet, subject: &'s Subject) -> SmallVec<[ScopeGroup<'s>; 3]> {
+    let mut groups: SmallVec<[ScopeGroup<'s>; 3]> = SmallVec::new();
+    for (i, policy) in set.policies().iter().enumerate() {
+        let scope = policy.scope();
+        let fingerprint = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            set.fingerprint().hash(&mut h);
+            scope.hash(&mut h);
+            h.finish()
+        };
+        match groups.iter_mut().find(|g| g.fingerprint == fingerprint) {
+            Some(group) => group.policies.push(i),
+            None => groups.push(ScopeGroup {
+                fingerprint,
+                part: set.part_of(policy, subject),
+                policies: smallvec::smallvec![i],
+            }),
+        }
+    }
+    groups
 }
 
 /// What `op` does to in-flight entries, if it is a release or a renewal (of `cost`
@@ -225,5 +324,29 @@ impl LeaseStore for MemoryStore {
 
     fn lease_clock(&self) -> Option<Arc<dyn Clock>> {
         Some(Arc::clone(&self.inner.clock))
+    }
+}
+
+/// The memory store keeps live limits for the limiters of this process.
+impl crate::store::limits::LimitStore for MemoryStore {
+    fn limits_version(&self) -> crate::store::limits::LimitFuture<u64> {
+        let version = self.lock_limits().version();
+        Box::pin(ready(Ok(version)))
+    }
+
+    fn read_limits(&self) -> crate::store::limits::LimitFuture<crate::store::limits::LimitsAt> {
+        let limits = self.lock_limits().read();
+        Box::pin(ready(Ok(limits)))
+    }
+
+    fn write_limit(&self, field: String, limit: Option<u64>) -> crate::store::limits::LimitFuture<()> {
+        self.lock_limits().write(field, limit);
+        Box::pin(ready(Ok(())))
+    }
+}
+
+impl MemoryStore {
+    fn lock_limits(&self) -> MutexGuard<'_, crate::store::limits::StoredLimits> {
+        self.inner.limits.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -82,6 +82,13 @@ pub(super) struct Inner {
     /// ([`Grant::epoch`](crate::store::Grant::epoch)), apart from the states so that checks
     /// never pay for them.
     pub(super) epochs: Mutex<Epochs>,
+    /// Held through every operation of a scoped set (policies of several subjects):
+    /// its counters sit in entries of their own (an org's is shared by its users), so
+    /// one decision reads and writes several entries, all or nothing, one at a time.
+    pub(super) scoped: Mutex<()>,
+    /// Live limits kept in this store ([`crate::Limiter::set_limit`]): the
+    /// memory store's side of [`LimitStore`](crate::store::limits::LimitStore).
+    pub(super) limits: Mutex<crate::store::limits::StoredLimits>,
 }
 
 impl Inner {

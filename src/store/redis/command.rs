@@ -12,7 +12,7 @@ use super::contract::reply::{BatchReply, Checked, LeaseReply, Reply};
 use super::contract::*;
 use super::keys::{lease_key_of, push_policy_suffix};
 use super::script::{batch_script, Library, Shape, ShapeScript, Via};
-use crate::policy::{Algorithm, Policy};
+use crate::policy::{Algorithm, Policy, Unit};
 use crate::store::backend::Operation;
 use crate::store::lease::{GiveBack, LeaseAsk};
 
@@ -33,6 +33,9 @@ const _: () = assert!(BATCH_MODE == 1 && BATCH_SETS == 2);
 pub(crate) struct Call<S> {
     /// `prefix:{subject}:<set tag>:`, the part every key of the subject shares.
     pub(crate) key_base: String,
+    /// A scoped set's keys, one per policy in order (their subjects differ), in place
+    /// of `key_base` and the policies' suffixes.
+    pub(crate) own_keys: Option<Box<[String]>>,
     /// The client's time in ms, or `None` for Redis `TIME`.
     pub(crate) now_ms: Option<u64>,
     pub(crate) cost: u64,
@@ -126,6 +129,17 @@ pub(crate) trait Request: Send + Sync {
     fn command(&self, via: Via) -> Cmd;
 }
 
+/// A plain command (live limits: `HGET`, `HSET`...), the same whichever way the
+/// store's calls reach the Lua.
+pub(crate) struct Plain(pub(crate) Cmd);
+
+impl Request for Plain {
+    type Reply = deadpool_redis::redis::Value;
+    fn command(&self, _via: Via) -> Cmd {
+        self.0.clone()
+    }
+}
+
 /// The start of a command: the library's function, or the script by hash or source.
 fn start(via: Via, function: &str, script: impl FnOnce() -> &'static ShapeScript) -> Cmd {
     match via {
@@ -159,13 +173,7 @@ impl<S: CallShape> Request for Call<S> {
         });
         let lease_key = op.names_lease_key();
         cmd.arg(self.policies.len() + usize::from(lease_key));
-        let mut key = String::with_capacity(self.key_base.len() + 24);
-        for policy in self.policies.iter() {
-            key.clear();
-            key.push_str(&self.key_base);
-            push_policy_suffix(&mut key, policy);
-            cmd.arg(key.as_str());
-        }
+        push_keys(&mut cmd, self);
         if lease_key {
             cmd.arg(lease_key_of(&self.key_base));
         }
@@ -179,6 +187,23 @@ impl<S: CallShape> Request for Call<S> {
             cmd.arg(ms);
         }
         cmd
+    }
+}
+
+/// Appends the key of each policy of `call`, in order.
+fn push_keys<S>(cmd: &mut Cmd, call: &Call<S>) {
+    if let Some(keys) = &call.own_keys {
+        for key in keys.iter() {
+            cmd.arg(key.as_str());
+        }
+        return;
+    }
+    let mut key = String::with_capacity(call.key_base.len() + 24);
+    for policy in call.policies.iter() {
+        key.clear();
+        key.push_str(&call.key_base);
+        push_policy_suffix(&mut key, policy);
+        cmd.arg(key.as_str());
     }
 }
 
@@ -197,6 +222,9 @@ fn push_policy_args(cmd: &mut Cmd, policy: &Policy) {
         // The code carries whose slots these are, in 16 hex digits after it
         // (`if00000000000000ab`), read in read_policies.
         cmd.arg(format!("{}{:016x}", code(algorithm), policy.holder()));
+    } else if policy.unit() == Unit::Requests {
+        // One unit a request whatever its cost: the code, then UNIT_REQUESTS.
+        cmd.arg(format!("{}{UNIT_REQUESTS}", code(algorithm)));
     } else {
         cmd.arg(code(algorithm));
     }
@@ -229,24 +257,20 @@ impl Request for Batch {
         }
         let keys: usize = self.calls.iter().map(|c| c.policies.len()).sum();
         cmd.arg(keys);
-        let mut key = String::new();
         for call in &self.calls {
-            for policy in call.policies.iter() {
-                key.clear();
-                key.push_str(&call.key_base);
-                push_policy_suffix(&mut key, policy);
-                cmd.arg(key.as_str());
-            }
+            push_keys(&mut cmd, call);
         }
         // The batcher never mixes the two clocks in one batch.
         let client_clock = self.calls.iter().any(|c| c.now_ms.is_some());
         // Whether a subject comes twice: only then does the batch keep what it
         // writes for the checks after, and write each state once.
+        // A scoped check's keys meet other subjects' (an org's, everyone's): taken as
+        // a repeat.
         let mut subjects = std::collections::HashSet::with_capacity(self.calls.len());
         let repeats = !self
             .calls
             .iter()
-            .all(|c| subjects.insert(c.key_base.as_str()));
+            .all(|c| c.own_keys.is_none() && subjects.insert(c.key_base.as_str()));
         let mut mode = String::with_capacity(2);
         mode.push_str(if client_clock {
             BATCH_CLIENT_CLOCK

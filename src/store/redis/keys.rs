@@ -1,11 +1,20 @@
 //! The Redis key layout (see [Keys](super#keys)): `<prefix>:{<subject>}:<set tag>:`
 //! then `<policy name>:<algorithm code>` per policy, or `~lease` for the subject's
 //! lease generation.
+//!
+//! A scoped set (policies of several subjects) gives every key of a check one hash tag,
+//! so that they share a cluster slot: the subject of its [tag
+//! scope](PolicySet::tag_scope) (the org of a user-and-org check), else the key's.
+//! A policy of another subject names it after the set tag: `+=<key>:` for the key's,
+//! `+<scope>=<subject>:` for a named scope's (`+` is escaped inside subjects, and a
+//! scope name is never empty, so no two subjects' keys meet). Global counters are
+//! `<prefix>:{~}:<set tag>:<policy name>:<code>`: one key for everyone, in a slot of
+//! its own.
 
 use super::contract::code;
 use crate::policy::Policy;
 use crate::store::backend::PolicySet;
-use crate::subject::Subject;
+use crate::subject::{write_key_part_of, Subject, GLOBAL};
 
 /// The Redis key that holds `subject`'s state for `policy` of `set`, under `prefix`.
 #[cfg(any(test, feature = "internals"))]
@@ -50,4 +59,44 @@ pub(super) fn push_policy_suffix(key: &mut String, policy: &Policy) {
     key.push_str(policy.name());
     key.push(':');
     key.push_str(code(policy.algorithm()));
+}
+
+/// The key of each policy of a scoped set for a check of `subject` (narrowed to the
+/// set's scopes), in order.
+pub(super) fn scoped_keys(prefix: &str, subject: &Subject, set: &PolicySet) -> Box<[String]> {
+    let tag_part = match set.tag_scope() {
+        Some(name) => subject.scope_part(name).unwrap_or(&[]),
+        None => subject.key_part(),
+    };
+    set.policies()
+        .iter()
+        .map(|policy| {
+            let part = set.part_of(policy, subject);
+            let tag = if policy.scope().is_global() { GLOBAL } else { tag_part };
+            let mut key = String::with_capacity(prefix.len() + 64);
+            key.push_str(prefix);
+            key.push_str(":{");
+            let start = key.len();
+            write_key_part_of(tag, &mut key);
+            if key.len() == start {
+                key.push('%');
+            }
+            key.push_str("}:");
+            key.push_str(set.key_tag());
+            key.push(':');
+            let own = !policy.scope().is_global()
+                && policy.scope().name() != set.tag_scope();
+            if own {
+                key.push('+');
+                if let Some(name) = policy.scope().name() {
+                    key.push_str(name);
+                }
+                key.push('=');
+                write_key_part_of(part, &mut key);
+                key.push(':');
+            }
+            push_policy_suffix(&mut key, policy);
+            key
+        })
+        .collect()
 }

@@ -69,6 +69,9 @@ impl RedisStore {
     ) -> Call<S> {
         Call {
             key_base: keys::key_base(&self.settings.prefix, subject, set),
+            own_keys: set
+                .is_scoped()
+                .then(|| keys::scoped_keys(&self.settings.prefix, subject, set)),
             now_ms: self.settings.clock.as_ref().map(|c| c.now_ms()),
             cost,
             policies: Arc::clone(set.policies()),

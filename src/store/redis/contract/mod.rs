@@ -261,6 +261,10 @@ pub(super) const BATCH_UNIT_COSTS: &str = "1";
 /// A cost per check follows.
 pub(super) const BATCH_COSTS: &str = "n";
 
+/// After a rate policy's code: it counts requests, one a request whatever its cost
+/// (`fwr`); refunds and charges leave it alone.
+pub(super) const UNIT_REQUESTS: &str = "r";
+
 /// The two-letter code of an algorithm, in keys and in the Lua's arguments.
 pub(super) const fn code(algorithm: Algorithm) -> &'static str {
     match algorithm {
@@ -333,6 +337,7 @@ const PREAMBLE: &[(&str, Lua)] = &[
     ("ALG_TOKEN_BUCKET", Lua::Str(code(Algorithm::TokenBucket))),
     ("ALG_SLIDING_LOG", Lua::Str(code(Algorithm::SlidingLog))),
     ("ALG_IN_FLIGHT", Lua::Str(code(Algorithm::InFlight))),
+    ("UNIT_REQUESTS", Lua::Str(UNIT_REQUESTS)),
     (
         "IN_FLIGHT_RETRY_HINT",
         Lua::Int(crate::algorithm::in_flight::RETRY_HINT_MS),

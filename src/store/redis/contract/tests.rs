@@ -135,6 +135,7 @@ const NOW: u64 = 10_250;
 fn call<S>(base: &str, policies: &Arc<[Policy]>, cost: u64, shape: S) -> Call<S> {
     Call {
         key_base: base.to_owned(),
+        own_keys: None,
         now_ms: Some(NOW),
         cost,
         policies: Arc::clone(policies),
