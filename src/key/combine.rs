@@ -48,6 +48,31 @@ pub trait KeyExtractorExt: KeyExtractor + Sized {
         }
     }
 
+    /// This subject with `other`'s beside it as the subject of the named `scope`
+    /// ([`Subject::within`]): one check decides the key's policies and the
+    /// policies [`per`](crate::Policy::per) [`Scope::named`](crate::Scope::named)`(scope)`
+    /// (an org's, a team's) together, all or nothing. The first rejection if either
+    /// rejects. Chain it for more scopes (`.within("team", ..).within("org", ..)`).
+    ///
+    /// ```
+    /// use http::Request;
+    /// use redlimit::key::{Header, KeyExtractor, KeyExtractorExt, Secret};
+    ///
+    /// let secret = Secret::new("from your secret store")?;
+    /// let key = Header::new("x-api-key", &secret)?.within("org", Header::plain("x-org")?);
+    /// let request = Request::get("/").header("x-api-key", "k").header("x-org", "acme");
+    /// let (parts, ()) = request.body(()).unwrap().into_parts();
+    /// assert!(key.extract(&parts).is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn within<B: KeyExtractor>(self, scope: impl Into<String>, other: B) -> Within<Self, B> {
+        Within {
+            key: self,
+            scope: scope.into(),
+            other,
+        }
+    }
+
     /// Answers this extractor's rejections with `status` and `message` instead.
     fn reject_with(
         self,
@@ -187,5 +212,21 @@ mod tests {
         let key = fixed("a").or(Global).and(Route::new()).boxed();
         let same = Pair(fixed("a"), Route::new());
         assert_eq!(key.extract(&parts()), same.extract(&parts()));
+    }
+}
+
+/// A key with the subject of a named scope beside it (see [`KeyExtractorExt::within`]).
+#[derive(Debug, Clone)]
+pub struct Within<A, B> {
+    key: A,
+    scope: String,
+    other: B,
+}
+
+impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Within<A, B> {
+    fn extract(&self, parts: &Parts) -> Result<Subject, KeyRejection> {
+        let key = self.key.extract(parts)?;
+        let other = self.other.extract(parts)?;
+        Ok(key.within(&self.scope, &other))
     }
 }

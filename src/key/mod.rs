@@ -45,7 +45,7 @@ mod header;
 mod route;
 
 pub use client_ip::{ClientIp, ForwardedHeader};
-pub use combine::{KeyExtractorExt, Or, Pair, RejectWith};
+pub use combine::{KeyExtractorExt, Or, Pair, RejectWith, Within};
 pub use extension::Extension;
 pub use extractor::{KeyExtractor, KeyRejection};
 pub use from_fn::{from_fn, FromFn};

@@ -36,6 +36,11 @@ pub enum BuildError {
     /// requests in flight counts the request's key only.
     #[error("policy {0:?} counts requests in flight for another subject than the key: in-flight policies count the request's key")]
     ScopedInFlight(String),
+    /// On a Redis Cluster a check's keys share one slot (the key's or its org's); a
+    /// global counter has a slot of its own, so it is checked by a limiter of its own
+    /// there (in sequence with the others; see docs/hierarchies.md).
+    #[error("policy {0:?} is global, and on a Redis Cluster a global counter cannot be decided in one call with another subject's: give it a limiter of its own")]
+    ClusterGlobal(String),
     /// A lease that lives 0 ms would never be spent ([`Leases::lifetime`](crate::lease::Leases::lifetime)).
     #[error("a lease lifetime must be at least 1 ms")]
     LeaseZeroLifetime,

@@ -14,7 +14,7 @@ use crate::policy::Policy;
 use super::limits::LiveLimits;
 use crate::policy::Unit;
 use crate::store::limits::LimitStore;
-use crate::store::{LeaseStore, MemoryStore, PolicySet, Store};
+use crate::store::{LeaseStore, LiveLimitStore, MemoryStore, PolicySet, Store};
 
 /// The settings of a [`Limiter`] before it is built: from [`Limiter::builder`].
 ///
@@ -140,6 +140,12 @@ impl<S: Store> LimiterBuilder<S> {
         {
             return Err(BuildError::ScopedInFlight(p.name().to_owned()));
         }
+        let global = policies.iter().find(|p| p.scope().is_global());
+        if let Some(global) = global.filter(|_| store.is_cluster()) {
+            if policies.iter().any(|p| !p.scope().is_global()) {
+                return Err(BuildError::ClusterGlobal(global.name().to_owned()));
+            }
+        }
         let set = PolicySet::new(policies);
         if leases.is_some() {
             if let Some(p) = set
@@ -219,7 +225,7 @@ impl<S: Store + LeaseStore + Clone> LimiterBuilder<S> {
     }
 }
 
-impl<S: Store + LimitStore + Clone> LimiterBuilder<S> {
+impl<S: Store + LiveLimitStore + Clone> LimiterBuilder<S> {
     /// Live limits: a limit per policy and subject, set at runtime
     /// ([`Limiter::set_limit`]) and kept in the store, so that every instance sharing
     /// it applies the change within `every` (and a round trip) of it, and this one at

@@ -204,6 +204,12 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (set, cost);
         CheckNow::Later(subject)
     }
+
+    /// Whether one call's keys must share a slot (a Redis Cluster): a global counter
+    /// cannot then be decided beside another subject's.
+    fn is_cluster(&self) -> bool {
+        false
+    }
 }
 
 /// What [`Backend::check_now`] did.
@@ -224,6 +230,10 @@ impl<S: Backend> Backend for Arc<S> {
 
     fn check_now(&self, subject: Subject, set: &PolicySet, cost: u64) -> CheckNow {
         (**self).check_now(subject, set, cost)
+    }
+
+    fn is_cluster(&self) -> bool {
+        (**self).is_cluster()
     }
 }
 

@@ -35,4 +35,11 @@ pub trait Store: AdminStore {}
 
 impl<T: AdminStore> Store for T {}
 
+/// A store that keeps live limits for every instance that shares it
+/// ([`LimiterBuilder::live_limits`](crate::LimiterBuilder::live_limits)): both stores,
+/// and an `Arc` of either. Sealed, as [`Store`] is.
+pub trait LiveLimitStore: limits::LimitStore {}
+
+impl<T: limits::LimitStore> LiveLimitStore for T {}
+
 pub(crate) use self::lease::{GiveBack, GiveBackFuture, LeaseAsk, LeaseStore};

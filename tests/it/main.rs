@@ -21,6 +21,7 @@ mod failover;
 mod flood;
 mod gateway;
 mod grpc;
+mod hierarchies;
 mod in_flight;
 mod keys;
 mod layer;

@@ -109,6 +109,11 @@ impl Source {
         matches!(self, Self::Node(_) | Self::Direct(_))
     }
 
+    /// Whether keys live in slots on several nodes.
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(self, Self::Cluster(_) | Self::ClusterClient(_))
+    }
+
     /// The deployment's name, for logs and `Debug`.
     pub(super) fn kind(&self) -> &'static str {
         match self {

@@ -122,6 +122,10 @@ impl Backend for RedisStore {
         let (timeout, batching) = (settings.timeout, settings.batching);
         Box::pin(batch::check(link, call, timeout, batching))
     }
+
+    fn is_cluster(&self) -> bool {
+        self.link.is_cluster()
+    }
 }
 
 /// Every operation is one `FCALL` of the same library, the operation in its

@@ -295,6 +295,11 @@ impl Link {
         self.source.batches()
     }
 
+    /// Whether the store is a Redis Cluster ([`Source::is_cluster`]).
+    pub(in crate::store::redis) fn is_cluster(&self) -> bool {
+        self.source.is_cluster()
+    }
+
     fn answered(&self) {
         self.activity.heard_now();
         if let Some(failing) = self.failing.end() {
