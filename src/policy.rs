@@ -559,7 +559,9 @@ impl Policy {
                     .checked_mul(self.emission_us)
                     .is_some_and(|t| t <= max_window_us()),
                 Algorithm::SlidingLog => limit <= u64::from(MAX_SLIDING_LOG_LIMIT),
-                _ => limit.checked_mul(self.window_ms).is_some_and(|p| p < MAX_EXACT),
+                _ => limit
+                    .checked_mul(self.window_ms)
+                    .is_some_and(|p| p < MAX_EXACT),
             }
             && limit <= u64::from(u32::MAX);
         fits.then(|| {

@@ -124,7 +124,12 @@ impl Subject {
         parts.sort_unstable();
         let key = self.key_part();
         let mut bytes = SmallVec::with_capacity(
-            1 + 2 + key.len() + parts.iter().map(|(n, s)| 4 + n.len() + s.len()).sum::<usize>(),
+            1 + 2
+                + key.len()
+                + parts
+                    .iter()
+                    .map(|(n, s)| 4 + n.len() + s.len())
+                    .sum::<usize>(),
         );
         bytes.push(SCOPED);
         push_part(&mut bytes, key);
@@ -181,10 +186,7 @@ impl Subject {
 
     /// This subject with only the scopes `keep` names (none: the key's plain subject),
     /// or the first of them it lacks.
-    pub(crate) fn narrowed<'n>(
-        &self,
-        keep: &'n [std::sync::Arc<str>],
-    ) -> Result<Subject, &'n str> {
+    pub(crate) fn narrowed<'n>(&self, keep: &'n [std::sync::Arc<str>]) -> Result<Subject, &'n str> {
         if keep.is_empty() {
             return Ok(Self {
                 bytes: SmallVec::from_slice(self.key_part()),
@@ -195,9 +197,12 @@ impl Subject {
         };
         for name in keep {
             let part = self.scope_part(name).ok_or(&**name)?;
-            out = out.within(name, &Self {
-                bytes: SmallVec::from_slice(part),
-            });
+            out = out.within(
+                name,
+                &Self {
+                    bytes: SmallVec::from_slice(part),
+                },
+            );
         }
         Ok(out)
     }
@@ -240,24 +245,24 @@ impl Subject {
 
 /// Appends `bytes` (a plain subject's) as [`Subject::write_key_part`] shows them.
 pub(crate) fn write_key_part_of(bytes: &[u8], out: &mut String) {
-        let (tag, value) = bytes.split_first().unwrap_or((&RAW, &[]));
-        match *tag {
-            RAW => {
-                for &b in value {
-                    if b.is_ascii_alphanumeric() || b"._=:/@-".contains(&b) {
-                        out.push(char::from(b));
-                    } else {
-                        let _ = write!(out, "%{b:02X}");
-                    }
+    let (tag, value) = bytes.split_first().unwrap_or((&RAW, &[]));
+    match *tag {
+        RAW => {
+            for &b in value {
+                if b.is_ascii_alphanumeric() || b"._=:/@-".contains(&b) {
+                    out.push(char::from(b));
+                } else {
+                    let _ = write!(out, "%{b:02X}");
                 }
             }
-            b'g' if value.is_empty() => out.push('~'),
-            other => {
-                out.push(if other == SECRET { '$' } else { '#' });
-                for b in value {
-                    let _ = write!(out, "{b:02x}");
-                }
+        }
+        b'g' if value.is_empty() => out.push('~'),
+        other => {
+            out.push(if other == SECRET { '$' } else { '#' });
+            for b in value {
+                let _ = write!(out, "{b:02x}");
             }
+        }
     }
 }
 

@@ -98,13 +98,12 @@ impl Header {
     }
 }
 
-impl KeyExtractor for Header {
-    fn extract(&self, parts: &Parts) -> Result<Subject, KeyRejection> {
-        let value = match parts.headers.get(&self.name) {
-            Some(value) if !value.is_empty() => value.as_bytes(),
-            _ => return Err(self.missing.clone()),
-        };
-        Ok(match &self.mode {
+impl Header {
+    /// The subject of a request whose header holds `value`: what an admin route names
+    /// a key by (`Limiter::set_limit`, `Limiter::reset`) without a request of its own.
+    pub fn subject_of(&self, value: impl AsRef<[u8]>) -> Subject {
+        let value = value.as_ref();
+        match &self.mode {
             Mode::Secret(key) => Subject::secret_with(key, value),
             Mode::Plain => SubjectBuf::default()
                 .push(b"header:")
@@ -112,7 +111,17 @@ impl KeyExtractor for Header {
                 .push(b"=")
                 .push(value)
                 .subject(),
-        })
+        }
+    }
+}
+
+impl KeyExtractor for Header {
+    fn extract(&self, parts: &Parts) -> Result<Subject, KeyRejection> {
+        let value = match parts.headers.get(&self.name) {
+            Some(value) if !value.is_empty() => value.as_bytes(),
+            _ => return Err(self.missing.clone()),
+        };
+        Ok(self.subject_of(value))
     }
 }
 

@@ -225,7 +225,11 @@ impl<S: AdminStore> Limiter<S> {
     /// # Errors
     ///
     /// As [`set_limit`](Self::set_limit)'s.
-    pub async fn remove_limit(&self, policy: &str, subject: impl Into<Subject>) -> Result<(), Error> {
+    pub async fn remove_limit(
+        &self,
+        policy: &str,
+        subject: impl Into<Subject>,
+    ) -> Result<(), Error> {
         let (index, part) = self.live_limit_of(policy, &subject.into())?;
         self.write_limit(index, &part, None).await
     }
@@ -284,7 +288,12 @@ impl<S: AdminStore> Limiter<S> {
         Ok((index, self.scope_part(index, subject)))
     }
 
-    async fn write_limit(&self, index: usize, part: &[u8], limit: Option<u64>) -> Result<(), Error> {
+    async fn write_limit(
+        &self,
+        index: usize,
+        part: &[u8],
+        limit: Option<u64>,
+    ) -> Result<(), Error> {
         let limits = self.limits.as_ref().ok_or_else(limits_off)?;
         limits.write(index, part, limit).await.map_err(|error| {
             crate::telemetry::store_failed(&error, false);

@@ -120,9 +120,7 @@ impl LiveLimits {
             return Ok(());
         };
         let name = policy.name();
-        self.store
-            .write_limit(field(name, part), limit)
-            .await?;
+        self.store.write_limit(field(name, part), limit).await?;
         let mut table = self.table.write().unwrap_or_else(PoisonError::into_inner);
         if table.per_policy.len() != set.policies().len() {
             table.per_policy = vec![HashMap::new(); set.policies().len()];
@@ -144,7 +142,11 @@ impl LiveLimits {
     pub(crate) async fn refresh(&self) -> Result<(), crate::error::StoreError> {
         let set = &self.set;
         let version = self.store.limits_version().await?;
-        let known = self.table.read().unwrap_or_else(PoisonError::into_inner).version;
+        let known = self
+            .table
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .version;
         if known == Some(version) {
             return Ok(());
         }

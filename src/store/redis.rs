@@ -375,9 +375,11 @@ mod tests {
         };
         let base = key(vec![fw(5, second)]);
         assert_eq!(base, key(vec![fw(5, second).shadow()]), "shadow keeps it");
+        // A state means the same under another limit: the count is kept.
+        assert_eq!(base, key(vec![fw(6, second)]), "a limit keeps it");
         for other in [
             key(vec![fw(5, second * 3_600)]),
-            key(vec![fw(6, second)]),
+            key(vec![fw(5, second).counting(crate::policy::Unit::Requests)]),
             key(vec![Policy::sliding_window("api", 5, second).unwrap()]),
             key(vec![fw(5, second), fw(1, second * 60).shadow()]),
         ] {
@@ -388,7 +390,7 @@ mod tests {
         // instances already running compute.
         assert_eq!(
             PolicySet::new(vec![fw(5, second)]).key_tag(),
-            "a80f264e25e5"
+            "5445cba03c11"
         );
     }
 

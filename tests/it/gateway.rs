@@ -14,18 +14,42 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use redlimit::clock::FakeClock;
 use redlimit::key::Secret;
-use redlimit::store::Store;
-use redlimit::{MemoryStore, Policy};
+use redlimit::store::{LiveLimitStore, Store};
+use redlimit::MemoryStore;
 use tower::ServiceExt;
 
 use crate::support::RedisServer;
 
-fn gateway<S: Store>(store: S, tokens: u32, in_flight: u32) -> Router {
-    let policies = [
-        Policy::sliding_window("tokens", tokens, Duration::from_secs(60)).unwrap(),
-        Policy::in_flight("in_flight", in_flight, Duration::from_secs(10)).unwrap(),
-    ];
-    example::app(store, policies, &Secret::new("test").unwrap()).unwrap()
+/// The gateway's settings with every optional counter off.
+fn settings(tokens: u32, in_flight: u32) -> example::Settings {
+    example::Settings {
+        tokens,
+        in_flight,
+        slot_ttl: Duration::from_secs(10),
+        rpm: None,
+        org_tokens: None,
+        global_rpm: None,
+        monthly: None,
+        admin_token: None,
+        live_every: Duration::from_millis(250),
+    }
+}
+
+async fn gateway_with<S: Store + LiveLimitStore + Clone>(
+    store: S,
+    settings: &example::Settings,
+) -> Router {
+    example::app(store, settings, &Secret::new("test").unwrap())
+        .await
+        .unwrap()
+}
+
+async fn gateway<S: Store + LiveLimitStore + Clone>(
+    store: S,
+    tokens: u32,
+    in_flight: u32,
+) -> Router {
+    gateway_with(store, &settings(tokens, in_flight)).await
 }
 
 fn complete(key: &str, max: &str, uses: Option<&str>) -> Request<Body> {
@@ -148,7 +172,7 @@ async fn the_gateway_on_the_memory_store() {
     // A clock that stands still: a sliding window's figures stay exact however long
     // the test runs.
     let clock = FakeClock::new(1_700_000_000_000);
-    the_gateway_contract(&[gateway(MemoryStore::with_clock(clock), 1000, 3)]).await;
+    the_gateway_contract(&[gateway(MemoryStore::with_clock(clock), 1000, 3).await]).await;
 }
 
 #[tokio::test]
@@ -158,15 +182,14 @@ async fn the_gateway_as_two_instances_on_one_redis() {
     // A timeout no busy machine reaches: on the default 50 ms, a loaded machine's
     // first checks failed open (or timed out after running), and the contract's
     // figures were an outage's.
-    let apps: Vec<Router> = (0..2)
-        .map(|_| {
-            let store = server
-                .store()
-                .client_clock(clock.clone())
-                .timeout(Duration::from_secs(5));
-            gateway(store, 1000, 3)
-        })
-        .collect();
+    let mut apps: Vec<Router> = Vec::new();
+    for _ in 0..2 {
+        let store = server
+            .store()
+            .client_clock(clock.clone())
+            .timeout(Duration::from_secs(5));
+        apps.push(gateway(store, 1000, 3).await);
+    }
     the_gateway_contract(&apps).await;
 }
 
@@ -185,7 +208,7 @@ async fn the_gateway_answers_its_completions_with_redis_down_under_fail_open() {
         .store()
         .client_clock(clock)
         .timeout(Duration::from_secs(5));
-    let app = gateway(store, 1000, 3);
+    let app = gateway(store, 1000, 3).await;
     let done = send(&app, complete("a", "800", Some("100"))).await;
     assert_eq!(done.status(), StatusCode::OK);
     assert_eq!(text(done).await.lines().last(), Some("done: 100 tokens"));
@@ -209,4 +232,210 @@ async fn the_gateway_answers_its_completions_with_redis_down_under_fail_open() {
     let request = Request::get("/v1/usage").header("x-api-key", "a");
     let usage = send(&app, request.body(Body::empty()).unwrap()).await;
     assert_eq!(usage.status(), StatusCode::SERVICE_UNAVAILABLE);
+}
+
+fn of_org(mut request: Request<Body>, org: &str) -> Request<Body> {
+    request.headers_mut().insert("x-org", org.parse().unwrap());
+    request
+}
+
+async fn usage_of(app: &Router, request: http::request::Builder) -> String {
+    text(send(app, request.body(Body::empty()).unwrap()).await).await
+}
+
+/// Two gateways on one Redis, on one standing clock, with `settings`.
+async fn two_on_redis(server: &RedisServer, settings: &example::Settings) -> Vec<Router> {
+    let clock = FakeClock::new(1_700_000_000_000);
+    let mut apps = Vec::new();
+    for _ in 0..2 {
+        let store = server
+            .store()
+            .client_clock(clock.clone())
+            .timeout(Duration::from_secs(5));
+        apps.push(gateway_with(store, settings).await);
+    }
+    apps
+}
+
+/// `RPM=3`, `TOKENS=1000`: four completions of one key, each reserving and using 10,
+/// get 200 200 200 429; the refused one takes no tokens.
+async fn requests_beside_tokens(apps: &[Router]) {
+    let mut statuses = Vec::new();
+    for i in 0..4 {
+        let response = send(&apps[i % apps.len()], complete("k", "10", Some("10"))).await;
+        statuses.push(response.status().as_u16());
+        text(response).await;
+    }
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    let last = &apps[apps.len() - 1];
+    usage_settles(
+        last,
+        "k",
+        "tokens_remaining=970 in_flight=0 requests_remaining=0",
+    )
+    .await;
+}
+
+fn with_rpm() -> example::Settings {
+    example::Settings {
+        rpm: Some(3),
+        ..settings(1000, 4)
+    }
+}
+
+#[tokio::test]
+async fn requests_per_minute_beside_tokens_on_the_memory_store() {
+    let store = MemoryStore::with_clock(FakeClock::new(1_700_000_000_000));
+    requests_beside_tokens(&[gateway_with(store, &with_rpm()).await]).await;
+}
+
+#[tokio::test]
+async fn requests_per_minute_beside_tokens_on_two_instances_of_one_redis() {
+    let server = RedisServer::start();
+    requests_beside_tokens(&two_on_redis(&server, &with_rpm()).await).await;
+}
+
+/// `ORG_TOKENS=1000`: key A of org X uses 600; key B of X then reserves 600 and is
+/// refused, its own budget untouched and the org's at 400.
+#[tokio::test]
+async fn an_orgs_tokens_beside_its_keys_on_two_instances_of_one_redis() {
+    let server = RedisServer::start();
+    let settings = example::Settings {
+        org_tokens: Some(1000),
+        ..settings(1000, 4)
+    };
+    let apps = two_on_redis(&server, &settings).await;
+    let a = send(&apps[0], of_org(complete("a", "600", Some("600")), "x")).await;
+    assert_eq!(a.status(), StatusCode::OK);
+    text(a).await;
+    let b = send(&apps[1], of_org(complete("b", "600", None), "x")).await;
+    assert_eq!(b.status(), StatusCode::TOO_MANY_REQUESTS);
+    let why = text(b).await;
+    assert!(why.contains("org_tokens"), "{why}");
+    let usage_b = || {
+        Request::get("/v1/usage")
+            .header("x-api-key", "b")
+            .header("x-org", "x")
+    };
+    assert_eq!(
+        usage_of(&apps[0], usage_b()).await.trim(),
+        "tokens_remaining=1000 in_flight=0 org_tokens_remaining=400"
+    );
+    // Another org has its own tokens.
+    let c = send(&apps[1], of_org(complete("c", "1000", None), "y")).await;
+    assert_eq!(c.status(), StatusCode::OK);
+    // Without x-org: 400, on either route.
+    let no_org = send(&apps[0], complete("a", "10", None)).await;
+    assert_eq!(no_org.status(), StatusCode::BAD_REQUEST);
+    let no_org = send(
+        &apps[0],
+        Request::get("/v1/usage")
+            .header("x-api-key", "a")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(no_org.status(), StatusCode::BAD_REQUEST);
+}
+
+/// `GLOBAL_RPM=5` on two instances: five keys pass, a sixth is refused.
+#[tokio::test]
+async fn everyones_requests_on_two_instances_of_one_redis() {
+    let server = RedisServer::start();
+    let settings = example::Settings {
+        global_rpm: Some(5),
+        ..settings(1000, 4)
+    };
+    let apps = two_on_redis(&server, &settings).await;
+    for i in 0..5 {
+        let response = send(&apps[i % 2], complete(&format!("key-{i}"), "10", None)).await;
+        assert_eq!(response.status(), StatusCode::OK, "key-{i}");
+        text(response).await;
+    }
+    let sixth = send(&apps[1], complete("key-5", "10", None)).await;
+    assert_eq!(sixth.status(), StatusCode::TOO_MANY_REQUESTS);
+    text(sixth).await;
+    usage_settles(
+        &apps[0],
+        "key-5",
+        "tokens_remaining=1000 in_flight=0 global_requests_remaining=0",
+    )
+    .await;
+}
+
+/// A key that used 800 of 1000, raised to 5000 on one instance: the other shows 4200
+/// within 1 s. The admin route wants its token.
+#[tokio::test]
+async fn a_keys_budget_raised_live_on_one_instance_shows_on_the_other_within_a_second() {
+    let server = RedisServer::start();
+    let settings = example::Settings {
+        admin_token: Some("admin-secret".to_owned()),
+        ..settings(1000, 4)
+    };
+    let apps = two_on_redis(&server, &settings).await;
+    let used = send(&apps[0], complete("k", "800", Some("800"))).await;
+    assert_eq!(used.status(), StatusCode::OK);
+    text(used).await;
+    usage_settles(&apps[1], "k", "tokens_remaining=200 in_flight=0").await;
+
+    let limits = |method: &str, token: Option<&str>| {
+        let mut request = Request::builder()
+            .method(method)
+            .uri("/v1/limits/k?tokens=5000");
+        if let Some(token) = token {
+            request = request.header("x-admin-token", token);
+        }
+        request.body(Body::empty()).unwrap()
+    };
+    assert_eq!(
+        send(&apps[0], limits("PUT", None)).await.status(),
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        send(&apps[0], limits("PUT", Some("nope"))).await.status(),
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        usage(&apps[1], "k").await.trim(),
+        "tokens_remaining=200 in_flight=0"
+    );
+    let raised = send(&apps[0], limits("PUT", Some("admin-secret"))).await;
+    assert_eq!(raised.status(), StatusCode::OK);
+    let changed = std::time::Instant::now();
+    // This instance at once; the other once it has polled (every 250 ms).
+    assert_eq!(
+        usage(&apps[0], "k").await.trim(),
+        "tokens_remaining=4200 in_flight=0"
+    );
+    loop {
+        if usage(&apps[1], "k").await.trim() == "tokens_remaining=4200 in_flight=0" {
+            break;
+        }
+        assert!(changed.elapsed() < Duration::from_secs(1), "not within 1 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Removed: the key's own 1000 again, its use kept.
+    let removed = send(&apps[1], limits("DELETE", Some("admin-secret"))).await;
+    assert_eq!(removed.status(), StatusCode::OK);
+    assert_eq!(
+        usage(&apps[1], "k").await.trim(),
+        "tokens_remaining=200 in_flight=0"
+    );
+    let bad = Request::put("/v1/limits/k?tokens=0").header("x-admin-token", "admin-secret");
+    assert_eq!(
+        send(&apps[0], bad.body(Body::empty()).unwrap())
+            .await
+            .status(),
+        StatusCode::BAD_REQUEST
+    );
+}
+
+#[tokio::test]
+async fn without_an_admin_token_there_is_no_admin_route() {
+    let app = gateway(MemoryStore::new(), 1000, 4).await;
+    let put = Request::put("/v1/limits/k?tokens=5000").header("x-admin-token", "x");
+    assert_eq!(
+        send(&app, put.body(Body::empty()).unwrap()).await.status(),
+        StatusCode::NOT_FOUND
+    );
 }

@@ -30,14 +30,24 @@ fn rpm_and_tokens<S: Store>(store: S) -> Limiter<S> {
 async fn requests_and_tokens<S: Store>(limiters: &[Limiter<S>]) {
     let mut allowed = Vec::new();
     for i in 0..4 {
-        allowed.push(limiters[i % limiters.len()].check("k", 10).await.unwrap().is_allowed());
+        allowed.push(
+            limiters[i % limiters.len()]
+                .check("k", 10)
+                .await
+                .unwrap()
+                .is_allowed(),
+        );
     }
     assert_eq!(allowed, [true, true, true, false]);
     let peek = limiters[0].peek("k", 1).await.unwrap();
     let each = peek.each_policy().unwrap();
     assert_eq!((each[0].allowed, each[0].remaining), (false, 0), "{peek:?}");
     // The peek is refused (by the requests), so it takes nothing: 970 left.
-    assert_eq!((each[1].allowed, each[1].remaining), (true, 970), "{peek:?}");
+    assert_eq!(
+        (each[1].allowed, each[1].remaining),
+        (true, 970),
+        "{peek:?}"
+    );
     // A cost a requests policy alone could not take is no error: it takes one.
     let big = rpm_and_tokens(MemoryStore::new());
     assert!(big.check("other", 1000).await.unwrap().is_allowed());
@@ -56,7 +66,11 @@ async fn requests_and_tokens_in_one_check_in_memory() {
 #[tokio::test]
 async fn requests_and_tokens_in_one_check_on_two_instances_of_one_redis() {
     let server = RedisServer::start();
-    requests_and_tokens(&[rpm_and_tokens(server.store()), rpm_and_tokens(server.store())]).await;
+    requests_and_tokens(&[
+        rpm_and_tokens(server.store()),
+        rpm_and_tokens(server.store()),
+    ])
+    .await;
 }
 
 fn key_and_org<S: Store>(store: S) -> Limiter<S> {
@@ -79,15 +93,27 @@ fn of_org(key: &str, org: &str) -> Subject {
 /// budget is untouched.
 async fn key_within_org<S: Store>(limiters: &[Limiter<S>]) {
     let last = &limiters[limiters.len() - 1];
-    assert!(limiters[0].check(of_org("a", "x"), 600).await.unwrap().is_allowed());
+    assert!(limiters[0]
+        .check(of_org("a", "x"), 600)
+        .await
+        .unwrap()
+        .is_allowed());
     let refused = last.check(of_org("b", "x"), 600).await.unwrap();
     assert!(!refused.is_allowed());
     assert_eq!(refused.policy().name(), "org_tokens");
     let peek = last.peek(of_org("b", "x"), 1).await.unwrap();
     let each = peek.each_policy().unwrap();
-    assert_eq!((each[0].remaining, each[1].remaining), (999, 399), "{peek:?}");
+    assert_eq!(
+        (each[0].remaining, each[1].remaining),
+        (999, 399),
+        "{peek:?}"
+    );
     // Another org's key is not counted with X.
-    assert!(last.check(of_org("c", "y"), 1000).await.unwrap().is_allowed());
+    assert!(last
+        .check(of_org("c", "y"), 1000)
+        .await
+        .unwrap()
+        .is_allowed());
     // A subject without the org is a setup mistake, never a decision.
     assert!(matches!(
         last.check("a", 1).await,
@@ -111,7 +137,10 @@ async fn a_key_and_its_org_all_or_nothing_on_two_instances_of_one_redis() {
     let keys = server.keys().await;
     assert_eq!(keys.len(), 4, "{keys:?}");
     // One hash tag per check: the org's.
-    let tags: std::collections::BTreeSet<_> = keys.iter().map(|k| crate::support::hash_tag(k).to_vec()).collect();
+    let tags: std::collections::BTreeSet<_> = keys
+        .iter()
+        .map(|k| crate::support::hash_tag(k).to_vec())
+        .collect();
     assert_eq!(tags.len(), 2, "{keys:?}");
     server.assert_every_key_expires().await;
 }
@@ -131,10 +160,16 @@ fn global<S: Store>(store: S) -> Limiter<S> {
 
 async fn five_keys_then_none<S: Store>(limiters: &[Limiter<S>]) {
     for i in 0..5 {
-        let decision = limiters[i % limiters.len()].check(format!("key-{i}"), 7).await.unwrap();
+        let decision = limiters[i % limiters.len()]
+            .check(format!("key-{i}"), 7)
+            .await
+            .unwrap();
         assert!(decision.is_allowed(), "{i}: {decision:?}");
     }
-    let sixth = limiters[1 % limiters.len()].check("key-6", 7).await.unwrap();
+    let sixth = limiters[1 % limiters.len()]
+        .check("key-6", 7)
+        .await
+        .unwrap();
     assert!(!sixth.is_allowed());
     assert_eq!(sixth.policy().name(), "everyone");
     // The refused key took nothing of its own (a refused peek takes nothing either).
@@ -174,7 +209,10 @@ async fn a_batch_of_one_orgs_keys_counts_the_org_once_per_check() {
     assert_eq!(allowed, 10);
 }
 
-fn live<S: Store + redlimit::store::LiveLimitStore + Clone>(store: S, every: Duration) -> Limiter<S> {
+fn live<S: Store + redlimit::store::LiveLimitStore + Clone>(
+    store: S,
+    every: Duration,
+) -> Limiter<S> {
     Limiter::builder(store)
         .policy(Policy::sliding_window("tokens", 1000, MINUTE).unwrap())
         .live_limits(every)
@@ -205,16 +243,28 @@ async fn raised_keeps_the_count<'a, S: Store>(
     assert_eq!(b.limit_of("tokens", "k").unwrap(), 1000);
     assert!(!b.check("k", 1).await.unwrap().is_allowed());
     // What cannot be a limit is an error, not a change.
-    assert!(matches!(a.set_limit("tokens", "k", 0).await, Err(Error::BadLimit(_))));
-    assert!(matches!(a.set_limit("nope", "k", 9).await, Err(Error::BadLimit(_))));
-    assert!(matches!(a.set_limit("tokens", "k", u64::MAX).await, Err(Error::BadLimit(_))));
+    assert!(matches!(
+        a.set_limit("tokens", "k", 0).await,
+        Err(Error::BadLimit(_))
+    ));
+    assert!(matches!(
+        a.set_limit("nope", "k", 9).await,
+        Err(Error::BadLimit(_))
+    ));
+    assert!(matches!(
+        a.set_limit("tokens", "k", u64::MAX).await,
+        Err(Error::BadLimit(_))
+    ));
 }
 
 #[tokio::test]
 async fn a_live_limit_reaches_the_other_instance_through_redis() {
     let server = RedisServer::start();
     let (a, b) = (live(server.store(), MINUTE), live(server.store(), MINUTE));
-    raised_keeps_the_count(&a, &b, || Box::pin(async { b.refresh_limits().await.unwrap() })).await;
+    raised_keeps_the_count(&a, &b, || {
+        Box::pin(async { b.refresh_limits().await.unwrap() })
+    })
+    .await;
 }
 
 /// The polling itself, on a paused clock: another limiter of the same store sees a
@@ -223,7 +273,10 @@ async fn a_live_limit_reaches_the_other_instance_through_redis() {
 async fn a_live_limit_is_polled_within_its_interval() {
     let store = std::sync::Arc::new(MemoryStore::with_clock(FakeClock::new(1_000_000)));
     let every = Duration::from_millis(250);
-    let (a, b) = (live(std::sync::Arc::clone(&store), every), live(std::sync::Arc::clone(&store), every));
+    let (a, b) = (
+        live(std::sync::Arc::clone(&store), every),
+        live(std::sync::Arc::clone(&store), every),
+    );
     raised_keeps_the_count(&a, &b, || {
         Box::pin(async {
             tokio::time::sleep(every + Duration::from_millis(1)).await;
@@ -235,7 +288,10 @@ async fn a_live_limit_is_polled_within_its_interval() {
 #[test]
 fn live_limits_without_a_runtime_say_so_and_still_apply_their_own_changes() {
     let limiter = live(MemoryStore::new(), MINUTE);
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     runtime.block_on(async {
         limiter.set_limit("tokens", "k", 5).await.unwrap();
         assert_eq!(limiter.limit_of("tokens", "k").unwrap(), 5);
@@ -247,7 +303,9 @@ fn live_limits_without_a_runtime_say_so_and_still_apply_their_own_changes() {
 #[tokio::test]
 async fn what_cannot_work_together_is_refused_when_built() {
     let org = Scope::named("org").unwrap();
-    let slots = Policy::in_flight("slots", 3, MINUTE).unwrap().per(org.clone());
+    let slots = Policy::in_flight("slots", 3, MINUTE)
+        .unwrap()
+        .per(org.clone());
     assert!(matches!(
         Limiter::builder(MemoryStore::new()).policy(slots).build(),
         Err(redlimit::BuildError::ScopedInFlight(_))

@@ -339,7 +339,11 @@ impl crate::store::limits::LimitStore for MemoryStore {
         Box::pin(ready(Ok(limits)))
     }
 
-    fn write_limit(&self, field: String, limit: Option<u64>) -> crate::store::limits::LimitFuture<()> {
+    fn write_limit(
+        &self,
+        field: String,
+        limit: Option<u64>,
+    ) -> crate::store::limits::LimitFuture<()> {
         self.lock_limits().write(field, limit);
         Box::pin(ready(Ok(())))
     }
@@ -347,6 +351,9 @@ impl crate::store::limits::LimitStore for MemoryStore {
 
 impl MemoryStore {
     fn lock_limits(&self) -> MutexGuard<'_, crate::store::limits::StoredLimits> {
-        self.inner.limits.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner
+            .limits
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -72,7 +72,11 @@ pub(super) fn scoped_keys(prefix: &str, subject: &Subject, set: &PolicySet) -> B
         .iter()
         .map(|policy| {
             let part = set.part_of(policy, subject);
-            let tag = if policy.scope().is_global() { GLOBAL } else { tag_part };
+            let tag = if policy.scope().is_global() {
+                GLOBAL
+            } else {
+                tag_part
+            };
             let mut key = String::with_capacity(prefix.len() + 64);
             key.push_str(prefix);
             key.push_str(":{");
@@ -84,8 +88,7 @@ pub(super) fn scoped_keys(prefix: &str, subject: &Subject, set: &PolicySet) -> B
             key.push_str("}:");
             key.push_str(set.key_tag());
             key.push(':');
-            let own = !policy.scope().is_global()
-                && policy.scope().name() != set.tag_scope();
+            let own = !policy.scope().is_global() && policy.scope().name() != set.tag_scope();
             if own {
                 key.push('+');
                 if let Some(name) = policy.scope().name() {
