@@ -133,6 +133,7 @@ mod docs_doctests {
     page!(Costs, "../docs/costs.md");
     page!(Failures, "../docs/failures.md");
     page!(Grpc, "../docs/grpc.md");
+    page!(Hierarchies, "../docs/hierarchies.md");
     page!(InFlight, "../docs/in_flight.md");
     page!(Redis, "../docs/redis.md");
     page!(Responses, "../docs/responses.md");

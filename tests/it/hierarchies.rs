@@ -312,3 +312,73 @@ async fn what_cannot_work_together_is_refused_when_built() {
     ));
     assert!(Scope::named("").is_err() && Scope::named("a b").is_err());
 }
+
+/// Every algorithm keeps its count under a live limit, raised or lowered, in memory
+/// and in Redis: 3 used of 5, raised to 10 leaves 7; lowered to 2 refuses; back to
+/// its own limit leaves 2.
+async fn every_algorithm_keeps_its_count<S: Store + redlimit::store::LiveLimitStore + Clone>(
+    store: impl Fn() -> S,
+) {
+    let w = MINUTE;
+    let policies = [
+        Policy::fixed_window("p", 5, w).unwrap(),
+        Policy::sliding_window("p", 5, w).unwrap(),
+        Policy::token_bucket("p", 5, 1, w).unwrap(),
+        Policy::sliding_log("p", 5, w).unwrap(),
+        Policy::in_flight("p", 5, w).unwrap(),
+    ];
+    for (i, policy) in policies.into_iter().enumerate() {
+        let algorithm = policy.algorithm();
+        let limiter = Limiter::builder(store())
+            .policy(policy)
+            .live_limits(MINUTE)
+            .build()
+            .unwrap();
+        let subject = format!("s{i}");
+        for _ in 0..3 {
+            assert!(
+                limiter
+                    .check(subject.as_str(), 1)
+                    .await
+                    .unwrap()
+                    .is_allowed(),
+                "{algorithm}"
+            );
+        }
+        let left = |d: redlimit::Decision| d.each_policy().unwrap()[0].remaining + 1;
+        limiter.set_limit("p", subject.as_str(), 10).await.unwrap();
+        assert_eq!(
+            left(limiter.peek(subject.as_str(), 1).await.unwrap()),
+            7,
+            "{algorithm}"
+        );
+        limiter.set_limit("p", subject.as_str(), 2).await.unwrap();
+        assert!(
+            !limiter
+                .check(subject.as_str(), 1)
+                .await
+                .unwrap()
+                .is_allowed(),
+            "{algorithm}"
+        );
+        limiter.remove_limit("p", subject.as_str()).await.unwrap();
+        assert_eq!(
+            left(limiter.peek(subject.as_str(), 1).await.unwrap()),
+            2,
+            "{algorithm}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_algorithm_keeps_its_count_under_a_live_limit_in_memory() {
+    let store = MemoryStore::with_clock(FakeClock::new(1_700_000_000_000));
+    every_algorithm_keeps_its_count(|| store.clone()).await;
+}
+
+#[tokio::test]
+async fn every_algorithm_keeps_its_count_under_a_live_limit_in_redis() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(1_700_000_000_000);
+    every_algorithm_keeps_its_count(|| server.store().client_clock(clock.clone())).await;
+}

@@ -824,3 +824,71 @@ async fn connect_loads_the_library_on_every_master() {
     let message = unreachable.connect().await.unwrap_err().to_string();
     assert!(message.contains("127.0.0.1:1"), "{message}");
 }
+
+/// A key and its org on the cluster: each check is one `FCALL`, its keys in the org's
+/// slot, all or nothing, for orgs spread over every master. A global counter beside
+/// them is refused when built: its slot is its own.
+#[tokio::test]
+async fn a_key_and_its_org_are_one_call_in_one_slot_all_or_nothing() {
+    use redlimit::{Scope, Subject};
+    let cluster = RedisCluster::start();
+    let masters = cluster.masters().await;
+    let store = RedisStore::cluster_from_urls(cluster.urls()).unwrap();
+    store.connect().await.unwrap();
+    let minute = Duration::from_secs(60);
+    let org_policy = || {
+        Policy::sliding_window("org_tokens", 1000, minute)
+            .unwrap()
+            .per(Scope::named("org").unwrap())
+    };
+    let limiter = Limiter::builder(store.clone().timeout(Duration::from_secs(2)))
+        .policy(Policy::sliding_window("tokens", 1000, minute).unwrap())
+        .policy(org_policy())
+        .build()
+        .unwrap();
+    let of = |key: &str, org: &str| Subject::new(key).within("org", &Subject::new(org));
+    let before = command_calls(&cluster, &masters, "fcall").await;
+    let orgs = 24;
+    for o in 0..orgs {
+        let org = format!("org-{o}");
+        let a = limiter.check(of("a", &org), 600).await.unwrap();
+        assert!(a.is_allowed(), "{org}");
+        let b = limiter.check(of("b", &org), 600).await.unwrap();
+        assert!(!b.is_allowed(), "{org}");
+        assert_eq!(b.policy().name(), "org_tokens");
+        let peek = limiter.peek(of("b", &org), 1).await.unwrap();
+        let each = peek.each_policy().unwrap();
+        assert_eq!((each[0].remaining, each[1].remaining), (999, 399), "{org}");
+    }
+    assert_eq!(
+        command_calls(&cluster, &masters, "fcall").await - before,
+        3 * orgs as u64,
+        "one call per check and per peek"
+    );
+    // Every key of an org shares its slot; the orgs spread over the masters.
+    let mut slots_of_org: HashMap<Vec<u8>, std::collections::HashSet<u16>> = HashMap::new();
+    let mut masters_used = std::collections::HashSet::new();
+    for master in &masters {
+        for key in cluster.node(master.port).keys().await {
+            let slot = cluster.slot(std::str::from_utf8(&key).unwrap()).await;
+            slots_of_org
+                .entry(hash_tag(&key).to_vec())
+                .or_default()
+                .insert(slot);
+            masters_used.insert(master.port);
+        }
+    }
+    assert_eq!(slots_of_org.len(), orgs, "{slots_of_org:?}");
+    assert!(slots_of_org.values().all(|slots| slots.len() == 1));
+    assert!(masters_used.len() > 1, "orgs on one master only");
+
+    let global = Limiter::builder(store)
+        .policy(Policy::sliding_window("tokens", 1000, minute).unwrap())
+        .policy(
+            Policy::fixed_window("everyone", 10, minute)
+                .unwrap()
+                .per(Scope::global()),
+        )
+        .build();
+    assert!(matches!(global, Err(redlimit::BuildError::ClusterGlobal(name)) if name == "everyone"));
+}
