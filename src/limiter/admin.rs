@@ -234,8 +234,42 @@ impl<S: AdminStore> Limiter<S> {
         self.write_limit(index, &part, None).await
     }
 
+    /// Sets `policy`'s limit for every subject without a live limit of its own, on
+    /// every instance as [`set_limit`](Self::set_limit) says: a policy changed at
+    /// runtime, keeping every subject's count.
+    ///
+    /// # Errors
+    ///
+    /// As [`set_limit`](Self::set_limit)'s.
+    pub async fn set_policy_limit(&self, policy: &str, limit: u64) -> Result<(), Error> {
+        if self.limits.is_none() {
+            return Err(limits_off());
+        }
+        let index = self.policy_index(policy)?;
+        if self.set.policies()[index].with_limit(limit).is_none() {
+            return Err(Error::BadLimit(format!(
+                "policy {policy:?} cannot take a limit of {limit}"
+            )));
+        }
+        self.write_limit(index, &[], Some(limit)).await
+    }
+
+    /// Removes what [`set_policy_limit`](Self::set_policy_limit) set: the policy's own
+    /// limit applies again to every subject without a live limit of its own.
+    ///
+    /// # Errors
+    ///
+    /// As [`set_limit`](Self::set_limit)'s.
+    pub async fn remove_policy_limit(&self, policy: &str) -> Result<(), Error> {
+        if self.limits.is_none() {
+            return Err(limits_off());
+        }
+        let index = self.policy_index(policy)?;
+        self.write_limit(index, &[], None).await
+    }
+
     /// The limit `policy` applies to `subject` now on this instance: its live limit,
-    /// else its own.
+    /// else the policy's live limit for every subject, else its own.
     ///
     /// # Errors
     ///
@@ -301,7 +335,10 @@ impl<S: AdminStore> Limiter<S> {
         })?;
         // A denial this instance keeps was decided under the old limit.
         if let Some(blocks) = self.guard.as_ref().and_then(|g| g.blocks.as_ref()) {
-            if self.set.policies()[index].scope().is_key() && !self.set.is_scoped() {
+            if !part.is_empty()
+                && self.set.policies()[index].scope().is_key()
+                && !self.set.is_scoped()
+            {
                 blocks.forget(&Subject::from_bytes(part));
             }
         }

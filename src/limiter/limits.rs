@@ -93,7 +93,7 @@ impl LiveLimits {
         let mut limits: smallvec::SmallVec<[(usize, u64); 2]> = smallvec::SmallVec::new();
         for (i, policy) in set.policies().iter().enumerate() {
             let part = set.part_of(policy, subject);
-            if let Some(limit) = table.per_policy.get(i).and_then(|m| m.get(part)) {
+            if let Some(limit) = table.per_policy.get(i).and_then(|m| lookup(m, part)) {
                 limits.push((i, *limit));
             }
         }
@@ -105,7 +105,7 @@ impl LiveLimits {
     /// set.
     pub(crate) fn get(&self, index: usize, part: &[u8]) -> Option<u64> {
         let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
-        table.per_policy.get(index)?.get(part).copied()
+        lookup(table.per_policy.get(index)?, part).copied()
     }
 
     /// Writes a live limit to the store, then to this instance's copy at once.
@@ -154,6 +154,13 @@ impl LiveLimits {
         *self.table.write().unwrap_or_else(PoisonError::into_inner) = Table::of(set, &at);
         Ok(())
     }
+}
+
+/// The live limit of the subject `part`, else the policy's for every subject (kept
+/// under the empty bytes, which no subject has: each starts with its kind's tag).
+#[inline]
+fn lookup<'m>(limits: &'m HashMap<Vec<u8>, u64>, part: &[u8]) -> Option<&'m u64> {
+    limits.get(part).or_else(|| limits.get(&[][..]))
 }
 
 /// The polling task: it holds the limits weakly and ends with the limiter.

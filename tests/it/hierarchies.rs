@@ -242,6 +242,18 @@ async fn raised_keeps_the_count<'a, S: Store>(
     b_reads().await;
     assert_eq!(b.limit_of("tokens", "k").unwrap(), 1000);
     assert!(!b.check("k", 1).await.unwrap().is_allowed());
+    // A policy's limit for everyone, under a subject's own.
+    a.set_policy_limit("tokens", 3000).await.unwrap();
+    a.set_limit("tokens", "k", 1500).await.unwrap();
+    b_reads().await;
+    assert_eq!(b.limit_of("tokens", "other").unwrap(), 3000);
+    assert_eq!(b.limit_of("tokens", "k").unwrap(), 1500);
+    let peek = b.peek("other", 1).await.unwrap();
+    assert_eq!(peek.each_policy().unwrap()[0].remaining + 1, 3000);
+    a.remove_policy_limit("tokens").await.unwrap();
+    a.remove_limit("tokens", "k").await.unwrap();
+    b_reads().await;
+    assert_eq!(b.limit_of("tokens", "other").unwrap(), 1000);
     // What cannot be a limit is an error, not a change.
     assert!(matches!(
         a.set_limit("tokens", "k", 0).await,
