@@ -25,7 +25,7 @@ pub enum Error {
     },
     /// The limiter's policies count a named scope the check's subject does not carry
     /// ([`Subject::within`](crate::Subject::within)): a setup mistake (the layer's
-    /// [`scope`](crate::RateLimitLayer::scope) extracts each), never a denial.
+    /// key extractor's [`within`](crate::key::KeyExtractorExt::within) gives each), never a denial.
     #[error("the limiter counts scope {0:?}, which the check's subject does not carry (Subject::within)")]
     MissingScope(String),
     /// A live limit names no policy of the limiter, or a limit it cannot take.

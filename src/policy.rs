@@ -153,7 +153,7 @@ pub enum Unit {
 /// A limiter's policies may count different scopes; a check decides them all, all
 /// or nothing, in one store call ([`Subject::within`](crate::Subject::within) gives a
 /// check its named subjects; the layer's
-/// [`scope`](crate::RateLimitLayer::scope) extracts them).
+/// key extractor's [`within`](crate::key::KeyExtractorExt::within) gives them).
 ///
 /// ```
 /// use redlimit::{Policy, Scope};
@@ -271,7 +271,7 @@ impl PartialEq for Policy {
     }
 }
 
-/// Hashes what identifies the state ([`Policy::state_window`], name, algorithm, unit,
+/// Hashes what identifies the state (its window or a token bucket's interval, name, algorithm, unit,
 /// scope), not the limit nor the shadow flag: a policy whose limit changes, or that
 /// is switched from shadow to enforced, keeps its state, in memory as in Redis.
 impl Hash for Policy {
