@@ -103,3 +103,61 @@ pub(super) fn scoped_keys(prefix: &str, subject: &Subject, set: &PolicySet) -> B
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::policy::Scope;
+
+    /// No two (key, team, org) checks share a key unless their subjects for that
+    /// policy are the same, whatever bytes the subjects hold; a check's keys share one
+    /// hash tag, the org's.
+    #[test]
+    fn scoped_keys_never_meet_another_subjects() {
+        let w = Duration::from_secs(60);
+        let set = PolicySet::new(vec![
+            Policy::fixed_window("k", 1, w).unwrap(),
+            Policy::fixed_window("t", 1, w)
+                .unwrap()
+                .per(Scope::named("team").unwrap()),
+            Policy::fixed_window("o", 1, w)
+                .unwrap()
+                .per(Scope::named("org").unwrap()),
+            Policy::fixed_window("g", 1, w)
+                .unwrap()
+                .per(Scope::global()),
+        ]);
+        let values = [
+            "", "a", "a:b", "+=a", "a}:{b", "%", "~", "=", "+org=x", "k:fw",
+        ];
+        // Each key and whose counter it is: (policy index, subject).
+        let mut owner: HashMap<String, (usize, Vec<u8>)> = HashMap::new();
+        for key in values {
+            for team in values {
+                for org in values {
+                    let subject = Subject::new(key)
+                        .within("team", &Subject::new(team))
+                        .within("org", &Subject::new(org));
+                    let keys = scoped_keys("rl", &subject, &set);
+                    let tag = |k: &str| k[k.find('{').unwrap()..=k.find('}').unwrap()].to_owned();
+                    assert_eq!(tag(&keys[0]), tag(&keys[1]));
+                    assert_eq!(tag(&keys[0]), tag(&keys[2]));
+                    for (i, k) in keys.iter().enumerate() {
+                        let part = set.part_of(&set.policies()[i], &subject).to_vec();
+                        // The key's and the team's counters are kept within their org.
+                        let mine = if i < 2 {
+                            (i, [org.as_bytes(), b"|", part.as_slice()].concat())
+                        } else {
+                            (i, part)
+                        };
+                        let previous = owner.entry(k.clone()).or_insert_with(|| mine.clone());
+                        assert_eq!(*previous, mine, "{k}");
+                    }
+                }
+            }
+        }
+    }
+}
