@@ -94,6 +94,8 @@ pub use decision::{Decision, Origin, PolicyOutcome};
 pub use error::Error;
 pub use layer::middleware::RateLimitLayer;
 pub use limiter::{BuildError, CheckFuture, Limiter, LimiterBuilder, Permit};
+#[cfg(feature = "calendar")]
+pub use policy::Period;
 pub use policy::{Algorithm, Policy, PolicyError};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]

@@ -433,6 +433,7 @@ fn same_state(policy: &Policy, model: Option<&State>, raw: Option<&[u8]>) -> boo
         State::TokenBucket { tat_us } => Some(tat_us.to_string()),
         State::SlidingLog { .. } => None,
         State::InFlight { holders } => Some(crate::algorithm::in_flight::encode(holders)),
+        State::Calendar { end, count } => Some(format!("{end}:{count}")),
     };
     match (model, raw) {
         (None, None) => true,
@@ -452,7 +453,8 @@ async fn a_charge_round_trips_and_writes_the_model_s_state() {
     let server = Server::start();
     let mut conn = server.conn().await;
     let ms = Duration::from_millis;
-    let sets: Vec<Arc<[Policy]>> = vec![
+    #[allow(unused_mut)]
+    let mut sets: Vec<Arc<[Policy]>> = vec![
         policies(),
         vec![Policy::sliding_window("sw", 10, ms(1_000)).unwrap()].into(),
         vec![Policy::sliding_log("sl", 4, ms(1_000)).unwrap()].into(),
@@ -462,6 +464,15 @@ async fn a_charge_round_trips_and_writes_the_model_s_state() {
         ]
         .into(),
     ];
+    // Days from 01:00 UTC: the steps cross into the next day at 3 600 000 ms, and the
+    // clock that goes back after stays in it (the Lua given the earlier day's end).
+    #[cfg(feature = "calendar")]
+    {
+        use crate::policy::Period;
+        let day = || Policy::calendar("cq", 6, Period::Day, "Etc/GMT+1", 1).unwrap();
+        sets.push(vec![day()].into());
+        sets.push(vec![Policy::fixed_window("fw", 6, ms(500)).unwrap(), day().shadow()].into());
+    }
     // (time, what, cost): charges fresh, past the limit, huge, after a refund, with
     // the clock gone back, and on foreign state far ahead.
     let steps: [(u64, Op, u64); 9] = [
