@@ -360,6 +360,21 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "calendar")]
+    #[test]
+    fn a_calendar_quota_s_window_is_its_current_period() {
+        use crate::policy::Period;
+        let p = Policy::calendar("monthly", 100_000, Period::Month, "America/New_York", 15)
+            .unwrap();
+        // 2026-10-20 noon in New York: from 15 October to 15 November, 31 days and the
+        // hour clocks go back.
+        let list = policy_list(std::slice::from_ref(&p), Some(1_792_512_000_000)).unwrap();
+        assert_eq!(list, r#""monthly";q=100000;w=2682000"#);
+        // Its usual length without a now: 31 days.
+        let list = policy_list(&[p], None).unwrap();
+        assert_eq!(list, r#""monthly";q=100000;w=2678400"#);
+    }
+
     #[test]
     fn policy_list_is_a_structured_list_with_windows_rounded_up() {
         let headers = PolicyHeaders::new(&policies());
