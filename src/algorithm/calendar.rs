@@ -170,11 +170,9 @@ pub(super) fn refund(
     cost: u64,
 ) -> Option<State> {
     let end = period_at(policy, now).1;
-    (stored_end >= end && stored_end - end <= MAX_AHEAD_MS && count > 0).then(|| {
-        State::Calendar {
-            end: stored_end,
-            count: count.saturating_sub(cost),
-        }
+    (stored_end >= end && stored_end - end <= MAX_AHEAD_MS && count > 0).then(|| State::Calendar {
+        end: stored_end,
+        count: count.saturating_sub(cost),
     })
 }
 
@@ -410,8 +408,8 @@ mod tests {
     #[test]
     fn midnight_of_a_date_is_its_first_instant() {
         let tz = TimeZone::get("America/New_York").unwrap();
-        let cal = crate::policy::Policy::calendar("d", 1, Period::Day, "America/New_York", 1)
-            .unwrap();
+        let cal =
+            crate::policy::Policy::calendar("d", 1, Period::Day, "America/New_York", 1).unwrap();
         let spec = cal.calendar_spec().unwrap();
         let ms = zoned::boundaries(spec, at("America/New_York", 2026, 6, 1, 3))
             .unwrap()

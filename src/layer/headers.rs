@@ -364,8 +364,8 @@ mod tests {
     #[test]
     fn a_calendar_quota_s_window_is_its_current_period() {
         use crate::policy::Period;
-        let p = Policy::calendar("monthly", 100_000, Period::Month, "America/New_York", 15)
-            .unwrap();
+        let p =
+            Policy::calendar("monthly", 100_000, Period::Month, "America/New_York", 15).unwrap();
         // 2026-10-20 noon in New York: from 15 October to 15 November, 31 days and the
         // hour clocks go back.
         let list = policy_list(std::slice::from_ref(&p), Some(1_792_512_000_000)).unwrap();

@@ -140,10 +140,9 @@ pub(crate) fn too_many_requests(
         StatusCode::TOO_MANY_REQUESTS
     };
     let body = match config.body_style {
-        BodyStyle::PlainText => format!(
-            "{}: {detail}",
-            status.canonical_reason().unwrap_or("Error")
-        ),
+        BodyStyle::PlainText => {
+            format!("{}: {detail}", status.canonical_reason().unwrap_or("Error"))
+        }
         BodyStyle::ProblemJson => problem_json(status, &detail, Some(retry)),
     };
     let mut response = answer(status, config, body);
@@ -185,7 +184,10 @@ fn what_denied(decision: &Decision) -> String {
 fn reset_point(policy: &crate::policy::Policy, wait_ms: u64) -> Option<String> {
     use crate::clock::{Clock, SystemClock};
     let calendar = policy.calendar_spec()?;
-    let near = SystemClock.now_ms().saturating_add(wait_ms).saturating_sub(1);
+    let near = SystemClock
+        .now_ms()
+        .saturating_add(wait_ms)
+        .saturating_sub(1);
     let end = crate::algorithm::calendar::period_at(policy, near).1;
     let at = jiff::Timestamp::from_millisecond(i64::try_from(end).ok()?).ok()?;
     Some(at.to_zoned_datetime(calendar.zone.clone()).to_string())

@@ -36,7 +36,10 @@ where
     let d: Decision = limiter.check("acme", 100).await.unwrap();
     assert!(d.is_allowed());
     assert_eq!(d.remaining(), 99_900);
-    assert_eq!(d.reset_after(), Duration::from_millis(NOV_15_NY - OCT_20_NOON_NY));
+    assert_eq!(
+        d.reset_after(),
+        Duration::from_millis(NOV_15_NY - OCT_20_NOON_NY)
+    );
     // Through 1 November (clocks go back an hour) to the last millisecond before the
     // 15th: still the same period.
     clock.set_ms(NOV_15_NY - 1);
@@ -47,7 +50,10 @@ where
     clock.set_ms(NOV_15_NY);
     let d = limiter.check("acme", 1).await.unwrap();
     assert_eq!(d.remaining(), 99_999);
-    assert_eq!(d.reset_after(), Duration::from_millis(DEC_15_NY - NOV_15_NY));
+    assert_eq!(
+        d.reset_after(),
+        Duration::from_millis(DEC_15_NY - NOV_15_NY)
+    );
     // The whole quota: denied until the period's end.
     let d = limiter.check("acme", 99_999).await.unwrap();
     assert!(d.is_allowed());
@@ -140,10 +146,16 @@ async fn a_quota_denial_answers_the_quota_status() {
     let denied = svc.clone().oneshot(request("alice")).await.unwrap();
     assert_eq!(denied.status(), StatusCode::PAYMENT_REQUIRED);
     let end = (now / 86_400_000 + 1) * 86_400_000;
-    let retry: u64 = header(denied.headers(), "retry-after").unwrap().parse().unwrap();
+    let retry: u64 = header(denied.headers(), "retry-after")
+        .unwrap()
+        .parse()
+        .unwrap();
     assert_eq!(retry, (end - now).div_ceil(1_000));
     let body = body_text(denied).await;
-    assert!(body.starts_with("Payment Required: quota 'daily' of 2 used up; it resets at "), "{body}");
+    assert!(
+        body.starts_with("Payment Required: quota 'daily' of 2 used up; it resets at "),
+        "{body}"
+    );
     assert!(body.contains("T00:00:00+00:00[UTC]"), "{body}");
     assert!(body.ends_with(&format!("retry after {retry} s")), "{body}");
 
@@ -192,9 +204,8 @@ async fn a_changed_anchor_or_zone_counts_apart() {
     let clock = FakeClock::new(OCT_20_NOON_NY);
     let memory = MemoryStore::with_clock(clock.clone());
     let redis = server.store().client_clock(clock.clone());
-    let quota = |zone: &str, anchor| {
-        Policy::calendar("monthly", 10, Period::Month, zone, anchor).unwrap()
-    };
+    let quota =
+        |zone: &str, anchor| Policy::calendar("monthly", 10, Period::Month, zone, anchor).unwrap();
     for (i, changed) in [quota("America/New_York", 16), quota("America/Chicago", 15)]
         .into_iter()
         .enumerate()
@@ -202,11 +213,29 @@ async fn a_changed_anchor_or_zone_counts_apart() {
         let subject = format!("acme-{i}");
         let on_memory = Limiter::new(memory.clone(), quota("America/New_York", 15));
         let on_redis = Limiter::new(redis.clone(), quota("America/New_York", 15));
-        assert_eq!(on_memory.check(subject.clone(), 10).await.unwrap().remaining(), 0);
-        assert_eq!(on_redis.check(subject.clone(), 10).await.unwrap().remaining(), 0);
+        assert_eq!(
+            on_memory
+                .check(subject.clone(), 10)
+                .await
+                .unwrap()
+                .remaining(),
+            0
+        );
+        assert_eq!(
+            on_redis
+                .check(subject.clone(), 10)
+                .await
+                .unwrap()
+                .remaining(),
+            0
+        );
         let on_memory = Limiter::new(memory.clone(), changed.clone());
         let on_redis = Limiter::new(redis.clone(), changed);
-        assert!(on_memory.check(subject.clone(), 10).await.unwrap().is_allowed());
+        assert!(on_memory
+            .check(subject.clone(), 10)
+            .await
+            .unwrap()
+            .is_allowed());
         assert!(on_redis.check(subject, 10).await.unwrap().is_allowed());
     }
 }

@@ -222,7 +222,11 @@ async fn memory_and_redis_match_on_calendar_quotas() {
                     // Past the bound of a clock that went back: foreign state.
                     _ => now.saturating_sub(6 * 24 * hour),
                 };
-                let cost = if rng.below(4) == 0 { 1 + rng.below(5) } else { 1 };
+                let cost = if rng.below(4) == 0 {
+                    1 + rng.below(5)
+                } else {
+                    1
+                };
                 let cost = u32::try_from(cost).unwrap();
                 let what = format!("set {s} from {start}: step {i} at {now} ms, cost {cost}");
                 let op = match rng.below(20) {
@@ -235,7 +239,11 @@ async fn memory_and_redis_match_on_calendar_quotas() {
                     run.admin(now, op, &what, &server).await;
                     admin_ops += 1;
                 }
-                if run.step_checked(now, cost, &what, &server).await.is_allowed() {
+                if run
+                    .step_checked(now, cost, &what, &server)
+                    .await
+                    .is_allowed()
+                {
                     admitted += 1;
                 } else {
                     denied += 1;
@@ -282,8 +290,14 @@ async fn memory_and_redis_match_at_the_largest_numbers_the_constructors_accept()
         Policy::sliding_window("sw", 1, MAX_WINDOW).unwrap(),
         Policy::sliding_window("sw", u32::MAX, Duration::from_secs(2_000)).unwrap(),
         Policy::sliding_log("sl", 3, MAX_WINDOW).unwrap(),
-        Policy::calendar("cq", u32::MAX, redlimit::Period::Month, "Pacific/Auckland", 28)
-            .unwrap(),
+        Policy::calendar(
+            "cq",
+            u32::MAX,
+            redlimit::Period::Month,
+            "Pacific/Auckland",
+            28,
+        )
+        .unwrap(),
     ];
     // 2096: about 3.9e15 µs since the epoch, where a ten-year bucket stores up to
     // five fill times ahead (clock back) well under 2^53 µs.

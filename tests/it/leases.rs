@@ -805,7 +805,10 @@ async fn a_calendar_quota_leases_alike_in_lua_and_the_model() {
             assert_eq!(redis.sweep_leases().await, memory.sweep_leases().await);
         }
     }
-    assert!(leased >= 100 && denied > 0, "{leased} of 400 from leases, {denied} denied");
+    assert!(
+        leased >= 100 && denied > 0,
+        "{leased} of 400 from leases, {denied} denied"
+    );
 }
 
 // ---------------------------------------------------------------------------------

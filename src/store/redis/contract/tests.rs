@@ -471,7 +471,13 @@ async fn a_charge_round_trips_and_writes_the_model_s_state() {
         use crate::policy::Period;
         let day = || Policy::calendar("cq", 6, Period::Day, "Etc/GMT+1", 1).unwrap();
         sets.push(vec![day()].into());
-        sets.push(vec![Policy::fixed_window("fw", 6, ms(500)).unwrap(), day().shadow()].into());
+        sets.push(
+            vec![
+                Policy::fixed_window("fw", 6, ms(500)).unwrap(),
+                day().shadow(),
+            ]
+            .into(),
+        );
     }
     // (time, what, cost): charges fresh, past the limit, huge, after a refund, with
     // the clock gone back, and on foreign state far ahead.
@@ -642,28 +648,48 @@ async fn a_calendar_quota_s_lua_is_total_when_the_clocks_disagree() {
     };
     let reply = |value: Value| decode::<Reply>(value).unwrap().0[0];
     for now in [end, end + 1, end + 10 * day] {
-        let _: () = redis::cmd("DEL").arg(key).query_async(&mut conn).await.unwrap();
+        let _: () = redis::cmd("DEL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         let fresh = reply(check(1, end, now).query_async(&mut conn).await.unwrap());
         assert_eq!(fresh, outcome(true, 2, 1, 0), "now {now}");
-        let _: () = set(format!("{end}:3")).query_async(&mut conn).await.unwrap();
+        let _: () = set(format!("{end}:3"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         let full = reply(check(1, end, now).query_async(&mut conn).await.unwrap());
         assert_eq!(full, outcome(false, 0, 1, 1), "now {now}");
     }
     // The stored period a day ahead of the one given: counted in, waited out.
     let ahead = end + day;
-    let _: () = set(format!("{ahead}:3")).query_async(&mut conn).await.unwrap();
+    let _: () = set(format!("{ahead}:3"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let now = end - 5;
     let r = reply(check(1, end, now).query_async(&mut conn).await.unwrap());
     assert_eq!(r, outcome(false, 0, ahead - now, ahead - now));
     // Further ahead than MAX_CLOCK_BACK days: foreign, read as fresh.
     let far = end + MAX_AHEAD_MS + 1;
-    let _: () = set(format!("{far}:3")).query_async(&mut conn).await.unwrap();
+    let _: () = set(format!("{far}:3"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let r = reply(check(1, end, now).query_async(&mut conn).await.unwrap());
     assert_eq!(r, outcome(true, 2, 5, 0));
     // A stored period behind the one given is over: fresh.
-    let _: () = set(format!("{}:3", end - day)).query_async(&mut conn).await.unwrap();
+    let _: () = set(format!("{}:3", end - day))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let r = reply(check(2, end, now).query_async(&mut conn).await.unwrap());
     assert_eq!(r, outcome(true, 1, 5, 0));
-    let kept: String = redis::cmd("GET").arg(key).query_async(&mut conn).await.unwrap();
+    let kept: String = redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert_eq!(kept, format!("{end}:2"));
 }
