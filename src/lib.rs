@@ -136,6 +136,8 @@ mod docs_doctests {
     page!(Failures, "../docs/failures.md");
     page!(Grpc, "../docs/grpc.md");
     page!(InFlight, "../docs/in_flight.md");
+    #[cfg(feature = "calendar")]
+    page!(Quotas, "../docs/quotas.md");
     page!(Redis, "../docs/redis.md");
     page!(Responses, "../docs/responses.md");
     page!(Rules, "../docs/rules.md");
