@@ -62,10 +62,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Router};
 use http_body::Frame;
+use redlimit::clock::{Clock, SystemClock};
 use redlimit::key::{Header, KeyExtractor, KeyExtractorExt, Secret};
 use redlimit::layer::Usage;
 use redlimit::store::{LiveLimitStore, Store};
-use redlimit::{Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore, Scope, Unit};
+use redlimit::{Limiter, MemoryStore, Period, Policy, RateLimitLayer, RedisStore, Scope, Unit};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -124,6 +125,8 @@ pub(crate) struct Settings {
     /// How often each instance reads the live limits: the bound on how soon a change
     /// made on one reaches the others.
     pub(crate) live_every: Duration,
+    /// The clock `quota_resets` is told on: the store's (the system clock, or a test's).
+    pub(crate) clock: Arc<dyn Clock>,
 }
 
 /// `MONTHLY_TOKENS` in its zone, from its anchor day.
@@ -155,6 +158,7 @@ impl Settings {
             monthly,
             admin_token: optional::<String>("ADMIN_TOKEN")?.filter(|t| !t.is_empty()),
             live_every: Duration::from_millis(250),
+            clock: Arc::new(SystemClock),
         })
     }
 
@@ -197,10 +201,15 @@ const QUOTA: &str = "quota";
 /// The scope of `ORG_TOKENS`, from `x-org`.
 const ORG: &str = "org";
 
-/// The monthly quota: a calendar policy in its zone.
+/// The monthly quota: a calendar policy in its zone, from its anchor day.
 fn quota_policy(quota: &Quota) -> Result<Policy, BoxError> {
-    let _ = quota;
-    Err("MONTHLY_TOKENS is not built in this release".into())
+    Ok(Policy::calendar(
+        QUOTA,
+        quota.tokens,
+        Period::Month,
+        &quota.zone,
+        quota.anchor_day,
+    )?)
 }
 
 async fn run() -> Result<(), BoxError> {
@@ -310,8 +319,11 @@ pub(crate) async fn app<S: Store + LiveLimitStore + Clone>(
     let limited = RateLimitLayer::from_shared(Arc::clone(&limiter), Arc::clone(&key))
         // What it may use at most: reserved before it runs, settled on its actual.
         .cost_fn(|parts| max_tokens(&parts.headers).unwrap_or(0))
+        // A month's tokens spent is no rate: told apart from 429.
+        .quota_status(StatusCode::PAYMENT_REQUIRED)
         .settle();
     let shared = Shared {
+        clock: Arc::clone(&settings.clock),
         limiter,
         key,
         api_key: admin_key,
@@ -350,6 +362,7 @@ struct Shared<S> {
     key: Arc<dyn KeyExtractor>,
     /// The key alone: the admin route names a key by its value.
     api_key: Header,
+    clock: Arc<dyn Clock>,
     admin_token: Option<String>,
 }
 
@@ -490,21 +503,28 @@ async fn usage<S: Store>(shared: Shared<S>, headers: HeaderMap) -> Response {
         };
         let _ = write!(line, " {name}={left}");
         if policy.name() == QUOTA {
-            let _ = write!(
-                line,
-                " quota_resets={}",
-                quota_resets(policy, outcome.reset_after_ms)
-            );
+            let end_ms = shared.clock.now_ms().saturating_add(outcome.reset_after_ms);
+            let _ = write!(line, " quota_resets={}", quota_resets(policy, end_ms));
         }
     }
     line.push('\n');
     line.trim_start().to_owned().into_response()
 }
 
-/// When the quota starts again, in RFC 3339, from the ms to its period's end.
-fn quota_resets(policy: &Policy, reset_after_ms: u64) -> String {
-    let _ = (policy, reset_after_ms);
-    String::new()
+/// When the quota starts again (its period's end, ms since the epoch), in RFC 3339 in
+/// the quota's zone.
+fn quota_resets(policy: &Policy, end_ms: u64) -> String {
+    let zone = policy
+        .time_zone()
+        .and_then(|name| jiff::tz::TimeZone::get(name).ok())
+        .unwrap_or(jiff::tz::TimeZone::UTC);
+    let at = i64::try_from(end_ms)
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    at.to_zoned_datetime(zone)
+        .strftime("%Y-%m-%dT%H:%M:%S%:z")
+        .to_string()
 }
 
 /// `n` of a query `tokens=<n>`.

@@ -1,13 +1,13 @@
--- redlimit: helpers shared by the four algorithms. src/store/redis/script.rs
+-- redlimit: helpers shared by the algorithms. src/store/redis/script.rs
 -- composes the function library and the scripts. The Lua reads the constants
 -- of src/store/redis/contract by name (the operation letters, argument
 -- positions, reply layout and algorithm codes the Rust side encodes and
 -- decodes with: OP_*, ARG_*, FIRST_*, POLICY_*, REPLY_*, LEASE_*, BATCH_*,
--- SET_*, ALG_*, MAX_BACK, MAX_DEBT); composed, the code has their values in place of the names
+-- SET_*, ALG_*, MAX_BACK, MAX_DEBT, CALENDAR_MAX_AHEAD); composed, the code has their values in place of the names
 -- (read as locals they cost every call instructions), and the library starts
 -- with the preamble generated from them. Then comes this file, then the files of the algorithms
 -- a call shape needs (of fixed_window.lua, sliding_window.lua,
--- token_bucket.lua and sliding_log.lua, in that order; each followed by its
+-- token_bucket.lua, sliding_log.lua, in_flight.lua and calendar.lua, in that order; each followed by its
 -- *_refund.lua only where units are given back, and its *_charge.lua only
 -- where units are charged), then decide.lua, lease.lua only where a leasing
 -- check runs, and the entry point. Each algorithm reads its state in one

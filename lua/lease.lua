@@ -71,11 +71,15 @@ local function lease(set, raws, reply, writes, now, cost, want, batch, all, leas
         writes[n + i] = ttl
       end
       local code = set[b + SET_CODE]
+      local left = 0
       if code == ALG_FIXED_WINDOW or code == ALG_SLIDING_WINDOW then
-        local left = w - now % w
-        if window_left == 0 or left < window_left then
-          window_left = left
-        end
+        left = w - now % w
+      elseif code == ALG_CALENDAR then
+        -- w is the period's end; past it, the period's last millisecond.
+        left = math.max(w - now, 1)
+      end
+      if left > 0 and (window_left == 0 or left < window_left) then
+        window_left = left
       end
     end
   elseif batch > 0 then

@@ -94,6 +94,8 @@ pub use decision::{Decision, Origin, PolicyOutcome};
 pub use error::Error;
 pub use layer::middleware::RateLimitLayer;
 pub use limiter::{BuildError, CheckFuture, Limiter, LimiterBuilder, Permit};
+#[cfg(feature = "calendar")]
+pub use policy::Period;
 pub use policy::{Algorithm, Policy, PolicyError, Scope, Unit};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
@@ -135,6 +137,8 @@ mod docs_doctests {
     page!(Grpc, "../docs/grpc.md");
     page!(Hierarchies, "../docs/hierarchies.md");
     page!(InFlight, "../docs/in_flight.md");
+    #[cfg(feature = "calendar")]
+    page!(Quotas, "../docs/quotas.md");
     page!(Redis, "../docs/redis.md");
     page!(Responses, "../docs/responses.md");
     page!(Rules, "../docs/rules.md");

@@ -34,7 +34,8 @@ pub(crate) const MAX_NAME_LEN: usize = 64;
 /// only to 2^53 µs (285 years): ten years keeps every stored time exact for centuries.
 pub(crate) const MAX_WINDOW: Duration = Duration::from_secs(3_653 * 86_400);
 
-/// The five algorithms: four rates ([`Algorithm::RATES`]) and requests in flight.
+/// The six algorithms: five that count units over time ([`Algorithm::RATES`]) and
+/// requests in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Algorithm {
@@ -54,6 +55,9 @@ pub enum Algorithm {
     /// ends, each instance's slots freeing themselves a slot lifetime after the
     /// instance stops renewing them ([`Policy::in_flight`]).
     InFlight,
+    /// A quota of a calendar period (a day, a week or a month in a time zone), reset
+    /// at the period's start ([`Policy::calendar`], feature `calendar`).
+    Calendar,
 }
 
 impl Algorithm {
@@ -65,24 +69,28 @@ impl Algorithm {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::SlidingLog => "sliding_log",
             Algorithm::InFlight => "in_flight",
+            Algorithm::Calendar => "calendar",
         }
     }
 
-    /// All five: the four over time, fastest to slowest, then the one of requests at once.
-    pub const ALL: [Algorithm; 5] = [
+    /// All six: the four rates, fastest to slowest, the one of requests at once, then
+    /// the calendar quota.
+    pub const ALL: [Algorithm; 6] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
         Algorithm::TokenBucket,
         Algorithm::SlidingLog,
         Algorithm::InFlight,
+        Algorithm::Calendar,
     ];
 
     /// The algorithms that count units over time: all but [`Algorithm::InFlight`].
-    pub const RATES: [Algorithm; 4] = [
+    pub const RATES: [Algorithm; 5] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
         Algorithm::TokenBucket,
         Algorithm::SlidingLog,
+        Algorithm::Calendar,
     ];
 }
 
@@ -115,6 +123,12 @@ pub enum PolicyError {
     /// time over [`Policy::MAX_WINDOW`], a refill faster than a token per µs.
     #[error("policy {0:?}: {1}")]
     OutOfRange(String, &'static str),
+    /// A calendar quota's time zone is not in the time zone database.
+    #[error("policy {0:?}: time zone {1:?} is not in the time zone database (an IANA name such as \"Europe/Paris\" or \"UTC\")")]
+    UnknownTimeZone(String, String),
+    /// A calendar quota's anchor day is outside its period's range.
+    #[error("policy {0:?}: {1}")]
+    BadAnchor(String, &'static str),
 }
 
 debug_as_display!(PolicyError);
@@ -233,6 +247,69 @@ impl fmt::Display for Scope {
     }
 }
 
+/// The calendar period a [`Policy::calendar`] quota counts: each starts at 00:00 local
+/// time on its anchor day, so a day that changes clocks is 23 or 25 hours long.
+#[cfg(feature = "calendar")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Period {
+    /// From each midnight to the next (anchor day 1).
+    Day,
+    /// From the anchor weekday's midnight, seven days (anchor: ISO weekday, 1 = Monday
+    /// to 7 = Sunday).
+    Week,
+    /// From the anchor day's midnight to the same day of the next month (anchor: day of
+    /// the month, 1 to 28, so every month has it).
+    Month,
+}
+
+#[cfg(feature = "calendar")]
+impl Period {
+    /// A short stable name, used in the fingerprint and in messages.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Period::Day => "day",
+            Period::Week => "week",
+            Period::Month => "month",
+        }
+    }
+
+    /// [`Policy::window`] of a quota of this period: a day, 7 days, 31 days (the
+    /// longest month; a period that changes clocks may be an hour longer).
+    const fn nominal_ms(self) -> u64 {
+        const DAY_MS: u64 = 86_400_000;
+        match self {
+            Period::Day => DAY_MS,
+            Period::Week => 7 * DAY_MS,
+            Period::Month => 31 * DAY_MS,
+        }
+    }
+}
+
+/// What a calendar quota counts in: its time zone (the name it was found by, as the
+/// database spells it), its period and anchor day. The boundaries are computed by
+/// `algorithm::calendar::period_at`.
+#[cfg(feature = "calendar")]
+#[derive(Debug)]
+pub(crate) struct Calendar {
+    pub(crate) zone: jiff::tz::TimeZone,
+    pub(crate) zone_name: Box<str>,
+    pub(crate) period: Period,
+    pub(crate) anchor: u8,
+}
+
+/// Equal when they count the same periods: the zone by its name.
+#[cfg(feature = "calendar")]
+impl PartialEq for Calendar {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.zone_name, self.period, self.anchor)
+            == (&other.zone_name, other.period, other.anchor)
+    }
+}
+
+#[cfg(feature = "calendar")]
+impl Eq for Calendar {}
+
 /// A rate-limit policy: algorithm, limit, window and a name for headers and keys. Cheap
 /// to clone; built only through the checked constructors, so exact in Rust and in Lua.
 #[derive(Clone, Eq)]
@@ -255,6 +332,9 @@ pub struct Policy {
     /// checks the policy (0 until then). Not part of the fingerprint: every instance
     /// counts into the same state.
     holder: u64,
+    /// Calendar quotas only: the zone, period and anchor day.
+    #[cfg(feature = "calendar")]
+    calendar: Option<Arc<Calendar>>,
 }
 
 /// Equal when configured alike: the holder a limiter gives an in-flight policy aside.
@@ -268,6 +348,7 @@ impl PartialEq for Policy {
             && self.shadow == other.shadow
             && self.unit == other.unit
             && self.scope == other.scope
+            && self.calendar_key() == other.calendar_key()
     }
 }
 
@@ -281,6 +362,12 @@ impl Hash for Policy {
         self.state_window().hash(state);
         self.unit.hash(state);
         self.scope.hash(state);
+        // Calendar quotas only: every other policy hashes as it did.
+        if let Some((zone, period, anchor)) = self.calendar_key() {
+            zone.hash(state);
+            period.hash(state);
+            anchor.hash(state);
+        }
     }
 }
 
@@ -417,6 +504,8 @@ impl Policy {
             unit: Unit::Cost,
             scope: Scope::key(),
             holder: 0,
+            #[cfg(feature = "calendar")]
+            calendar: None,
         })
     }
 
@@ -459,7 +548,119 @@ impl Policy {
             unit: Unit::Cost,
             scope: Scope::key(),
             holder: 0,
+            #[cfg(feature = "calendar")]
+            calendar: None,
         })
+    }
+
+    /// At most `limit` units per calendar period in `time_zone` (an IANA name such as
+    /// `"America/New_York"`, or `"UTC"`), reset at the period's start: 00:00 local
+    /// time on `anchor_day` (a [`Period::Month`]: the day of the month, 1 to 28; a
+    /// [`Period::Week`]: the ISO weekday, 1 = Monday to 7 = Sunday; a [`Period::Day`]:
+    /// 1). Where a clock change skips midnight, the period starts at the first instant
+    /// after it. A denial's wait is the time to the period's end, and the layer can
+    /// answer it with a status of its own
+    /// ([`RateLimitLayer::quota_status`](crate::RateLimitLayer::quota_status)).
+    ///
+    /// Zones come from the system's time zone database, or the one built into the
+    /// crate where the system has none.
+    ///
+    /// ```
+    /// use redlimit::{Period, Policy};
+    ///
+    /// // 100,000 units a month, from the 15th, New York time.
+    /// let monthly = Policy::calendar("monthly", 100_000, Period::Month, "America/New_York", 15)?;
+    /// assert!(Policy::calendar("bad", 10, Period::Week, "America/New_York", 8).is_err());
+    /// # Ok::<(), redlimit::PolicyError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A bad name, a limit of 0, a zone the database does not know
+    /// ([`PolicyError::UnknownTimeZone`]), an anchor day outside its period's range
+    /// ([`PolicyError::BadAnchor`]).
+    #[cfg(feature = "calendar")]
+    pub fn calendar(
+        name: impl Into<String>,
+        limit: u32,
+        period: Period,
+        time_zone: &str,
+        anchor_day: u8,
+    ) -> Result<Self, PolicyError> {
+        let name = checked_name(name.into())?;
+        if limit == 0 {
+            return Err(PolicyError::ZeroLimit(name));
+        }
+        let (most, why) = match period {
+            Period::Day => (1, "a daily quota's anchor day must be 1"),
+            Period::Week => (
+                7,
+                "a weekly quota's anchor day is an ISO weekday, 1 (Monday) to 7 (Sunday)",
+            ),
+            Period::Month => (
+                28,
+                "a monthly quota's anchor day must be 1 to 28 (a day every month has)",
+            ),
+        };
+        if !(1..=most).contains(&anchor_day) {
+            return Err(PolicyError::BadAnchor(name, why));
+        }
+        let zone = jiff::tz::db().get(time_zone).map_err(|_| {
+            let shown: String = time_zone.chars().take(64).collect();
+            PolicyError::UnknownTimeZone(name.clone(), shown)
+        })?;
+        let zone_name = zone.iana_name().unwrap_or(time_zone).into();
+        Ok(Self {
+            name: name.into(),
+            algorithm: Algorithm::Calendar,
+            limit: u64::from(limit),
+            window_ms: period.nominal_ms(),
+            emission_us: 0,
+            shadow: false,
+            unit: Unit::Cost,
+            scope: Scope::key(),
+            holder: 0,
+            calendar: Some(Arc::new(Calendar {
+                zone,
+                zone_name,
+                period,
+                anchor: anchor_day,
+            })),
+        })
+    }
+
+    /// A calendar quota's period ([`Policy::calendar`]); `None` for the others.
+    #[cfg(feature = "calendar")]
+    pub fn period(&self) -> Option<Period> {
+        self.calendar.as_ref().map(|c| c.period)
+    }
+
+    /// A calendar quota's time zone, as the database names it; `None` for the others.
+    #[cfg(feature = "calendar")]
+    pub fn time_zone(&self) -> Option<&str> {
+        self.calendar.as_ref().map(|c| &*c.zone_name)
+    }
+
+    /// A calendar quota's zone, period and anchor.
+    #[cfg(feature = "calendar")]
+    pub(crate) fn calendar_spec(&self) -> Option<&Calendar> {
+        self.calendar.as_deref()
+    }
+
+    /// What tells two calendar quotas apart beside the numbers: zone, period, anchor
+    /// (`None` for other policies, and without the feature that makes them).
+    pub(crate) fn calendar_key(&self) -> Option<(&str, &'static str, u8)> {
+        #[cfg(feature = "calendar")]
+        if let Some(c) = &self.calendar {
+            return Some((&c.zone_name, c.period.as_str(), c.anchor));
+        }
+        None
+    }
+
+    /// Whether this policy is a calendar quota ([`Policy::calendar`]): its denial is
+    /// a quota spent until the period ends, not a rate to slow down to.
+    pub fn is_quota(&self) -> bool {
+        self.algorithm == Algorithm::Calendar
     }
 
     /// The name used in `RateLimit-Policy` and in Redis keys.
@@ -477,7 +678,9 @@ impl Policy {
         self.limit
     }
 
-    /// The window; for a token bucket, the time to refill from empty to full.
+    /// The window; for a token bucket, the time to refill from empty to full; for a
+    /// calendar quota, its period's usual length (a day, 7 days, 31 days), the current
+    /// period's being in the `RateLimit-Policy` header.
     pub fn window(&self) -> Duration {
         Duration::from_millis(self.window_ms)
     }

@@ -1,5 +1,6 @@
-//! The algorithms as pure functions of (policy, state, now, cost): the four that count
-//! units over time and the one that counts requests running now, one file each,
+//! The algorithms as pure functions of (policy, state, now, cost): the five that count
+//! units over time (the calendar quota among them) and the one that counts requests
+//! running now, one file each,
 //! mirroring `lua/` file for file.
 //!
 //! This is the one Rust truth of each algorithm: the memory store keeps these states in
@@ -25,6 +26,7 @@ use smallvec::SmallVec;
 use crate::decision::PolicyOutcome;
 use crate::policy::{Algorithm, Policy};
 
+pub(crate) mod calendar;
 mod fixed_window;
 pub(crate) mod grant;
 pub(crate) mod in_flight;
@@ -62,6 +64,7 @@ pub(crate) fn decide(policy: &Policy, state: Option<&State>, now_ms: u64, cost: 
         Algorithm::SlidingLog => sliding_log::decide(policy, state, now_ms, cost),
         // A request takes one slot whatever its cost.
         Algorithm::InFlight => in_flight::decide(policy, state, now_ms),
+        Algorithm::Calendar => calendar::decide(policy, state, now_ms, cost),
     }
 }
 
@@ -224,13 +227,13 @@ pub(crate) fn decide_leasing(
     let units = if shadow_denies { 0 } else { room };
     let window_left_ms = policies
         .iter()
-        .filter(|policy| {
-            matches!(
-                policy.algorithm(),
-                Algorithm::FixedWindow | Algorithm::SlidingWindow
-            )
+        .filter_map(|policy| match policy.algorithm() {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                Some(policy.window_ms() - now % policy.window_ms())
+            }
+            Algorithm::Calendar => Some(calendar::period_at(policy, now).1 - now),
+            _ => None,
         })
-        .map(|policy| policy.window_ms() - now % policy.window_ms())
         .min();
     let (outcomes, keep) = decide_all(policies, states, now, cost + units);
     let grant = Grant {
@@ -252,7 +255,8 @@ pub(crate) fn decide_leasing(
 /// - token bucket: the theoretical arrival time moves back by `cost` emission
 ///   intervals, not before now;
 /// - sliding log: the `cost` most recent stamps are removed, only those still in the
-///   window.
+///   window;
+/// - calendar quota: as the fixed window, in the current period.
 ///
 /// "Now" is clamped as the check clamps it when the clock went back.
 pub(crate) fn refund(policy: &Policy, state: Option<&State>, now: u64, cost: u64) -> Option<State> {
@@ -269,6 +273,7 @@ pub(crate) fn refund(policy: &Policy, state: Option<&State>, now: u64, cost: u64
         }
         State::TokenBucket { tat_us } => token_bucket::refund(policy, *tat_us, now, cost),
         State::SlidingLog { stamps } => sliding_log::refund(policy, stamps, now, cost),
+        State::Calendar { end, count } => calendar::refund(policy, *end, *count, now, cost),
         // Slots are given back by their release, never by a refund of units.
         State::InFlight { .. } => None,
     }
@@ -301,7 +306,8 @@ fn max_charge(policy: &Policy) -> Option<u64> {
 ///   as the check rolls them; kept as the check keeps it;
 /// - token bucket: the theoretical arrival time becomes `max(tat, now) + cost` emission
 ///   intervals;
-/// - sliding log: `cost` stamps at now (the log keeps its last `limit`).
+/// - sliding log: `cost` stamps at now (the log keeps its last `limit`);
+/// - calendar quota: as the fixed window, kept to the period's end.
 ///
 /// "Now" is clamped as the check clamps it when the clock went back, and state a check
 /// reads as foreign is charged as fresh state. `None` for an in-flight policy, whose
@@ -321,6 +327,7 @@ pub(crate) fn charge(
         Algorithm::SlidingWindow => sliding_window::charge(policy, state, now, cost),
         Algorithm::TokenBucket => token_bucket::charge(policy, state, now, cost),
         Algorithm::SlidingLog => sliding_log::charge(policy, state, now, cost),
+        Algorithm::Calendar => calendar::charge(policy, state, now, cost),
         Algorithm::InFlight => return None,
     };
     Some((next, ttl.max(1)))

@@ -30,6 +30,8 @@ pub(crate) enum State {
     SlidingLog { stamps: VecDeque<u64> },
     /// Per holder (limiter instance), its requests running and until when they count.
     InFlight { holders: Vec<Holder> },
+    /// The end of the calendar period counted (ms) and the count admitted in it.
+    Calendar { end: u64, count: u64 },
 }
 
 /// A decision for one policy, and the change to make if every policy admits.

@@ -23,6 +23,8 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use crate::algorithm::calendar;
+use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, PolicyOutcome};
 use crate::policy::Policy;
 
@@ -133,6 +135,9 @@ pub(crate) fn retry_after_secs(decision: &Decision) -> u64 {
 pub(crate) struct PolicyHeaders {
     /// `RateLimit-Policy`, already serialized.
     policy_list: Option<HeaderValue>,
+    /// A limiter with a calendar quota: its policies, whose `RateLimit-Policy` is
+    /// written for each response instead (the current period's length, in `w`).
+    calendar: Option<Box<[Policy]>>,
     /// Per policy, in the limiter's order.
     policies: Box<[PolicyParts]>,
 }
@@ -148,54 +153,43 @@ struct PolicyParts {
 
 impl PolicyHeaders {
     pub(crate) fn new(policies: &[Policy]) -> Self {
-        let mut list = ListSerializer::new();
-        let mut parts = Vec::with_capacity(policies.len());
-        for policy in policies {
-            // Policy names are checked to `[A-Za-z0-9_.-]`, always a valid sf-string; a
-            // name that somehow is not is left out of the headers rather than sent
-            // malformed (its entry stays, so indices still match the limiter's).
-            let name = StringRef::from_str(policy.name())
-                .ok()
-                .filter(|_| !policy.is_shadow());
-            if let Some(name) = name {
-                let item = list
-                    .bare_item(name)
-                    .parameter(KeyRef::constant("q"), sf_integer(policy.limit()));
-                // Requests in flight have no window: their quota is requests at once.
-                // (The serializer writes as it goes: what it returns needs no finish.)
-                if policy.is_in_flight() {
-                    _ = item.parameter(
-                        KeyRef::constant("qu"),
-                        StringRef::constant("concurrent-requests"),
-                    );
-                } else {
-                    _ = item.parameter(
-                        KeyRef::constant("w"),
-                        sf_integer(ceil_secs(policy.window_ms())),
-                    );
+        let parts = policies
+            .iter()
+            .map(|policy| {
+                let name = shown_name(policy);
+                PolicyParts {
+                    item: name.map(|name| {
+                        let mut item = String::with_capacity(policy.name().len() + 2);
+                        _ = sfv::ItemSerializer::with_buffer(&mut item).bare_item(name);
+                        item.into_boxed_str()
+                    }),
+                    limit: HeaderValue::from(policy.limit()),
                 }
-            }
-            parts.push(PolicyParts {
-                item: name.map(|name| {
-                    let mut item = String::with_capacity(policy.name().len() + 2);
-                    _ = sfv::ItemSerializer::with_buffer(&mut item).bare_item(name);
-                    item.into_boxed_str()
-                }),
-                limit: HeaderValue::from(policy.limit()),
-            });
-        }
-        let policy_list = list.finish().and_then(|s| HeaderValue::try_from(s).ok());
+            })
+            .collect();
+        let calendar = policies
+            .iter()
+            .any(Policy::is_quota)
+            .then(|| policies.into());
         Self {
-            policy_list,
-            policies: parts.into_boxed_slice(),
+            policy_list: policy_list(policies, None),
+            calendar,
+            policies: parts,
         }
     }
 
     /// Adds only what the policies fix, `RateLimit-Policy` (for a request that was not
     /// counted, so has no `RateLimit` of its own).
     pub(crate) fn write_quota(&self, style: HeaderStyle, headers: &mut HeaderMap) {
-        if let Some(list) = self.policy_list.as_ref().filter(|_| style.ietf()) {
-            headers.append(RATELIMIT_POLICY, list.clone());
+        if !style.ietf() {
+            return;
+        }
+        let list = match &self.calendar {
+            Some(policies) => policy_list(policies, Some(SystemClock.now_ms())),
+            None => self.policy_list.clone(),
+        };
+        if let Some(list) = list {
+            headers.append(RATELIMIT_POLICY, list);
         }
     }
 
@@ -257,6 +251,48 @@ impl PolicyHeaders {
     fn shown(&self, i: usize) -> Option<&str> {
         self.policies.get(i).and_then(|p| p.item.as_deref())
     }
+}
+
+/// A policy's name as a structured-field string, if the headers show it. Policy names
+/// are checked to `[A-Za-z0-9_.-]`, always a valid sf-string; a name that somehow is
+/// not is left out of the headers rather than sent malformed (its entry stays, so
+/// indices still match the limiter's). Shadow policies are not shown.
+fn shown_name(policy: &Policy) -> Option<&StringRef> {
+    StringRef::from_str(policy.name())
+        .ok()
+        .filter(|_| !policy.is_shadow())
+}
+
+/// `RateLimit-Policy` of `policies`; a calendar quota's `w` is the length of the
+/// period `now_ms` is in (its usual length without a now).
+fn policy_list(policies: &[Policy], now_ms: Option<u64>) -> Option<HeaderValue> {
+    let mut list = ListSerializer::new();
+    for policy in policies {
+        let Some(name) = shown_name(policy) else {
+            continue;
+        };
+        let item = list
+            .bare_item(name)
+            .parameter(KeyRef::constant("q"), sf_integer(policy.limit()));
+        // Requests in flight have no window: their quota is requests at once.
+        // (The serializer writes as it goes: what it returns needs no finish.)
+        if policy.is_in_flight() {
+            _ = item.parameter(
+                KeyRef::constant("qu"),
+                StringRef::constant("concurrent-requests"),
+            );
+        } else {
+            let window_ms = match now_ms {
+                Some(now) if policy.is_quota() => {
+                    let (start, end) = calendar::period_at(policy, now);
+                    end - start
+                }
+                _ => policy.window_ms(),
+            };
+            _ = item.parameter(KeyRef::constant("w"), sf_integer(ceil_secs(window_ms)));
+        }
+    }
+    list.finish().and_then(|s| HeaderValue::try_from(s).ok())
 }
 
 fn sf_integer(n: u64) -> sfv::Integer {
@@ -322,6 +358,21 @@ mod tests {
             wait_secs,
             each: None,
         }
+    }
+
+    #[cfg(feature = "calendar")]
+    #[test]
+    fn a_calendar_quota_s_window_is_its_current_period() {
+        use crate::policy::Period;
+        let p =
+            Policy::calendar("monthly", 100_000, Period::Month, "America/New_York", 15).unwrap();
+        // 2026-10-20 noon in New York: from 15 October to 15 November, 31 days and the
+        // hour clocks go back.
+        let list = policy_list(std::slice::from_ref(&p), Some(1_792_512_000_000)).unwrap();
+        assert_eq!(list, r#""monthly";q=100000;w=2682000"#);
+        // Its usual length without a now: 31 days.
+        let list = policy_list(&[p], None).unwrap();
+        assert_eq!(list, r#""monthly";q=100000;w=2678400"#);
     }
 
     #[test]

@@ -117,6 +117,7 @@ impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
                     header_style: HeaderStyle::default(),
                     headers_on_allowed: true,
                     body_style: BodyStyle::default(),
+                    quota_status: StatusCode::TOO_MANY_REQUESTS,
                     failure_mode: FailureMode::default(),
                     over_limit: OverLimit::default(),
                     cost: Cost::Fixed(1),
@@ -144,6 +145,30 @@ impl<S: Store, P: Plan<S>> RateLimitLayer<S, P> {
     /// How the bodies of 429, 503 and key rejections are written (plain text by default).
     pub fn body_style(mut self, style: BodyStyle) -> Self {
         self.config_mut().body_style = style;
+        self
+    }
+
+    /// The status of a denial by a calendar quota
+    /// ([`Policy::calendar`](crate::Policy::calendar)), to tell a quota spent for the
+    /// period from a rate to slow down to: `429 Too Many Requests` by default, any
+    /// 4xx otherwise (`402 Payment Required` for a plan's allowance, `403 Forbidden`).
+    /// A status outside 400 to 499 is refused: the denial stays a 429, and a warning
+    /// is logged.
+    ///
+    /// The answer is the 429's otherwise: `Retry-After` the seconds to the period's
+    /// end, the rate-limit headers, a body naming the quota and when it resets. It
+    /// applies when the policy that denied (the longest wait among those that did) is
+    /// an enforced calendar quota; gRPC requests get `RESOURCE_EXHAUSTED` as for
+    /// every denial.
+    pub fn quota_status(mut self, status: StatusCode) -> Self {
+        if status.is_client_error() {
+            self.config_mut().quota_status = status;
+        } else {
+            tracing::warn!(
+                status = status.as_u16(),
+                "quota_status takes a 4xx status; calendar quota denials stay 429"
+            );
+        }
         self
     }
 

@@ -119,6 +119,8 @@ pub(crate) struct Config {
     pub(crate) header_style: HeaderStyle,
     pub(crate) headers_on_allowed: bool,
     pub(crate) body_style: BodyStyle,
+    /// The status of a denial by a calendar quota (429 unless set).
+    pub(crate) quota_status: http::StatusCode,
     pub(crate) failure_mode: FailureMode,
     pub(crate) over_limit: OverLimit,
     pub(crate) cost: Cost,
@@ -157,6 +159,7 @@ impl fmt::Debug for Config {
             .field("header_style", &self.header_style)
             .field("headers_on_allowed", &self.headers_on_allowed)
             .field("body_style", &self.body_style)
+            .field("quota_status", &self.quota_status)
             .field("failure_mode", &self.failure_mode)
             .field("over_limit", &self.over_limit)
             .field("cost", &self.cost)

@@ -134,11 +134,18 @@ pub(crate) fn too_many_requests(
     }
     let retry = retry_after_secs(decision);
     let detail = format!("{}; retry after {retry} s", what_denied(decision));
-    let body = match config.body_style {
-        BodyStyle::PlainText => format!("Too Many Requests: {detail}"),
-        BodyStyle::ProblemJson => problem_json(StatusCode::TOO_MANY_REQUESTS, &detail, Some(retry)),
+    let status = if decision.policy().is_quota() {
+        config.quota_status
+    } else {
+        StatusCode::TOO_MANY_REQUESTS
     };
-    let mut response = answer(StatusCode::TOO_MANY_REQUESTS, config, body);
+    let body = match config.body_style {
+        BodyStyle::PlainText => {
+            format!("{}: {detail}", status.canonical_reason().unwrap_or("Error"))
+        }
+        BodyStyle::ProblemJson => problem_json(status, &detail, Some(retry)),
+    };
+    let mut response = answer(status, config, body);
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, HeaderValue::from(retry));
     policy_headers.write(config.header_style, &Snapshot::of(decision), headers);
@@ -155,8 +162,41 @@ fn what_denied(decision: &Decision) -> String {
             policy.name(),
             policy.limit()
         ),
+        Algorithm::Calendar => {
+            let wait_ms = decision.outcome().retry_after_ms;
+            match reset_point(policy, wait_ms) {
+                Some(at) => format!(
+                    "quota '{}' of {} used up; it resets at {at}",
+                    policy.name(),
+                    policy.limit()
+                ),
+                None => format!("quota '{}' of {} used up", policy.name(), policy.limit()),
+            }
+        }
         _ => format!("rate limit '{}' exceeded", policy.name()),
     }
+}
+
+/// When a calendar quota denying for `wait_ms` resets, in its zone's local time
+/// (`2026-11-15T00:00:00-05:00[America/New_York]`): the period boundary nearest the
+/// system clock's now plus the wait (the check's clock may be the store's).
+#[cfg(feature = "calendar")]
+fn reset_point(policy: &crate::policy::Policy, wait_ms: u64) -> Option<String> {
+    use crate::clock::{Clock, SystemClock};
+    let calendar = policy.calendar_spec()?;
+    let near = SystemClock
+        .now_ms()
+        .saturating_add(wait_ms)
+        .saturating_sub(1);
+    let end = crate::algorithm::calendar::period_at(policy, near).1;
+    let at = jiff::Timestamp::from_millisecond(i64::try_from(end).ok()?).ok()?;
+    Some(at.to_zoned_datetime(calendar.zone.clone()).to_string())
+}
+
+/// Without the feature no policy is a calendar quota.
+#[cfg(not(feature = "calendar"))]
+fn reset_point(_policy: &crate::policy::Policy, _wait_ms: u64) -> Option<String> {
+    None
 }
 
 /// The 503 of [`FailureMode::Closed`](crate::layer::FailureMode::Closed) when the store

@@ -16,7 +16,8 @@ use crate::subject::Subject;
 /// State is only ever read by the policy set that wrote it: the memory store keys its
 /// entries by the fingerprint, and every Redis key of the set carries
 /// [`key_tag`](PolicySet::key_tag), the fingerprint in hex. A policy whose window,
-/// algorithm, unit or scope changed under the same name, or a set that gained or lost
+/// algorithm, unit or scope (a calendar quota's zone, period or anchor day) changed
+/// under the same name, or a set that gained or lost
 /// a policy, therefore starts fresh counting instead of reading numbers it would
 /// misread (a rolling deploy costs at most one window of fresh counting). The limit
 /// is not part of it, nor the shadow flag: every algorithm's state means the same
@@ -66,6 +67,15 @@ impl PolicySet {
                 h.write(b"\xfescope=");
                 h.write(policy.scope().to_string().as_bytes());
                 h.write(&[0xff]);
+            }
+            // A calendar quota's periods: its zone, period and anchor day (nothing
+            // for the other policies, whose fingerprints stay as they were).
+            if let Some((zone, period, anchor)) = policy.calendar_key() {
+                h.write(&[0xfe]);
+                h.write(zone.as_bytes());
+                h.write(&[0xff]);
+                h.write(period.as_bytes());
+                h.write(&[anchor]);
             }
         }
         let fingerprint = h.finish();

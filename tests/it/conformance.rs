@@ -179,6 +179,85 @@ async fn memory_and_redis_match_on_generated_traces() {
     server.assert_every_key_expires().await;
 }
 
+/// Calendar quotas: the Lua, given the period's end the store computed, decides as the
+/// model on random traces that cross days, weeks and months (the changes of clocks of
+/// March and November 2026 among them), go back up to a day, and now and then jump a
+/// week back, past the stored period's bound (foreign state, read as fresh).
+#[tokio::test]
+async fn memory_and_redis_match_on_calendar_quotas() {
+    use redlimit::Period;
+    let server = RedisServer::start();
+    let quota = |name: &str, limit, period, zone: &str, anchor| {
+        Policy::calendar(name, limit, period, zone, anchor).unwrap()
+    };
+    let sets: Vec<Vec<Policy>> = vec![
+        vec![quota("day", 9, Period::Day, "America/New_York", 1)],
+        vec![quota("week", 25, Period::Week, "Europe/Paris", 7)],
+        vec![quota("month", 60, Period::Month, "Australia/Lord_Howe", 3)],
+        vec![
+            Policy::fixed_window("fw", 6, std::time::Duration::from_secs(3_600)).unwrap(),
+            quota("day", 12, Period::Day, "Asia/Kolkata", 1),
+        ],
+        vec![
+            quota("day", 8, Period::Day, "America/New_York", 1),
+            quota("week", 20, Period::Week, "America/New_York", 1).shadow(),
+        ],
+    ];
+    // 2026-03-07T12:00Z and 2026-10-28T12:00Z: days before clocks change.
+    let starts = [1_772_884_800_000u64, 1_793_188_800_000];
+    let mut rng = Lcg(0xca1e_2026);
+    let (mut admitted, mut denied, mut admin_ops) = (0, 0, 0);
+    for (s, policies) in sets.iter().enumerate() {
+        for (k, start) in starts.into_iter().enumerate() {
+            let hour = 3_600_000;
+            let mut now = start + rng.below(hour);
+            let subject = format!("calendar-{s}-{k}");
+            let mut run = SideBySide::new(&server, policies, now, subject).await;
+            for i in 0..200 {
+                now = match rng.below(40) {
+                    0..=19 => now + rng.below(2 * hour),
+                    20..=29 => now,
+                    30..=35 => now + rng.below(3 * 24 * hour),
+                    36..=38 => now.saturating_sub(rng.below(24 * hour)),
+                    // Past the bound of a clock that went back: foreign state.
+                    _ => now.saturating_sub(6 * 24 * hour),
+                };
+                let cost = if rng.below(4) == 0 {
+                    1 + rng.below(5)
+                } else {
+                    1
+                };
+                let cost = u32::try_from(cost).unwrap();
+                let what = format!("set {s} from {start}: step {i} at {now} ms, cost {cost}");
+                let op = match rng.below(20) {
+                    0 => Some(Admin::Peek(cost)),
+                    1 | 2 => Some(Admin::Refund(cost)),
+                    3 if rng.below(4) == 0 => Some(Admin::Reset),
+                    _ => None,
+                };
+                if let Some(op) = op {
+                    run.admin(now, op, &what, &server).await;
+                    admin_ops += 1;
+                }
+                if run
+                    .step_checked(now, cost, &what, &server)
+                    .await
+                    .is_allowed()
+                {
+                    admitted += 1;
+                } else {
+                    denied += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        admitted > 300 && denied > 300 && admin_ops > 100,
+        "{admitted} admitted, {denied} denied, {admin_ops} admin operations"
+    );
+    server.assert_every_key_expires().await;
+}
+
 /// Numbers at the edge of what the constructors accept decide the same in Redis (Lua
 /// doubles) as in memory (u64): a window or fill time of ten years, the largest limits
 /// and costs, a clock far into this century. Past the edge, the constructors refuse:
@@ -211,6 +290,14 @@ async fn memory_and_redis_match_at_the_largest_numbers_the_constructors_accept()
         Policy::sliding_window("sw", 1, MAX_WINDOW).unwrap(),
         Policy::sliding_window("sw", u32::MAX, Duration::from_secs(2_000)).unwrap(),
         Policy::sliding_log("sl", 3, MAX_WINDOW).unwrap(),
+        Policy::calendar(
+            "cq",
+            u32::MAX,
+            redlimit::Period::Month,
+            "Pacific/Auckland",
+            28,
+        )
+        .unwrap(),
     ];
     // 2096: about 3.9e15 µs since the epoch, where a ten-year bucket stores up to
     // five fill times ahead (clock back) well under 2^53 µs.

@@ -32,6 +32,7 @@ fn settings(tokens: u32, in_flight: u32) -> example::Settings {
         monthly: None,
         admin_token: None,
         live_every: Duration::from_millis(250),
+        clock: std::sync::Arc::new(redlimit::clock::SystemClock),
     }
 }
 
@@ -438,4 +439,80 @@ async fn without_an_admin_token_there_is_no_admin_route() {
         send(&app, put.body(Body::empty()).unwrap()).await.status(),
         StatusCode::NOT_FOUND
     );
+}
+
+/// `MONTHLY_TOKENS=100000`, `QUOTA_TZ=America/New_York`, `QUOTA_ANCHOR_DAY=15`: the
+/// usage line names the next 15th, 00:00 New York time; a completion that uses 100
+/// leaves 99,900; past the 15th (after the end of daylight time) the quota is fresh
+/// and names the next one. A spent quota is a 402, a spent rate a 429.
+async fn a_monthly_quota(apps: &[Router], clock: &FakeClock) {
+    let (first, last) = (&apps[0], &apps[apps.len() - 1]);
+    let done = send(first, complete("q", "300", Some("100"))).await;
+    assert_eq!(done.status(), StatusCode::OK);
+    text(done).await;
+    usage_settles(
+        last,
+        "q",
+        "tokens_remaining=900 in_flight=0 quota_remaining=99900 \
+         quota_resets=2026-11-15T00:00:00-05:00",
+    )
+    .await;
+    // The rest of the month's tokens but 50, charged past the tokens per minute: the
+    // quota refuses the next 100 with 402, told apart from a rate's 429.
+    let big = send(first, complete("q", "900", Some("99850"))).await;
+    assert_eq!(big.status(), StatusCode::OK);
+    text(big).await;
+    // Two days on: the tokens per minute are whole again, the month's are not.
+    clock.advance(Duration::from_secs(3600 * 24 * 2));
+    let spent = send(last, complete("q", "100", None)).await;
+    assert_eq!(spent.status(), StatusCode::PAYMENT_REQUIRED);
+    assert!(spent.headers().get("retry-after").is_some());
+    text(spent).await;
+    // 15 November 00:00 in New York is 05:00 UTC (standard time since 1 November).
+    use redlimit::clock::Clock;
+    clock.advance(Duration::from_millis(1_794_718_800_000 - clock.now_ms()));
+    usage_settles(
+        last,
+        "q",
+        "tokens_remaining=1000 in_flight=0 quota_remaining=100000 \
+         quota_resets=2026-12-15T00:00:00-05:00",
+    )
+    .await;
+}
+
+fn with_quota(clock: &FakeClock) -> example::Settings {
+    example::Settings {
+        monthly: Some(example::Quota {
+            tokens: 100_000,
+            zone: "America/New_York".to_owned(),
+            anchor_day: 15,
+        }),
+        clock: std::sync::Arc::new(clock.clone()),
+        ..settings(1000, 4)
+    }
+}
+
+/// 2026-10-20 12:00 in New York (16:00 UTC).
+const OCTOBER_20: u64 = 1_792_512_000_000;
+
+#[tokio::test]
+async fn a_monthly_quota_from_the_15th_in_new_york_on_the_memory_store() {
+    let clock = FakeClock::new(OCTOBER_20);
+    let app = gateway_with(MemoryStore::with_clock(clock.clone()), &with_quota(&clock)).await;
+    a_monthly_quota(&[app], &clock).await;
+}
+
+#[tokio::test]
+async fn a_monthly_quota_from_the_15th_in_new_york_on_two_instances_of_one_redis() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(OCTOBER_20);
+    let mut apps = Vec::new();
+    for _ in 0..2 {
+        let store = server
+            .store()
+            .client_clock(clock.clone())
+            .timeout(Duration::from_secs(5));
+        apps.push(gateway_with(store, &with_quota(&clock)).await);
+    }
+    a_monthly_quota(&apps, &clock).await;
 }

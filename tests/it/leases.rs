@@ -768,6 +768,49 @@ async fn the_lua_lease_and_the_model_grant_the_same_units() {
     }
 }
 
+/// A calendar quota leases like a fixed window, its leases ending with the period: the
+/// Lua and the model grant the same units, across the end of a day too.
+#[tokio::test]
+async fn a_calendar_quota_leases_alike_in_lua_and_the_model() {
+    let server = RedisServer::start();
+    let policy = Policy::calendar("p", 300, redlimit::Period::Day, "UTC", 1).unwrap();
+    // Half an hour before a day ends; the trace lasts about an hour. Leases end with
+    // their period (a lifetime longer than the trace), so no give-back, which runs in
+    // the background at moments that differ between the stores, changes state between
+    // two compared steps.
+    let clock = FakeClock::new(35 * 86_400_000 - 1_800_000);
+    let leases = Leases::new()
+        .lifetime(Duration::from_secs(7_200))
+        .max_units(8)
+        .min_rate(0);
+    let redis = instance(&server, &clock, &policy, leases.clone());
+    let memory = Limiter::builder(MemoryStore::with_clock(clock.clone()))
+        .policy(policy.clone())
+        .local_clock(clock.clone())
+        .leases(leases)
+        .build()
+        .unwrap();
+    let (mut leased, mut denied) = (0, 0);
+    for i in 0..400u64 {
+        clock.advance(Duration::from_secs(i % 7 * 3));
+        let cost = 1 + (i % 3) as u32;
+        let (a, b) = (
+            redis.check("s", cost).await.unwrap(),
+            memory.check("s", cost).await.unwrap(),
+        );
+        assert_eq!(a, b, "step {i} at {}", clock.now_ms());
+        leased += u32::from(a.origin() == Origin::Lease);
+        denied += u32::from(!a.is_allowed());
+        if i % 50 == 0 {
+            assert_eq!(redis.sweep_leases().await, memory.sweep_leases().await);
+        }
+    }
+    assert!(
+        leased >= 100 && denied > 0,
+        "{leased} of 400 from leases, {denied} denied"
+    );
+}
+
 // ---------------------------------------------------------------------------------
 // Lost state, admin operations, skewed clocks, a full table and extreme settings.
 

@@ -14,6 +14,7 @@ mod admin;
 mod auth;
 mod batching;
 mod bursts;
+mod calendar;
 mod charges;
 mod config;
 mod conformance;

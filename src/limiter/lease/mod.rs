@@ -115,7 +115,10 @@ impl Leases {
             match policy.algorithm() {
                 Algorithm::SlidingLog => return Err(BuildError::LeaseSlidingLog(name())),
                 Algorithm::InFlight => return Err(BuildError::LeaseInFlight(name())),
-                Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::TokenBucket => {}
+                Algorithm::FixedWindow
+                | Algorithm::SlidingWindow
+                | Algorithm::TokenBucket
+                | Algorithm::Calendar => {}
             }
         }
         if self.max_subjects == 0 {

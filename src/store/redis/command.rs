@@ -12,6 +12,8 @@ use super::contract::reply::{BatchReply, Checked, LeaseReply, Reply};
 use super::contract::*;
 use super::keys::{lease_key_of, push_policy_suffix};
 use super::script::{batch_script, Library, Shape, ShapeScript, Via};
+use crate::algorithm::calendar;
+use crate::clock::{Clock, SystemClock};
 use crate::policy::{Algorithm, Policy, Unit};
 use crate::store::backend::Operation;
 use crate::store::lease::{GiveBack, LeaseAsk};
@@ -180,7 +182,7 @@ impl<S: CallShape> Request for Call<S> {
         cmd.arg(self.cost);
         self.shape.push_head(&mut cmd);
         for policy in self.policies.iter() {
-            push_policy_args(&mut cmd, policy);
+            push_policy_args(&mut cmd, policy, self.now_ms);
         }
         // Without a client clock the Lua reads Redis `TIME`.
         if let Some(ms) = self.now_ms {
@@ -209,13 +211,19 @@ fn push_keys<S>(cmd: &mut Cmd, call: &Call<S>) {
 
 /// Appends a policy's [`POLICY_ARGS`] arguments: its algorithm's code, its limit
 /// (negative for a shadow policy: one argument fewer per policy) and the one
-/// duration its algorithm reads.
-fn push_policy_args(cmd: &mut Cmd, policy: &Policy) {
+/// duration its algorithm reads; a calendar quota's is the end of the period that
+/// `now_ms` (the client's clock), else the system clock, is in: the Lua has no zone
+/// database (lua/calendar.lua says what it makes of a now past that end).
+fn push_policy_args(cmd: &mut Cmd, policy: &Policy, now_ms: Option<u64>) {
     let algorithm = policy.algorithm();
     let limit = i64::try_from(policy.limit()).unwrap_or(i64::MAX);
     let limit = if policy.is_shadow() { -limit } else { limit };
     let n = match algorithm {
         Algorithm::TokenBucket => policy.emission_interval_us(),
+        Algorithm::Calendar => {
+            let now = now_ms.unwrap_or_else(|| SystemClock.now_ms());
+            calendar::period_at(policy, now).1
+        }
         _ => policy.window_ms(),
     };
     if algorithm == Algorithm::InFlight {
@@ -281,10 +289,14 @@ impl Request for Batch {
             mode.push_str(BATCH_REPEATS);
         }
         cmd.arg(mode).arg(sets.len());
+        // A set is sent once for all its checks: a calendar quota's period is the one
+        // its first check's clock is in (the Lua decides a later check past its end
+        // as at the period's last millisecond).
+        let first_now = self.calls.first().and_then(|c| c.now_ms);
         for set in &sets {
             cmd.arg(set.len());
             for policy in set.iter() {
-                push_policy_args(&mut cmd, policy);
+                push_policy_args(&mut cmd, policy, first_now);
             }
         }
         // One byte per check: its set, from 1 (a batch holds at most 255 checks).

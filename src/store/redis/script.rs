@@ -27,7 +27,7 @@ const BATCH: &str = include_str!("../../../lua/batch.lua");
 /// Each algorithm's Lua, in the order of [`Algorithm::ALL`]: its decide function,
 /// its refund function, composed only where units are given back, and its charge
 /// function, composed only where units are charged (the admin operations).
-const ALGORITHMS: [AlgorithmLua; 5] = [
+const ALGORITHMS: [AlgorithmLua; 6] = [
     AlgorithmLua {
         check: include_str!("../../../lua/fixed_window.lua"),
         refund: include_str!("../../../lua/fixed_window_refund.lua"),
@@ -54,6 +54,11 @@ const ALGORITHMS: [AlgorithmLua; 5] = [
         refund: include_str!("../../../lua/in_flight_release.lua"),
         // Units are charged, never slots: decide.lua leaves in-flight policies out.
         charge: "",
+    },
+    AlgorithmLua {
+        check: include_str!("../../../lua/calendar.lua"),
+        refund: include_str!("../../../lua/calendar_refund.lua"),
+        charge: include_str!("../../../lua/calendar_charge.lua"),
     },
 ];
 
@@ -84,16 +89,16 @@ fn head(entry: Option<Entry>) -> String {
 /// Which algorithms a call's policies use (one bit per [`Algorithm::ALL`] position),
 /// and its entry point (two bits).
 ///
-/// Lua defines a script's functions again on every call, so one script of all five
-/// algorithms made each call pay for creating the closures of the three it does not
+/// Lua defines a script's functions again on every call, so one script of all six
+/// algorithms made each call pay for creating the closures of those it does not
 /// use, and a check paid for the refund functions it never runs. One script per shape
-/// (at most 124, each built and hashed once per process) is still one `EVALSHA` per
+/// (at most 252, each built and hashed once per process) is still one `EVALSHA` per
 /// call, and a check of a limiter with one algorithm pays for that one's decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Shape(u8);
 
 /// Where a [`Shape`]'s entry point sits.
-const ENTRY_SHIFT: u8 = 5;
+const ENTRY_SHIFT: u8 = 6;
 
 impl Shape {
     /// The shape of a call of `entry` on `policies`.
@@ -110,8 +115,8 @@ impl Shape {
 
     /// The script of this shape.
     pub(super) fn script(self) -> &'static ShapeScript {
-        static SCRIPTS: [OnceLock<ShapeScript>; 128] = [const { OnceLock::new() }; 128];
-        SCRIPTS[usize::from(self.0 & 0x7f)].get_or_init(|| ShapeScript::compose(self))
+        static SCRIPTS: [OnceLock<ShapeScript>; 256] = [const { OnceLock::new() }; 256];
+        SCRIPTS[usize::from(self.0)].get_or_init(|| ShapeScript::compose(self))
     }
 }
 
@@ -123,6 +128,7 @@ const fn index(algorithm: Algorithm) -> u8 {
         Algorithm::TokenBucket => 2,
         Algorithm::SlidingLog => 3,
         Algorithm::InFlight => 4,
+        Algorithm::Calendar => 5,
     }
 }
 

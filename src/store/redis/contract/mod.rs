@@ -36,7 +36,8 @@
 //! decide(limit, n, now_ms, cost, raw) -> allowed, remaining, reset_ms, retry_ms, ttl_ms, next
 //! ```
 //!
-//! `n` the policy's window (ms) or emission interval (us), `raw` its stored state
+//! `n` the policy's window (ms) or emission interval (us) (a calendar quota's: the end
+//! of the current period in ms, computed by the encoder: lua/calendar.lua), `raw` its stored state
 //! (`false` when there is none), `next` the state to write (`nil` for none; a string,
 //! or the sliding log's ranges to overwrite). An in-flight policy's takes its holder
 //! where the others take the cost, and a sixth argument, whether the call only peeks.
@@ -273,6 +274,7 @@ pub(super) const fn code(algorithm: Algorithm) -> &'static str {
         Algorithm::TokenBucket => "tb",
         Algorithm::SlidingLog => "sl",
         Algorithm::InFlight => "if",
+        Algorithm::Calendar => "cq",
     }
 }
 
@@ -338,6 +340,11 @@ const PREAMBLE: &[(&str, Lua)] = &[
     ("ALG_SLIDING_LOG", Lua::Str(code(Algorithm::SlidingLog))),
     ("ALG_IN_FLIGHT", Lua::Str(code(Algorithm::InFlight))),
     ("UNIT_REQUESTS", Lua::Str(UNIT_REQUESTS)),
+    ("ALG_CALENDAR", Lua::Str(code(Algorithm::Calendar))),
+    (
+        "CALENDAR_MAX_AHEAD",
+        Lua::Int(crate::algorithm::calendar::MAX_AHEAD_MS),
+    ),
     (
         "IN_FLIGHT_RETRY_HINT",
         Lua::Int(crate::algorithm::in_flight::RETRY_HINT_MS),

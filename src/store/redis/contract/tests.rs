@@ -434,6 +434,7 @@ fn same_state(policy: &Policy, model: Option<&State>, raw: Option<&[u8]>) -> boo
         State::TokenBucket { tat_us } => Some(tat_us.to_string()),
         State::SlidingLog { .. } => None,
         State::InFlight { holders } => Some(crate::algorithm::in_flight::encode(holders)),
+        State::Calendar { end, count } => Some(format!("{end}:{count}")),
     };
     match (model, raw) {
         (None, None) => true,
@@ -453,7 +454,8 @@ async fn a_charge_round_trips_and_writes_the_model_s_state() {
     let server = Server::start();
     let mut conn = server.conn().await;
     let ms = Duration::from_millis;
-    let sets: Vec<Arc<[Policy]>> = vec![
+    #[allow(unused_mut)]
+    let mut sets: Vec<Arc<[Policy]>> = vec![
         policies(),
         vec![Policy::sliding_window("sw", 10, ms(1_000)).unwrap()].into(),
         vec![Policy::sliding_log("sl", 4, ms(1_000)).unwrap()].into(),
@@ -463,6 +465,21 @@ async fn a_charge_round_trips_and_writes_the_model_s_state() {
         ]
         .into(),
     ];
+    // Days from 01:00 UTC: the steps cross into the next day at 3 600 000 ms, and the
+    // clock that goes back after stays in it (the Lua given the earlier day's end).
+    #[cfg(feature = "calendar")]
+    {
+        use crate::policy::Period;
+        let day = || Policy::calendar("cq", 6, Period::Day, "Etc/GMT+1", 1).unwrap();
+        sets.push(vec![day()].into());
+        sets.push(
+            vec![
+                Policy::fixed_window("fw", 6, ms(500)).unwrap(),
+                day().shadow(),
+            ]
+            .into(),
+        );
+    }
     // (time, what, cost): charges fresh, past the limit, huge, after a refund, with
     // the clock gone back, and on foreign state far ahead.
     let steps: [(u64, Op, u64); 9] = [
@@ -599,4 +616,81 @@ fn every_operation_has_a_letter_and_a_lua_name_of_its_own() {
     assert_eq!(letters.len(), super::Op::ALL.len());
     assert_eq!(names.len(), super::Op::ALL.len());
     assert!(names.contains("OP_GIVE_BACK") && names.contains("OP_CHECK"));
+}
+
+/// A calendar quota's Lua decides with its own now, given the period's end the store
+/// computed on another clock: a stored end ahead of it (by at most MAX_CLOCK_BACK
+/// days) is the period counted; a now at or past it decides as at the period's last
+/// millisecond (a reset of 1 ms), whatever the state.
+#[tokio::test]
+async fn a_calendar_quota_s_lua_is_total_when_the_clocks_disagree() {
+    use crate::algorithm::calendar::MAX_AHEAD_MS;
+    let server = Server::start();
+    let mut conn = server.conn().await;
+    let day = 86_400_000u64;
+    let end = 20_000 * day;
+    let key = "rt:{calendar}:t:q:cq";
+    let check = |cost: u64, given_end: u64, now: u64| {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(Library::get().function(Entry::Check))
+            .arg(1)
+            .arg(key)
+            .arg(cost)
+            .arg(code(Algorithm::Calendar))
+            .arg(3)
+            .arg(given_end)
+            .arg(now);
+        cmd
+    };
+    let set = |state: String| {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(state).arg("PX").arg(60_000);
+        cmd
+    };
+    let reply = |value: Value| decode::<Reply>(value).unwrap().0[0];
+    for now in [end, end + 1, end + 10 * day] {
+        let _: () = redis::cmd("DEL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let fresh = reply(check(1, end, now).query_async(&mut conn).await.unwrap());
+        assert_eq!(fresh, outcome(true, 2, 1, 0), "now {now}");
+        let _: () = set(format!("{end}:3"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let full = reply(check(1, end, now).query_async(&mut conn).await.unwrap());
+        assert_eq!(full, outcome(false, 0, 1, 1), "now {now}");
+    }
+    // The stored period a day ahead of the one given: counted in, waited out.
+    let ahead = end + day;
+    let _: () = set(format!("{ahead}:3"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let now = end - 5;
+    let r = reply(check(1, end, now).query_async(&mut conn).await.unwrap());
+    assert_eq!(r, outcome(false, 0, ahead - now, ahead - now));
+    // Further ahead than MAX_CLOCK_BACK days: foreign, read as fresh.
+    let far = end + MAX_AHEAD_MS + 1;
+    let _: () = set(format!("{far}:3"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let r = reply(check(1, end, now).query_async(&mut conn).await.unwrap());
+    assert_eq!(r, outcome(true, 2, 5, 0));
+    // A stored period behind the one given is over: fresh.
+    let _: () = set(format!("{}:3", end - day))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let r = reply(check(2, end, now).query_async(&mut conn).await.unwrap());
+    assert_eq!(r, outcome(true, 1, 5, 0));
+    let kept: String = redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(kept, format!("{end}:2"));
 }
