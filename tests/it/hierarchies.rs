@@ -338,6 +338,7 @@ async fn every_algorithm_keeps_its_count<S: Store + redlimit::store::LiveLimitSt
         Policy::token_bucket("p", 5, 1, w).unwrap(),
         Policy::sliding_log("p", 5, w).unwrap(),
         Policy::in_flight("p", 5, w).unwrap(),
+        Policy::calendar("p", 5, redlimit::Period::Month, "America/New_York", 15).unwrap(),
     ];
     for (i, policy) in policies.into_iter().enumerate() {
         let algorithm = policy.algorithm();

@@ -169,7 +169,17 @@ struct Walk {
 impl Walk {
     fn new(policies: &[Policy], start_ms: u64) -> Self {
         Self {
-            windows: policies.iter().map(Policy::window_ms).collect(),
+            // A bucket's fill time rounded down: its `window_ms` is rounded up, and the
+            // foreign bound below counts in exact fill times (2.2 ms, not 3).
+            windows: policies
+                .iter()
+                .map(|p| match p.algorithm() {
+                    redlimit::Algorithm::TokenBucket => {
+                        (p.limit() * p.emission_interval_us() / 1_000).max(1)
+                    }
+                    _ => p.window_ms(),
+                })
+                .collect(),
             max_cost: policies.iter().map(Policy::max_cost).min().unwrap_or(1),
             now: start_ms,
             last: None,
