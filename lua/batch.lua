@@ -1,102 +1,122 @@
--- redlimit: decide many checks in one call, each all or nothing across its own
--- subject's policies, in the order given (a subject named twice is decided
--- twice, the second time on what the first wrote). A check's denial never
--- touches another check: the batch is not all or nothing across checks.
+-- redlimit: operations on subjects' policies, one after the other in one call: a
+-- lone check is a batch of one. Each operation (a record) is decided as its own
+-- call would be (a check all or nothing across its own policies), in the order
+-- given, on what the records before it left: a subject named twice is decided
+-- twice, the second time on what the first changed. A denial never touches another
+-- record: the batch is not all or nothing across records. Every key is read once
+-- (one MGET), every state parsed once, and each key a record changed written once,
+-- at the end.
 --
 -- The layout is src/store/redis/contract's (its constants by name, see common.lua):
--- ARGV[BATCH_MODE]   BATCH_REDIS_CLOCK: the checks are decided at one Redis
---           TIME, read once; BATCH_CLIENT_CLOCK: each check carries the
---           client's clock in ms; either followed by BATCH_REPEATS when a
---           subject comes more than once in the batch
--- ARGV[BATCH_SETS]   the number of policy sets s, then each set: its number of
---           policies p, then POLICY_ARGS p arguments (algorithm, limit,
---           window or interval: as in main.lua)
--- then      one byte per check: its set, 1 for the first (so a batch has at
---           most 255 sets; its length is the number of checks n)
--- then      BATCH_UNIT_COSTS when every check costs 1, else BATCH_COSTS and
---           n costs
--- then      with BATCH_CLIENT_CLOCK, n times in ms
--- KEYS      each check's keys, one per policy of its set, check after check
+-- ARGV[1]   the head, three bytes: the clock (HEAD_REDIS_CLOCK: every record is
+--           decided at one Redis TIME, read once; HEAD_CLIENT_CLOCK: each record
+--           carries the client's clock in ms), the flags (FLAG_MAP: each record names
+--           its keys' slots; FLAG_OPS: each record starts with its operation's
+--           letter, else every record is a check; FLAG_COSTS: a cost per record
+--           follows, else every record costs 1), and the number of policy sets s
+-- ARGV[2 .. s+1] the policy sets' definitions (decide.lua)
+-- ARGV[s+2] the records: [op letter] set (a byte, from 1) [a key slot byte per
+--           policy of the set]; without FLAG_MAP, a record's keys are the next ones
+--           in KEYS, one per policy of its set
+-- then      with FLAG_COSTS, a cost per record (a release's and a renewal's: the
+--           slots its holder holds); then with HEAD_CLIENT_CLOCK, a time per record
+-- KEYS      the keys the records name
 --
--- A check's set and cost are read without tonumber where they can be, and
--- every argument Redis turns into a Lua string costs a call a visible share.
---
--- Reply: each check's REPLY_FIELDS integers per policy (as main.lua's), check
--- after check.
+-- Every set, record, cost, time and key is checked before anything is written.
+-- Reply: each record's policies' outcomes (common.lua's put), record after record.
 
-local mode = ARGV[BATCH_MODE]
-local clock, rest = string.sub(mode, 1, 1), string.sub(mode, 2)
-local timed, repeats = clock == BATCH_CLIENT_CLOCK, rest == BATCH_REPEATS
-local nsets = tonumber(ARGV[BATCH_SETS])
-if not (nsets and (timed or clock == BATCH_REDIS_CLOCK) and (repeats or rest == "")) then
-  return redis.error_reply(string.format(
-    "ERR redlimit: a batch starts with its clock (%s or %s) and its number of policy sets",
-    BATCH_REDIS_CLOCK, BATCH_CLIENT_CLOCK))
+if not call then
+  init()
 end
+CALL = CALL + 1
+local nargs, nkeys = #ARGV, #KEYS
+local clock, flags, nsets = byte(ARGV[1] or "", 1, 3)
+local timed = clock == HEAD_CLIENT_CLOCK
+if not (nsets and nsets >= 1 and (timed or clock == HEAD_REDIS_CLOCK) and nargs >= nsets + 2) then
+  return redis.error_reply("ERR redlimit: a batch starts with its head (clock, flags, number of policy sets), the sets and the records")
+end
+local map, ops, costs = flags % 2 >= 1, flags % 4 >= 2, flags % 8 >= 4
 local sets = {}
-local at = BATCH_SETS + 1
 for s = 1, nsets do
-  local p = tonumber(ARGV[at])
-  if not p then
-    return redis.error_reply(string.format("ERR redlimit: policy set %d has no size", s))
-  end
-  local set, bad = read_policies(ARGV, at + 1, p)
+  local set, bad = read_set(ARGV[1 + s])
   if not set then
     return redis.error_reply(bad)
   end
   sets[s] = set
-  at = at + 1 + POLICY_ARGS * p
 end
--- Every set's policies (above), every check's set, cost and time and the keys
--- they name: all read and checked before any check writes.
-local order, unit = ARGV[at], ARGV[at + 1]
-local n = order and #order or 0
-local costs_at = at + 2
-local times_at = unit == BATCH_UNIT_COSTS and costs_at or costs_at + n
-if not (unit == BATCH_UNIT_COSTS or unit == BATCH_COSTS) or #ARGV ~= times_at - 1 + (timed and n or 0) then
-  return redis.error_reply("ERR redlimit: a batch's checks take a set each, then their costs (and times)")
-end
-local needed = 0
-for j = 1, n do
-  local set = sets[string.byte(order, j)]
-  local cost = 1
-  if unit == BATCH_COSTS then
-    cost = tonumber(ARGV[costs_at + j - 1])
+local records = ARGV[2 + nsets]
+local size, pos, n, needed = #records, 1, 0, 0
+while pos <= size do
+  if ops then
+    local op = sub(records, pos, pos)
+    if not (op == OP_CHECK or op == OP_PEEK or op == OP_REFUND or op == OP_CHARGE or op == OP_RELEASE or op == OP_RENEW) then
+      return redis.error_reply(fmt("ERR redlimit: record %d of the batch has no operation of the batch's (%q)", n + 1, op))
+    end
+    pos = pos + 1
   end
-  local t = timed and tonumber(ARGV[times_at + j - 1])
-  if not (set and cost and (t or not timed)) then
-    return redis.error_reply(string.format(
-      "ERR redlimit: check %d of the batch names no set, or has no cost or clock", j))
+  local set = sets[byte(records, pos) or 0]
+  if not set then
+    return redis.error_reply(fmt("ERR redlimit: record %d of the batch names no set", n + 1))
   end
-  needed = needed + #set / SET_FIELDS
+  pos = pos + 1
+  if map then
+    for i = 0, set.n - 1 do
+      local k = byte(records, pos + i)
+      if not k or k < 1 or k > nkeys then
+        return redis.error_reply(fmt("ERR redlimit: record %d of the batch names a key it has not", n + 1))
+      end
+    end
+    pos = pos + set.n
+  else
+    needed = needed + set.n
+  end
+  n = n + 1
 end
-if needed ~= #KEYS then
-  return redis.error_reply(string.format(
-    "ERR redlimit: the batch's checks name %d keys, got %d", needed, #KEYS))
+local costs_at = 3 + nsets
+local times_at = costs and costs_at + n or costs_at
+local args = times_at - 1 + (timed and n or 0)
+if map then
+  needed = nkeys
+end
+if n == 0 or nargs ~= args or needed ~= nkeys then
+  return redis.error_reply(fmt(
+    "ERR redlimit: the batch's records (%d) take %d keys and %d arguments, got %d and %d",
+    n, needed, args, nkeys, nargs))
+end
+for j = 0, n - 1 do
+  if (costs and not tonum(ARGV[costs_at + j])) or (timed and not tonum(ARGV[times_at + j])) then
+    return redis.error_reply(fmt("ERR redlimit: record %d of the batch has no cost or clock", j + 1))
+  end
 end
 local now
 if not timed then
   now = time_ms()
 end
--- Every state the batch reads, in one call; what its checks write is kept for
--- the checks after them and written once at the end.
-local batch = new_batch(redis.call("MGET", unpack(KEYS)), repeats)
-local reply, writes = {}, { false, false }
-local k0 = 0
-for j = 1, n do
-  -- Read again rather than kept in tables: a set is a byte away, and a cost
-  -- other than 1 and a client's time are the rare batches.
-  local set, cost = sets[string.byte(order, j)], 1
-  if unit == BATCH_COSTS then
-    cost = tonumber(ARGV[costs_at + j - 1])
+local raws = call("MGET", unpacked(KEYS))
+local reply, r, k0 = {}, 0, 0
+pos = 1
+for j = 0, n - 1 do
+  local op = OP_CHECK
+  if ops then
+    op = sub(records, pos, pos)
+    pos = pos + 1
+  end
+  local set = sets[byte(records, pos)]
+  local cost = 1
+  if costs then
+    cost = tonum(ARGV[costs_at + j])
   end
   if timed then
-    now = tonumber(ARGV[times_at + j - 1])
+    now = tonum(ARGV[times_at + j])
   end
-  if decide_policies(KEYS, k0, set, OP_CHECK, now, cost, reply, REPLY_FIELDS * k0, writes, nil, batch) then
-    write_states(KEYS, k0, #set / SET_FIELDS, writes, batch)
+  if map then
+    r = run(op, set, records, pos + 1, cost, now, reply, r, raws, not timed)
+    pos = pos + 1 + set.n
+  else
+    r = run(op, set, nil, k0, cost, now, reply, r, raws, not timed)
+    k0 = k0 + set.n
+    pos = pos + 1
   end
-  k0 = k0 + #set / SET_FIELDS
 end
-write_batch(batch)
+write_all(KEYS, nkeys)
 return reply

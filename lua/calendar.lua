@@ -1,52 +1,70 @@
 -- Calendar quota: one counter per calendar period (a day, a week or a month in a
 -- time zone). Translation of decide_in in src/algorithm/calendar.rs.
--- State: "<period end, ms>:<count>".
+-- State: the period's end (ms) and its count, packed ">I6I6" (12 bytes), or
+-- ">I7I7" when either reaches 2^48.
 --
 -- Lua has no time zone database: the store computes the end of the current
 -- period in Rust, from its own view of now, and sends it where the other
--- algorithms send their window (e, POLICY_N). A stored end equal to e, or ahead
+-- algorithms send their window (e, POLICY N). A stored end equal to e, or ahead
 -- of it by at most CALENDAR_MAX_AHEAD ms (a clock that went back), is the
 -- period counted; any other is read as fresh. A now at or past e (this clock
 -- ahead of the one that computed e, at a boundary) decides in the period e ends
 -- as at its last millisecond: a reset of 1 ms, after which the store sends the
 -- next period's end.
 
--- Called without a cost (calendar(limit, e, now, nil, raw)), it returns only
--- the state's reading, shared by the check, the refund and the charge: the end
--- of the period a decision counts in, its count, whether the stored state is
--- that period's, and now as the decision reads it.
-local function calendar(limit, e, now, cost, raw)
-  local count, stored = 0, false
+local function calendar_read(raw)
   if raw then
-    local a, b = string.match(raw, "^(%d+):(%d+)$")
-    local ending, c = field(a), field(b)
-    if ending and c and ending >= e and ending - e <= CALENDAR_MAX_AHEAD then
-      e, count, stored = ending, c, true
+    local len = #raw
+    if len == 12 then
+      local ending, count = sunpack(">I6I6", raw)
+      return ending, count, nil, ending
+    elseif len == 14 then
+      local ending, count = sunpack(">I7I7", raw)
+      return ending, count, nil, ending
     end
   end
-  if now > e - 1 then
-    now = e - 1
-  end
-  if not cost then
-    return e, count, stored, now
-  end
-  local reset = e - now
-  local allowed = count + cost <= limit
-  if allowed then
-    count = count + cost
-  end
-  local remaining = limit - count
-  if remaining < 0 then
-    remaining = 0
-  end
-  local retry = 0
-  local nxt = nil
-  if allowed then
-    nxt = ints(e, count)
-  else
-    retry = reset
-  end
-  return allowed, remaining, reset, retry, reset, nxt
+  return nil
 end
 
-DECIDE[ALG_CALENDAR] = calendar
+-- The period a decision counts in, its count, whether the stored state is that
+-- period's, and now as the decision reads it. Shared by the check, the refund
+-- and the charge.
+local function calendar_at(e, now, ending, count)
+  local stored = ending and ending >= e and ending - e <= CALENDAR_MAX_AHEAD
+  if not stored then
+    ending, count = e, 0
+  end
+  if now > ending - 1 then
+    now = ending - 1
+  end
+  return ending, count, stored, now
+end
+
+local function calendar_step(limit, e, now, cost, ending, count)
+  local _
+  ending, count, _, now = calendar_at(e, now, ending, count)
+  local reset = ending - now
+  if count + cost <= limit then
+    count = count + cost
+    return true, limit - count, reset, 0, ending, count
+  end
+  return false, max(limit - count, 0), reset, reset, ending, count
+end
+
+-- Kept to the period's end: a state written in the stored period keeps its TTL.
+local function calendar_write(key, e, now, ending, count, _, keep)
+  local raw
+  if ending < WIDE_AT and count < WIDE_AT then
+    raw = pack(">I6I6", ending, count)
+  else
+    raw = pack(">I7I7", ending, count)
+  end
+  if keep == true or keep == ending then
+    call("SET", key, raw, "KEEPTTL")
+  else
+    call("SET", key, raw, "PX", ttl_text(ending - min(now, ending - 1)))
+  end
+end
+
+READ[ALG_CALENDAR], STEP[ALG_CALENDAR], WRITE[ALG_CALENDAR] =
+  calendar_read, calendar_step, calendar_write

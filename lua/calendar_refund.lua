@@ -3,13 +3,12 @@
 
 -- Refund: the current period's count goes down by cost, not below 0; a period
 -- that has ended since keeps nothing to refund. Translation of refund in
--- src/algorithm/calendar.rs. Returns the new state, or nil when nothing changes.
-local function calendar_refund(limit, e, now, cost, raw)
-  local ending, count, stored = calendar(limit, e, now, nil, raw)
+-- src/algorithm/calendar.rs.
+REFUND[ALG_CALENDAR] = function(_, e, now, cost, ending, count)
+  local stored
+  ending, count, stored = calendar_at(e, now, ending, count)
   if stored and count > 0 then
-    return ints(ending, math.max(count - cost, 0))
+    return ending, max(count - cost, 0)
   end
   return nil
 end
-
-REFUND[ALG_CALENDAR] = calendar_refund

@@ -1,115 +1,125 @@
--- redlimit: helpers shared by the algorithms. src/store/redis/script.rs
--- composes the function library and the scripts. The Lua reads the constants
--- of src/store/redis/contract by name (the operation letters, argument
--- positions, reply layout and algorithm codes the Rust side encodes and
--- decodes with: OP_*, ARG_*, FIRST_*, POLICY_*, REPLY_*, LEASE_*, BATCH_*,
--- SET_*, ALG_*, MAX_BACK, MAX_DEBT, CALENDAR_MAX_AHEAD); composed, the code has their values in place of the names
--- (read as locals they cost every call instructions), and the library starts
--- with the preamble generated from them. Then comes this file, then the files of the algorithms
--- a call shape needs (of fixed_window.lua, sliding_window.lua,
--- token_bucket.lua, sliding_log.lua, in_flight.lua and calendar.lua, in that order; each followed by its
--- *_refund.lua only where units are given back, and its *_charge.lua only
--- where units are charged), then decide.lua, lease.lua only where a leasing
--- check runs, and the entry point. Each algorithm reads its state in one
--- place its decide, refund and charge functions share: the decide function
--- called without a cost (fixed window, sliding window, token bucket), sl_read,
--- in_flight_live. Every script
--- call defines the functions of its script, so a limiter pays only for its own
--- algorithms, and a check not for refunds or charges. Each algorithm file
--- registers its decide function in DECIDE, each refund file its refund
--- function in REFUND, each charge file its charge function in CHARGE.
+-- redlimit: helpers every composition starts with. src/store/redis/script.rs
+-- composes the function library and the scripts from lua/; the Lua reads the
+-- constants of src/store/redis/contract by name (OP_*, ARG_*, HEAD_*, FLAG_*,
+-- PACK_*, LEASE_*, ALG_*, MAX_BACK, MAX_DEBT, CALENDAR_MAX_AHEAD, ...), and the
+-- composed code has their values in place of the names (read as locals they cost
+-- every call instructions); the library starts with the preamble generated from
+-- them. Then comes this file, then the algorithms a call needs (fixed_window.lua,
+-- sliding_window.lua, token_bucket.lua, sliding_log.lua, in_flight.lua and
+-- calendar.lua, in that order; each followed by its *_refund.lua and *_charge.lua
+-- only where units are given back or charged), then decide.lua, lease.lua only
+-- where a leasing check runs, and the entry point: batch.lua (checks and the
+-- operations that batch with them) or main.lua (a reset, a leasing check, a
+-- give-back).
+--
+-- Each algorithm is three functions, registered by its code:
+--   READ[code](raw) -> a, b, c, keep
+--       its state as numbers (or the string the algorithm works on), nil for no
+--       state or bytes it did not write; `keep` names the stored state's TTL (see
+--       WRITE), false when a write must set its own.
+--   STEP[code](limit, n, now, cost, a, b, c, peek) -> allowed, remaining, reset, retry, a, b, c
+--       the decision at `now` (ms) for `cost` on a state read or left by an earlier
+--       decision of the same call, and the state after it: a pure function of its
+--       arguments, so a subject's state is parsed once however many checks of one
+--       call decide on it. `peek`: nothing will be written (in flight and the
+--       sliding log then build no new state).
+--   WRITE[code](key, n, now, a, b, c, keep)
+--       writes the state with the TTL it needs; keep == true (a refund: the state
+--       only shrank) or keep equal to the new state's own (the stored state's TTL
+--       already runs to where this one's must) keeps the key's TTL, which costs
+--       Redis less than setting one.
+-- `n` is the policy's window in ms (a token bucket: its emission interval in us;
+-- a calendar quota: the end of its period in ms; in flight: the slot lifetime),
+-- `limit` positive. The refund and charge files register REFUND[code] and
+-- CHARGE[code](limit, n, now, cost, a, b, c) -> a, b, c (nil: nothing to change).
 --
 -- Lua numbers are doubles: every integer below stays under 2^53 (the policies
 -- are checked for that), where doubles are exact.
 
--- The algorithms of this script by code: their decide functions (REFUND, their
--- refund functions, exists in the admin operations' scripts only).
-local DECIDE = {}
+local READ, STEP, WRITE = {}, {}, {}
 
--- An in-flight holder's release and renewal (in_flight_release.lua), defined only
--- where units and slots are given back.
-local IN_FLIGHT_HOLD
-
--- MAX_BACK (the preamble's, MAX_CLOCK_BACK in src/algorithm/mod.rs): how many
--- windows (a token bucket: fill times) a clock may go back and still decide on
--- the stored state. State further ahead of the clock is foreign, read as fresh.
--- MAX_DEBT (MAX_DEBT in src/algorithm/mod.rs): how many limits (fill times) a
--- charge may leave a subject owing, so that its state is never foreign.
+-- The library functions the code calls, as upvalues: a function library cannot
+-- reach the standard libraries while it loads, and an upvalue costs less than a
+-- global table's lookup on every use. Read by init(), at the start of every call
+-- that finds them unset (once per loaded library; every call of a script).
+local fmod, floor, min, max, fmt, byte, sub, find, rep, gmatch, char
+local pack, sunpack, call, tonum, unpacked
+local function init()
+  fmod, floor, min, max = math.fmod, math.floor, math.min, math.max
+  fmt, byte, sub, find, rep = string.format, string.byte, string.sub, string.find, string.rep
+  gmatch, char = string.gmatch, string.char
+  pack, sunpack, call, tonum, unpacked = struct.pack, struct.unpack, redis.call, tonumber, unpack
+end
 
 -- Floor division of non-negative integers, exact: fmod is exact in IEEE
 -- arithmetic, so a - fmod(a, b) is an exact multiple of b.
 local function idiv(a, b)
-  return (a - math.fmod(a, b)) / b
+  return (a - fmod(a, b)) / b
 end
 
 -- Ceiling division of non-negative integers (u64::div_ceil).
 local function cdiv(a, b)
-  local q = idiv(a, b)
+  local q = (a - fmod(a, b)) / b
   if q * b < a then
     q = q + 1
   end
   return q
 end
 
--- Whether "%d" formats every integer below 2^53 in one conversion: Lua's "%d"
--- converts to a C long, 64 bits on every 64-bit build of Redis, 32 on others.
--- Found out by the first call (a function library, when loaded, cannot reach
--- the string library yet).
-local WIDE
-local function wide()
-  if WIDE == nil then
-    WIDE = string.format("%d", 9007199254740991) == "9007199254740991"
-  end
-  return WIDE
-end
+-- 2^48: the packed states keep their integers in 6 bytes below it, in 7 above.
+local WIDE_AT = 281474976710656
 
 -- A non-negative integer below 2^53 as decimal text. Lua's own number-to-string
 -- conversion keeps only 14 significant digits, so never let it format a state.
--- "%.0f" would be exact too, but glibc formats a double through multi-precision
--- arithmetic, several times slower than "%d"; with a 32-bit C long, larger values
--- go as two halves of 8 digits. (Numbers passed to redis.call as numbers, such as
--- TTLs, are formatted by Redis with 17 digits: exact below 2^53.)
+-- "%d" converts to a C long, 64 bits on every 64-bit build of Redis; on others,
+-- larger values go as two halves of 8 digits.
+local WIDE_LONG
 local function int(n)
-  if n < 100000000 or wide() then
-    return string.format("%d", n)
+  if WIDE_LONG == nil then
+    WIDE_LONG = fmt("%d", 9007199254740991) == "9007199254740991"
+  end
+  if n < 100000000 or WIDE_LONG then
+    return fmt("%d", n)
   end
   local high = idiv(n, 100000000)
-  return string.format("%d%08d", high, n - high * 100000000)
+  return fmt("%d%08d", high, n - high * 100000000)
 end
 
--- "a:b" (and "a:b:c") of non-negative integers below 2^53, in one conversion
--- where "%d" takes them: every string made costs a call a visible share.
-local function ints(a, b, c)
-  if wide() then
-    if c then
-      return string.format("%d:%d:%d", a, b, c)
-    end
-    return string.format("%d:%d", a, b)
+-- A TTL in ms (at least 1) as the text SET takes: a number passed to redis.call is
+-- formatted with "%.17g", and a batch's checks on one clock mostly set the same
+-- TTL, so the last one is kept.
+local LAST_TTL, LAST_TTL_TEXT = -1, ""
+local function ttl_text(ms)
+  if ms < 1 then
+    ms = 1
   end
-  if c then
-    return int(a) .. ":" .. int(b) .. ":" .. int(c)
+  if ms ~= LAST_TTL then
+    LAST_TTL, LAST_TTL_TEXT = ms, int(ms)
   end
-  return int(a) .. ":" .. int(b)
-end
-
--- A stored decimal field (digits only, as the patterns that capture it
--- match), or nil when it is none or too large to be exact. Read with an
--- arithmetic coercion: tonumber parses the text twice (Lua 5.1 asks whether it
--- is a number, then converts it, each time with strtod), a visible share of a
--- decision.
-local function field(s)
-  if s == nil or #s > 16 then
-    return nil
-  end
-  local n = s + 0
-  if n >= 9007199254740992 then
-    return nil
-  end
-  return n
+  return LAST_TTL_TEXT
 end
 
 -- Redis TIME in ms: its two fields are always digits.
 local function time_ms()
-  local t = redis.call("TIME")
+  local t = call("TIME")
   return t[1] * 1000 + idiv(t[2] + 0, 1000)
+end
+
+-- One policy's outcome into the reply at reply[r + 1 ..]; returns the new end.
+-- Usually one integer: ((reset * 2^PACK_REMAINING_BITS + remaining) * 2 + allowed),
+-- and a denial's retry after it; when remaining or reset do not fit their bits,
+-- PACK_WIDE_DENIED or PACK_WIDE_ALLOWED, then remaining, reset and retry.
+local function put(reply, r, allowed, remaining, reset, retry)
+  if remaining < PACK_REMAINING_LIMIT and reset < PACK_RESET_LIMIT then
+    local v = (reset * PACK_REMAINING_LIMIT + remaining) * 2
+    if allowed then
+      reply[r + 1] = v + 1
+      return r + 1
+    end
+    reply[r + 1], reply[r + 2] = v, retry
+    return r + 2
+  end
+  reply[r + 1] = allowed and PACK_WIDE_ALLOWED or PACK_WIDE_DENIED
+  reply[r + 2], reply[r + 3], reply[r + 4] = remaining, reset, retry
+  return r + 4
 end

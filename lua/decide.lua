@@ -1,223 +1,203 @@
--- redlimit: deciding one subject's policies and writing what they admit, shared
--- by the single call (main.lua) and the batch (batch.lua).
+-- redlimit: the policy sets a call names, and one operation on one subject's
+-- policies, on states read once per call: shared by the batch (batch.lua) and the
+-- single calls (main.lua).
 
--- The error of a policy whose arguments are not one of this script's algorithms
--- with a limit and a window or interval.
-local function bad_policy(i, code, limit, n)
-  local known = {}
-  for c in pairs(DECIDE) do
-    known[#known + 1] = c
+-- A policy set is sent as its definition, one "<code><flags>:<limit>:<n>[:<holder>];"
+-- per policy (flags: FLAG_REQUESTS for a policy counting requests, FLAG_SHADOW for
+-- a shadow policy; an in-flight policy's holder in 12 hex digits), and read here
+-- once into a flat table, SET_FIELDS a policy (its READ, STEP and WRITE functions,
+-- limit, n, shadow flag, algorithm code, and its ARG: the holder's 6 bytes for an
+-- in-flight policy, true for one counting requests, else false), beside `n`, the
+-- number of policies. The function library keeps what it read, by definition, for
+-- the calls after (a definition is the whole policy, so a set read is never stale);
+-- at SETS_KEPT definitions it starts over.
+local SETS, SETS_N = {}, 0
+
+local function read_set(def)
+  local set = SETS[def]
+  if set then
+    return set
   end
-  table.sort(known)
-  return string.format(
-    "ERR redlimit: policy %d must be one of this script's algorithms (%s) with a limit and a window or interval, got %q, %q and %q",
-    i, table.concat(known, ", "), string.sub(code or "", 1, 8), string.sub(limit or "", 1, 24),
-    string.sub(n or "", 1, 24))
-end
-
--- The n policies whose arguments start at args[a0] (POLICY_ARGS each: code,
--- limit, window or interval, at POLICY_CODE, POLICY_LIMIT, POLICY_N), read once
--- into one flat table, the set (SET_FIELDS a policy: its decide function, limit,
--- window, shadow flag and code at SET_FIELDS(i-1) + SET_DECIDE, SET_LIMIT,
--- SET_WINDOW, SET_SHADOW, SET_CODE; see src/store/redis/contract). Or nil and
--- the error.
-local function read_policies(args, a0, n)
-  -- Sized for one policy (SET_FIELDS): growing a table from empty costs a
-  -- visible share of a call.
-  local set = { false, false, false, false, false }
-  for i = 1, n do
-    local at = a0 + POLICY_ARGS * (i - 1)
-    local code = args[at + POLICY_CODE]
-    local decide = DECIDE[code]
-    -- An in-flight policy's code is followed by its holder's 16 hex digits.
-    local holder
+  set = { n = 0 }
+  for code, flags, limit, n, holder in gmatch(def, "(%a%a)(%a*):(%d+):(%d+):?(%x*);") do
+    local read = READ[code]
+    limit, n = tonum(limit), tonum(n)
+    local shadow, requests = find(flags, FLAG_SHADOW, 1, true) ~= nil, find(flags, FLAG_REQUESTS, 1, true) ~= nil
+    local arg = requests
     if code == ALG_IN_FLIGHT then
-      decide = nil
-    elseif not decide and code and #code == #ALG_IN_FLIGHT + 16 and string.sub(code, 1, #ALG_IN_FLIGHT) == ALG_IN_FLIGHT then
-      holder = string.sub(code, #ALG_IN_FLIGHT + 1)
-      code = ALG_IN_FLIGHT
-      decide = DECIDE[code]
-    elseif not decide and code and string.sub(code, -#UNIT_REQUESTS) == UNIT_REQUESTS then
-      -- A rate policy counting requests (its code, then UNIT_REQUESTS): one unit a
-      -- request, whatever its cost.
-      local base = string.sub(code, 1, #code - #UNIT_REQUESTS)
-      if base ~= ALG_IN_FLIGHT and DECIDE[base] then
-        code, decide = base, DECIDE[base]
-        set.per_request = set.per_request or {}
-        set.per_request[i] = true
+      if #holder ~= 12 or requests then
+        read = nil
+      else
+        arg = ""
+        for i = 1, 12, 2 do
+          arg = arg .. char(tonum(sub(holder, i, i + 1), 16))
+        end
       end
+    elseif holder ~= "" then
+      read = nil
     end
-    local limit, window = tonumber(args[at + POLICY_LIMIT]), tonumber(args[at + POLICY_N])
-    if not (decide and limit and window) then
-      return nil, bad_policy(i, code, args[at + POLICY_LIMIT], args[at + POLICY_N])
+    if not (read and limit and n and limit >= 1 and n >= 1 and limit < 9007199254740992 and n < 9007199254740992) then
+      local known = {}
+      for c in pairs(READ) do
+        known[#known + 1] = c
+      end
+      table.sort(known)
+      return nil, fmt(
+        "ERR redlimit: policy %d must be one of this script's algorithms (%s) with a limit and a window or interval, got %q",
+        set.n + 1, table.concat(known, ", "), sub(def, 1, 64))
     end
-    -- A shadow policy's limit comes negative: it decides, never denies.
-    local shadow = limit < 0
-    if shadow then
-      limit = -limit
-    end
-    local b = SET_FIELDS * (i - 1)
-    set[b + SET_DECIDE], set[b + SET_LIMIT], set[b + SET_WINDOW], set[b + SET_SHADOW], set[b + SET_CODE] =
-      decide, limit, window, shadow, code
-    if holder then
-      -- Beside the array part: #set still counts SET_FIELDS a policy.
-      set.holders = set.holders or {}
-      set.holders[i] = holder
-    end
+    local b = SET_FIELDS * set.n
+    set[b + SET_READ], set[b + SET_STEP], set[b + SET_WRITE] = read, STEP[code], WRITE[code]
+    set[b + SET_LIMIT], set[b + SET_N], set[b + SET_SHADOW], set[b + SET_CODE], set[b + SET_ARG] =
+      limit, n, shadow, code, arg
+    set.n = set.n + 1
   end
+  if set.n == 0 or SET_FIELDS * set.n ~= #set then
+    return nil, fmt("ERR redlimit: no policy set in %q (\"<code><flags>:<limit>:<n>;\" per policy)", sub(def, 1, 64))
+  end
+  if SETS_N >= SETS_KEPT then
+    SETS, SETS_N = {}, 0
+  end
+  SETS[def], SETS_N = set, SETS_N + 1
   return set
 end
 
--- Decides the policies of one subject (a table of read_policies) before writing
--- anything: policy i's key is keys[k0 + i], its reply integers
--- reply[r0 + REPLY_FIELDS(i-1) + REPLY_ALLOWED..REPLY_RETRY]. Sets writes[i] (the state to write, false for
--- none) and writes[n + i] (its TTL); raws[i] keeps the state read, when raws is
--- a table. A refund (OP_REFUND) gives the cost back first; a charge (OP_CHARGE)
--- consumes it first whatever the limit, writes it, and decides a cost of 1; a
--- reset (OP_RESET) reads nothing. Without a batch, each state is a GET; a
--- batch's checks read the states the batch has written so far, else what its
--- one MGET read (a redis.call costs more than the read), else a GET.
-local function decide_policies(keys, k0, set, op, now, cost, reply, r0, writes, raws, batch)
-  local all, n, holders, per_request = true, #set / SET_FIELDS, set.holders, set.per_request
-  -- A release or renewal carries its holder's count where the cost goes; it
-  -- answers as a peek of 1.
-  local held = cost
-  if op == OP_RELEASE or op == OP_RENEW then
-    cost = 1
+-- What a call knows of each key it names, by slot (its position in KEYS): the
+-- state (A, B, C), what names the stored state's TTL (KEEP), and, for a key the
+-- call must write, the function, the n and the now to write it with and how
+-- (WMODE: WRITE_KEEP, a refund's state that keeps its TTL; WRITE_CHECK, kept when
+-- the stored TTL already runs as far; WRITE_TTL, set anew). SEEN and DIRTY hold
+-- the number of the call that read or changed the slot, so nothing is cleared
+-- between calls; the function library keeps these tables, a script makes them on
+-- every call.
+local A, B, C, KEEP, SEEN, DIRTY, WMODE, WFN, WN, WNOW = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+local CALL = 0
+-- A check's per-policy results until every policy is decided (all or nothing).
+local OK, NA, NB, NC, REMAINING, RESET, RETRY = {}, {}, {}, {}, {}, {}, {}
+
+-- Marks slot k for writing with `mode` at `now`, by the policy at b of set.
+local function mark(k, mode, set, b, now)
+  if DIRTY[k] ~= CALL then
+    DIRTY[k], WMODE[k] = CALL, mode
+  elseif mode > WMODE[k] then
+    WMODE[k] = mode
   end
+  WFN[k], WN[k], WNOW[k] = set[b + SET_WRITE], set[b + SET_N], now
+end
+
+-- Reads the state of each policy of `set` whose slot (as in run) the call has not
+-- met yet: raws holds what the call's read returned, by slot. `keeps`: the stored
+-- TTLs may be kept (the call decides on Redis TIME, the clock they were set on).
+local function load(set, map, at, raws, keeps)
+  for i = 1, set.n do
+    local k = map and byte(map, at + i - 1) or at + i
+    if SEEN[k] ~= CALL then
+      SEEN[k] = CALL
+      local keep
+      A[k], B[k], C[k], keep = set[SET_FIELDS * (i - 1) + SET_READ](raws[k])
+      KEEP[k] = keeps and keep
+    end
+  end
+end
+
+-- Runs operation `op` of `cost` at `now` on the policies of `set` for one subject:
+-- policy i's key is at slot byte(map, at + i - 1), or at + i without a map. Reads
+-- each slot's state the first time the call meets it (raws: what the call's read
+-- returned, by slot). A check decides every policy before it changes any state,
+-- and changes policy i only if it admits and every enforced (non-shadow) policy
+-- admits: enforced policies are all or nothing, a shadow one consumes when
+-- enforcing it would have. A peek changes nothing; a refund gives the cost back
+-- (the state only shrinks, so it keeps its TTL); a charge consumes it whatever the
+-- limit (bounded by MAX_DEBT); a release or renewal (`cost`: the slots the holder
+-- holds) changes the holder's in-flight entries. Each then answers as a peek (of
+-- 1, after a charge, a release or a renewal). A request policy counts 1 whatever
+-- the cost, and refunds and charges of cost units leave it alone; an in-flight
+-- policy takes its holder where the others take the cost. Appends each policy's outcome to reply after r; returns the new end.
+local function run(op, set, map, at, cost, now, reply, r, raws, keeps)
+  local n = set.n
+  load(set, map, at, raws, keeps)
+  local asked, check = cost, op == OP_CHECK
+  if not check and op ~= OP_PEEK then
+    for i = 1, n do
+      local b = SET_FIELDS * (i - 1)
+      local k = map and byte(map, at + i - 1) or at + i
+      local arg, code = set[b + SET_ARG], set[b + SET_CODE]
+      if op == OP_RELEASE or op == OP_RENEW then
+        if code == ALG_IN_FLIGHT then
+          local held = IN_FLIGHT_HOLD(op, set[b + SET_N], now, cost, arg, A[k])
+          if held ~= A[k] then
+            A[k] = held
+            mark(k, WRITE_TTL, set, b, now)
+          end
+        end
+      elseif not arg then
+        if op == OP_REFUND then
+          if A[k] then
+            local a, bb, c = REFUND[code](set[b + SET_LIMIT], set[b + SET_N], now, cost, A[k], B[k], C[k])
+            if a ~= nil then
+              A[k], B[k], C[k] = a, bb, c
+              mark(k, WRITE_KEEP, set, b, now)
+            end
+          end
+        elseif op == OP_CHARGE then
+          A[k], B[k], C[k] = CHARGE[code](set[b + SET_LIMIT], set[b + SET_N], now, cost, A[k], B[k], C[k])
+          mark(k, WRITE_TTL, set, b, now)
+        end
+      end
+    end
+    if op ~= OP_REFUND then
+      asked = 1
+    end
+  end
+  local all = true
   for i = 1, n do
     local b = SET_FIELDS * (i - 1)
-    local limit, window = set[b + SET_LIMIT], set[b + SET_WINDOW]
-    local key = keys[k0 + i]
-    local raw = false
-    if batch then
-      local kept = batch.state
-      if kept then
-        raw = kept[key]
-      else
-        raw = nil
-      end
-      if raw == nil then
-        if kept and batch.reread[key] then
-          raw = redis.call("GET", key)
-        else
-          raw = batch.stored[k0 + i]
-        end
-      end
-    elseif op ~= OP_RESET then
-      raw = redis.call("GET", key)
+    local k = map and byte(map, at + i - 1) or at + i
+    local arg = set[b + SET_ARG]
+    local units = asked
+    if arg then
+      units = arg == true and 1 or arg
     end
-    if raws then
-      raws[i] = raw
-    end
-    local holder = holders and holders[i]
-    local allowed, remaining, reset, retry, ttl, nxt
-    if holder then
-      -- In flight: a release or renewal writes at once; the decision takes the
-      -- holder where the others take the cost (a charge or refund of units
-      -- leaves slots alone).
-      if op == OP_RELEASE or op == OP_RENEW then
-        -- The new entry and the peek of 1 it answers with, from one parse.
-        local kept, keep
-        kept, keep, allowed, remaining, reset, retry = IN_FLIGHT_HOLD(op, limit, window, now, held, raw, holder)
-        if kept then
-          redis.call("SET", key, kept, "PX", math.max(keep, 1))
-        elseif raw then
-          redis.call("DEL", key)
+    local allowed, remaining, reset, retry, a, bb, c =
+      set[b + SET_STEP](set[b + SET_LIMIT], set[b + SET_N], now, units, A[k], B[k], C[k], not check)
+    r = put(reply, r, allowed, remaining, reset, retry)
+    if check then
+      if n == 1 then
+        if allowed then
+          A[k], B[k], C[k] = a, bb, c
+          mark(k, WRITE_CHECK, set, b, now)
         end
-        ttl, nxt = 0, nil
-      else
-        allowed, remaining, reset, retry, ttl, nxt = set[b + SET_DECIDE](limit, window, now, holder, raw, op ~= OP_CHECK)
+        return r
       end
-    else
-      local asked = cost
-      if per_request and per_request[i] then
-        -- One a request; refunds and charges of cost units leave it alone.
-        asked = 1
-      elseif op == OP_REFUND and raw then
-        local given_back = REFUND[set[b + SET_CODE]](limit, window, now, cost, raw)
-        if given_back then
-          redis.call("SET", key, given_back, "KEEPTTL")
-          raw = given_back
-        end
-      elseif op == OP_CHARGE then
-        -- Whatever the limit, shadow or not; the state may be new. Then a peek of 1.
-        local charged, charged_ttl = CHARGE[set[b + SET_CODE]](limit, window, now, cost, raw)
-        redis.call("SET", key, charged, "PX", math.max(charged_ttl, 1))
-        raw, asked = charged, 1
-      end
-      allowed, remaining, reset, retry, ttl, nxt = set[b + SET_DECIDE](limit, window, now, asked, raw)
-    end
-    local base = r0 + REPLY_FIELDS * (i - 1)
-    if allowed then
-      reply[base + REPLY_ALLOWED] = 1
-      writes[i] = nxt
-      writes[n + i] = ttl
-    else
-      reply[base + REPLY_ALLOWED] = 0
-      writes[i] = false
-      if not set[b + SET_SHADOW] then
+      OK[i], NA[i], NB[i], NC[i] = allowed, a, bb, c
+      if not allowed and not set[b + SET_SHADOW] then
         all = false
       end
     end
-    reply[base + REPLY_REMAINING] = remaining
-    reply[base + REPLY_RESET] = reset
-    reply[base + REPLY_RETRY] = retry
   end
-  return all
-end
-
--- Writes the states decide_policies left in writes for keys[k0 + 1 .. k0 + n],
--- each with its TTL: a string is the whole state, a table the ranges to
--- overwrite (offset, bytes, ...) in a state that keeps its length. In a batch
--- where a subject comes again, a whole state is kept for the checks after it
--- and written once, by write_batch, with the TTL of the last; ranges are
--- written at once, and the key read again by the next check that needs it.
-local function write_states(keys, k0, n, writes, batch)
-  for i = 1, n do
-    local nxt = writes[i]
-    if nxt then
-      local key = keys[k0 + i]
-      local ttl = math.max(writes[n + i], 1)
-      local kept = batch and batch.state
-      if type(nxt) == "table" then
-        for j = 1, #nxt, 2 do
-          redis.call("SETRANGE", key, nxt[j], nxt[j + 1])
-        end
-        redis.call("PEXPIRE", key, ttl)
-        if kept then
-          batch.reread[key] = true
-        end
-      elseif kept then
-        if batch.state[key] == nil then
-          batch.keys[#batch.keys + 1] = key
-        end
-        batch.state[key], batch.ttl[key] = nxt, ttl
-      else
-        redis.call("SET", key, nxt, "PX", ttl)
+  if check and all then
+    for i = 1, n do
+      if OK[i] then
+        local k = map and byte(map, at + i - 1) or at + i
+        A[k], B[k], C[k] = NA[i], NB[i], NC[i]
+        mark(k, WRITE_CHECK, set, SET_FIELDS * (i - 1), now)
       end
     end
   end
+  return r
 end
 
--- What a batch keeps between its checks: the states read by its MGET; where a
--- subject comes again (repeats), the whole states written so far (and their
--- TTLs, in the order first written) and the keys written as ranges, to read
--- again. Without repeats, each state is read once and written at once: the
--- tables would cost more than they save.
-local function new_batch(stored, repeats)
-  if not repeats then
-    return { stored = stored }
-  end
-  return { stored = stored, state = {}, ttl = {}, keys = {}, reread = {} }
-end
-
--- Writes the whole states a batch kept, each once.
-local function write_batch(batch)
-  if not batch.state then
-    return
-  end
-  for _, key in ipairs(batch.keys) do
-    redis.call("SET", key, batch.state[key], "PX", batch.ttl[key])
+-- Writes every slot the call changed, each once, with the now of its last change.
+local function write_all(keys, nkeys)
+  for k = 1, nkeys do
+    if DIRTY[k] == CALL then
+      local mode, keep = WMODE[k], nil
+      if mode == WRITE_KEEP then
+        keep = true
+      elseif mode == WRITE_CHECK then
+        keep = KEEP[k]
+      end
+      WFN[k](keys[k], WN[k], WNOW[k], A[k], B[k], C[k], keep)
+    end
   end
 end

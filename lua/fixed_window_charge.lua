@@ -3,13 +3,8 @@
 
 -- Charge: the current window's count goes up by cost whatever the limit (a new
 -- window starts at cost), to at most MAX_DEBT limits; kept to the window's end.
--- Translation of charge in src/algorithm/fixed_window.rs. Returns the new state
--- and its TTL.
-local function fixed_window_charge(limit, w, now, cost, raw)
-  -- The window a check would count in.
-  local idx, count = fixed_window(limit, w, now, nil, raw)
-  count = math.max(count, math.min(MAX_DEBT * limit, count + cost))
-  return ints(idx, count), (idx + 1) * w - now
+-- Translation of charge in src/algorithm/fixed_window.rs.
+CHARGE[ALG_FIXED_WINDOW] = function(limit, w, now, cost, idx, count)
+  idx, count = fixed_window_at(w, now, idx, count)
+  return idx, max(count, min(MAX_DEBT * limit, count + cost))
 end
-
-CHARGE[ALG_FIXED_WINDOW] = fixed_window_charge

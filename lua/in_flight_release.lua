@@ -3,11 +3,25 @@
 
 -- A release (OP_RELEASE): the holder's entry counts one fewer, same expiry. A
 -- renewal (OP_RENEW): it counts `held` (what the holder knows it holds), for
--- another slot lifetime, written again if the state was lost. Translation of hold
--- in src/algorithm/in_flight.rs. Returns the new state (nil when nothing is left)
--- and how long to keep it, then the answer a peek of 1 makes of it, from the same
--- parse.
-IN_FLIGHT_HOLD = function(op, limit, ttl, now, held, raw, holder)
+-- another slot lifetime, written again if the state was lost. Both drop the
+-- entries that stopped counting. Translation of hold in src/algorithm/in_flight.rs.
+-- Returns the new state (nil when nothing is left); a release of one slot of many
+-- rewrites the holder's count in place, as a check does.
+IN_FLIGHT_HOLD = function(op, ttl, now, held, holder, raw)
+  if op == OP_RELEASE and raw and #raw > 12 then
+    local total, soonest, latest = sunpack(">I4I7I7", raw)
+    if soonest > now and latest <= now + ttl then
+      local at = in_flight_find(raw, holder)
+      if not at then
+        return raw
+      end
+      local c = sunpack(">I4", raw, at + 6)
+      if c > 1 then
+        return pack(">I4I7I7", total - 1, soonest, latest) .. sub(raw, IF_HEADER + 1, at + 5)
+          .. pack(">I4", c - 1) .. sub(raw, at + 10)
+      end
+    end
+  end
   local hs, cs, es = in_flight_live(raw, now, ttl)
   local mine
   for i = 1, #hs do
@@ -25,17 +39,10 @@ IN_FLIGHT_HOLD = function(op, limit, ttl, now, held, raw, holder)
     local n = #hs + 1
     hs[n], cs[n], es[n] = holder, held, now + ttl
   end
-  local nxt, keep = in_flight_state(hs, cs, es, now)
-  if nxt == "" then
-    nxt = nil
-  end
-  local allowed, remaining, reset, retry = in_flight_on(limit, ttl, now, holder, hs, cs, es, true)
-  return nxt, keep, allowed, remaining, reset, retry
+  return in_flight_state(hs, cs, es)
 end
 
 -- Slots are given back by their release, never by a refund of units.
-local function in_flight_refund()
+REFUND[ALG_IN_FLIGHT] = function()
   return nil
 end
-
-REFUND[ALG_IN_FLIGHT] = in_flight_refund

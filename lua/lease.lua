@@ -1,16 +1,16 @@
--- redlimit: the lease rule of a leasing check (OP_LEASE), composed after
--- decide.lua only into what leases (the leasing check's scripts, the library).
--- Translation of decide_leasing in src/algorithm/mod.rs (see src/lease).
+-- redlimit: a leasing check (OP_LEASE), composed after decide.lua only into what
+-- leases (the leasing check's scripts, the library). Translation of
+-- decide_leasing in src/algorithm/mod.rs (see src/lease).
 
--- The longest wait, over the enforced policies of the set, until the cost and
--- `batch` more fit. (The crate keeps cost + batch within what every enforced
+-- The longest wait, over the enforced policies of the set (states at slots 1..n),
+-- until `asked` fits. (The crate keeps cost + batch within what every enforced
 -- policy admits at once.)
-local function lease_wait(set, n, raws, now, asked)
+local function lease_wait(set, now, asked)
   local longest = 0
-  for i = 1, n do
+  for i = 1, set.n do
     local b = SET_FIELDS * (i - 1)
     if not set[b + SET_SHADOW] then
-      local _, _, _, retry = set[b + SET_DECIDE](set[b + SET_LIMIT], set[b + SET_WINDOW], now, asked, raws[i])
+      local _, _, _, retry = set[b + SET_STEP](set[b + SET_LIMIT], set[b + SET_N], now, asked, A[i], B[i], C[i], true)
       if retry > longest then
         longest = retry
       end
@@ -19,27 +19,42 @@ local function lease_wait(set, n, raws, now, asked)
   return longest
 end
 
--- On what decide_policies made of the set's policies (`all`, the reply and the
--- writes) from the states it read (raws): a lease of up to `want` units beyond
--- the cost, taken from every policy, at most what each admits now and at least
--- `batch`; none while a shadow policy would deny (the cost alone, so shadow
--- reports stay those of checks). Fewer than a batch beyond the cost denies the
--- check, nothing written, until the cost and a batch fit: a unit at a time would
--- cost a call a unit. Writes the LEASE_FIELDS integers after the policies'
--- (main.lua), and the lease generation at lease_key: made by the first grant,
--- kept as long as the states this grant writes (give-backs apply only while it
--- stands). Returns whether the check admits.
-local function lease(set, raws, reply, writes, now, cost, want, batch, all, lease_key)
-  local n = #set / SET_FIELDS
+-- A check of `cost` on one subject's policies (their keys at slots 1..n, read in
+-- raws), with a lease of up to `want` units beyond the cost, taken from every
+-- policy, at most what each admits now and at least `batch`; none while a shadow
+-- policy would deny (the cost alone, so shadow reports stay those of checks).
+-- Fewer than a batch beyond the cost denies the check, nothing written, until the
+-- cost and a batch fit: a unit at a time would cost a call a unit. Writes each
+-- policy's outcome to reply, then the LEASE_FIELDS integers (main.lua), and
+-- the lease generation at keys[n + 1]: made by the first grant, kept as long as the
+-- states this grant writes (give-backs apply only while it stands).
+local function lease(keys, set, now, cost, want, batch, reply, raws, keeps)
+  local n = set.n
+  load(set, nil, 0, raws, keeps)
+  local all = true
+  for i = 1, n do
+    local b = SET_FIELDS * (i - 1)
+    local arg = set[b + SET_ARG]
+    local units = cost
+    if arg then
+      units = arg == true and 1 or arg
+    end
+    local allowed, remaining, reset, retry, a, bb, c =
+      set[b + SET_STEP](set[b + SET_LIMIT], set[b + SET_N], now, units, A[i], B[i], C[i], false)
+    OK[i], NA[i], NB[i], NC[i] = allowed, a, bb, c
+    REMAINING[i], RESET[i], RETRY[i] = remaining, reset, retry
+    if not allowed and not set[b + SET_SHADOW] then
+      all = false
+    end
+  end
   local grant, window_left, again = 0, 0, 0
   if all then
     local room, shadow_denies = want, false
     for i = 1, n do
-      local base = REPLY_FIELDS * (i - 1)
-      if reply[base + REPLY_ALLOWED] == 0 then
+      if not OK[i] then
         shadow_denies = true
-      elseif reply[base + REPLY_REMAINING] < room then
-        room = reply[base + REPLY_REMAINING]
+      elseif REMAINING[i] < room then
+        room = REMAINING[i]
       end
     end
     if shadow_denies then
@@ -47,28 +62,22 @@ local function lease(set, raws, reply, writes, now, cost, want, batch, all, leas
     elseif room >= batch then
       grant = room
     else
-      again = lease_wait(set, n, raws, now, cost + batch)
+      again = lease_wait(set, now, cost + batch)
       all = false
       for i = 1, n do
         if not set[SET_FIELDS * (i - 1) + SET_SHADOW] then
-          local base = REPLY_FIELDS * (i - 1)
-          reply[base + REPLY_ALLOWED] = 0
-          reply[base + REPLY_REMAINING] = 0
-          reply[base + REPLY_RETRY] = again
+          OK[i], REMAINING[i], RETRY[i] = false, 0, again
         end
       end
     end
     for i = 1, n do
       local b = SET_FIELDS * (i - 1)
-      local w = set[b + SET_WINDOW]
+      local w = set[b + SET_N]
       if grant > 0 then
         -- The same decision for cost + grant: admitted, since grant fits every policy.
-        local _, remaining, reset, _, ttl, nxt = set[b + SET_DECIDE](set[b + SET_LIMIT], w, now, cost + grant, raws[i])
-        local base = REPLY_FIELDS * (i - 1)
-        reply[base + REPLY_REMAINING] = remaining
-        reply[base + REPLY_RESET] = reset
-        writes[i] = nxt
-        writes[n + i] = ttl
+        local _, remaining, reset, _, a, bb, c =
+          set[b + SET_STEP](set[b + SET_LIMIT], w, now, cost + grant, A[i], B[i], C[i], false)
+        REMAINING[i], RESET[i], NA[i], NB[i], NC[i] = remaining, reset, a, bb, c
       end
       local code = set[b + SET_CODE]
       local left = 0
@@ -76,36 +85,47 @@ local function lease(set, raws, reply, writes, now, cost, want, batch, all, leas
         left = w - now % w
       elseif code == ALG_CALENDAR then
         -- w is the period's end; past it, the period's last millisecond.
-        left = math.max(w - now, 1)
+        left = max(w - now, 1)
       end
       if left > 0 and (window_left == 0 or left < window_left) then
         window_left = left
       end
     end
   elseif batch > 0 then
-    again = lease_wait(set, n, raws, now, cost + batch)
+    again = lease_wait(set, now, cost + batch)
+  end
+  local r = 0
+  for i = 1, n do
+    r = put(reply, r, OK[i], REMAINING[i], RESET[i], RETRY[i])
   end
   local epoch = 0
-  if grant > 0 then
-    local current = redis.call("GET", lease_key)
-    if not current then
-      local t = redis.call("TIME")
-      current = t[1] .. string.format("%06d", tonumber(t[2]))
-    end
+  if all then
+    -- An admission's reset is the time its state is kept.
     local keep = 1
     for i = 1, n do
-      if writes[i] and writes[n + i] > keep then
-        keep = writes[n + i]
+      if OK[i] then
+        A[i], B[i], C[i] = NA[i], NB[i], NC[i]
+        mark(i, WRITE_CHECK, set, SET_FIELDS * (i - 1), now)
+        if RESET[i] > keep then
+          keep = RESET[i]
+        end
       end
     end
-    redis.call("SET", lease_key, current, "PX", int(keep))
-    epoch = tonumber(current)
+    write_all(keys, n)
+    if grant > 0 then
+      local lease_key = keys[n + 1]
+      local current = call("GET", lease_key)
+      if not current then
+        local t = call("TIME")
+        current = t[1] .. fmt("%06d", tonum(t[2]))
+      end
+      call("SET", lease_key, current, "PX", int(keep))
+      epoch = tonum(current)
+    end
   end
-  local tail = REPLY_FIELDS * n
-  reply[tail + LEASE_GRANT] = grant
-  reply[tail + LEASE_WINDOW_LEFT] = window_left
-  reply[tail + LEASE_AGAIN] = again
-  reply[tail + LEASE_WINDOW_END] = window_left > 0 and now + window_left or 0
-  reply[tail + LEASE_EPOCH] = epoch
-  return all
+  reply[r + LEASE_GRANT] = grant
+  reply[r + LEASE_WINDOW_LEFT] = window_left
+  reply[r + LEASE_AGAIN] = again
+  reply[r + LEASE_WINDOW_END] = window_left > 0 and now + window_left or 0
+  reply[r + LEASE_EPOCH] = epoch
 end

@@ -5,30 +5,35 @@
 -- stamp) then n stamps of 6 bytes each (big-endian milliseconds, good for
 -- 8900 years), n <= limit. Logical stamp i (0 = oldest) lives in slot
 -- (head + i) % n: while the ring fills, head is 0 and the stamps are in order;
--- once full (n = limit) each admission overwrites the oldest slots in place.
--- At limit 1000 that is 6004 bytes, where a sorted set costs about 90 KB.
+-- once full (n = limit) each admission overwrites the oldest slots. At limit
+-- 1000 that is 6004 bytes, where a sorted set costs about 90 KB. The algorithm
+-- works on the string itself (READ checks its shape); its newest stamp goes beside
+-- it, for the TTL.
 local SL_HEAD = 4
 local SL_STAMP = 6
 
--- The state's reading, shared by the check, the refund and the charge: the ring
--- in `raw` (its slot count n, head, the first logical stamp that counts (base),
--- how many count (len), and the logical stamp i (0 = oldest)), and the time a
--- decision takes: a clock that went back is clamped to the newest stamp, so
--- stamps stay sorted. A newest stamp more than MAX_BACK windows ahead is no clock
--- that went back but state this clock cannot have written: read as empty
--- (replaced when admitting).
+local function sliding_log_read(raw)
+  if raw then
+    local len = #raw
+    if len >= SL_HEAD + SL_STAMP and (len - SL_HEAD) % SL_STAMP == 0
+      and sunpack(">I4", raw) < (len - SL_HEAD) / SL_STAMP then
+      return raw, nil, nil, false
+    end
+  end
+  return nil
+end
+
+-- The ring in `raw` as a decision reads it: its slot count n, head, the first
+-- logical stamp that counts (base), how many count (len), the logical stamp i (0 =
+-- oldest), and the time a decision takes: a clock that went back is clamped to the
+-- newest stamp, so stamps stay sorted. A newest stamp more than MAX_BACK windows
+-- ahead is no clock that went back but state this clock cannot have written: read
+-- as empty (replaced when admitting). Shared by the check, the refund and the charge.
 local function sl_read(raw, limit, w, now)
   local n, head = 0, 0
   if raw then
-    local len = #raw
-    if len >= SL_HEAD + SL_STAMP and (len - SL_HEAD) % SL_STAMP == 0 then
-      n = (len - SL_HEAD) / SL_STAMP
-      head = struct.unpack(">I4", raw)
-      if head >= n then
-        -- Not a ring this script wrote: start over.
-        n, head = 0, 0
-      end
-    end
+    n = (#raw - SL_HEAD) / SL_STAMP
+    head = sunpack(">I4", raw)
   end
   -- A log kept under a larger limit (the policy changed): only its newest
   -- `limit` stamps count.
@@ -38,7 +43,7 @@ local function sl_read(raw, limit, w, now)
   end
   local function stamp(i)
     local slot = (head + base + i) % n
-    return (struct.unpack(">I6", raw, SL_HEAD + 1 + slot * SL_STAMP))
+    return (sunpack(">I6", raw, SL_HEAD + 1 + slot * SL_STAMP))
   end
   local len = n - base
   if len > 0 then
@@ -59,16 +64,16 @@ local function sl_copy(raw, n, head, base, from, run)
     return ""
   end
   local first_slot = (head + base + from) % n
-  local stop = math.min(first_slot + run, n)
-  local out = string.sub(raw, SL_HEAD + 1 + first_slot * SL_STAMP, SL_HEAD + stop * SL_STAMP)
+  local stop = min(first_slot + run, n)
+  local out = sub(raw, SL_HEAD + 1 + first_slot * SL_STAMP, SL_HEAD + stop * SL_STAMP)
   local wrapped = first_slot + run - stop
   if wrapped > 0 then
-    out = out .. string.sub(raw, SL_HEAD + 1, SL_HEAD + wrapped * SL_STAMP)
+    out = out .. sub(raw, SL_HEAD + 1, SL_HEAD + wrapped * SL_STAMP)
   end
   return out
 end
 
-local function sliding_log(limit, w, now, cost, raw)
+local function sliding_log_step(limit, w, now, cost, raw, _, _, peek)
   local asked = now
   local n, head, base, len, stamp
   n, head, base, len, stamp, now = sl_read(raw, limit, w, now)
@@ -95,25 +100,25 @@ local function sliding_log(limit, w, now, cost, raw)
     end
   end
   local count, newest
-  local nxt = nil
+  local nxt = raw
   if allowed then
     -- The oldest `drop` stamps make room for `cost` new ones.
-    local drop = math.max(len + cost - limit, 0)
-    count = cost + len - math.max(drop, lo)
+    local drop = max(len + cost - limit, 0)
+    count = cost + len - max(drop, lo)
     newest = now
-    local fresh = string.rep(struct.pack(">I6", now), cost)
-    if n == limit then
-      -- A full ring: overwrite the oldest slots in place (SETRANGE), at most
-      -- two runs; a run that wraps to slot 0 shares one write with the header.
-      local first = math.min(cost, limit - head)
-      local new_head = (head + cost) % limit
-      local header = struct.pack(">I4", new_head)
-      nxt = { SL_HEAD + head * SL_STAMP, string.sub(fresh, 1, first * SL_STAMP) }
-      table.insert(nxt, 0)
-      table.insert(nxt, header .. string.sub(fresh, first * SL_STAMP + 1))
-    else
-      -- Growing, or a ring of another size: rewrite it in order, head 0.
-      nxt = struct.pack(">I4", 0) .. sl_copy(raw, n, head, base, drop, len - drop) .. fresh
+    if not peek then
+      local fresh = pack(">I6", now)
+      if n == limit then
+        -- A full ring: the oldest slots take the new stamps, the head moves on.
+        local first = min(cost, limit - head)
+        local wrapped = cost - first
+        nxt = pack(">I4", (head + cost) % limit) .. rep(fresh, wrapped)
+          .. sub(raw, SL_HEAD + 1 + wrapped * SL_STAMP, SL_HEAD + head * SL_STAMP)
+          .. rep(fresh, first) .. sub(raw, SL_HEAD + 1 + (head + first) * SL_STAMP)
+      else
+        -- Growing, or a ring of another size: rewritten in order, head 0.
+        nxt = pack(">I4", 0) .. sl_copy(raw, n, head, base, drop, len - drop) .. rep(fresh, cost)
+      end
     end
   else
     count = len - lo
@@ -125,13 +130,23 @@ local function sliding_log(limit, w, now, cost, raw)
   -- stamp too.
   local reset = 0
   if newest then
-    reset = math.max(newest + w - asked, 0)
+    reset = max(newest + w - asked, 0)
   end
   local retry = 0
   if not allowed then
     retry = deciding + w - asked
   end
-  return allowed, math.max(limit - count, 0), reset, retry, reset, nxt
+  return allowed, max(limit - count, 0), reset, retry, nxt, newest
 end
 
-DECIDE[ALG_SLIDING_LOG] = sliding_log
+-- Kept until the newest stamp leaves the window.
+local function sliding_log_write(key, w, now, raw, newest, _, keep)
+  if keep == true then
+    call("SET", key, raw, "KEEPTTL")
+  else
+    call("SET", key, raw, "PX", ttl_text(newest + w - now))
+  end
+end
+
+READ[ALG_SLIDING_LOG], STEP[ALG_SLIDING_LOG], WRITE[ALG_SLIDING_LOG] =
+  sliding_log_read, sliding_log_step, sliding_log_write

@@ -1,40 +1,51 @@
 -- Sliding window counter: the previous and current windows' counts, the
 -- previous one weighted by how much of it the sliding window still covers.
 -- Translation of decide in src/algorithm/sliding_window.rs.
--- State: "<window index>:<previous count>:<current count>".
+-- State: the current window's index, the previous and current windows' counts,
+-- packed ">I4I4I4" (12 bytes, no more Redis 7 memory than an empty value), or
+-- ">I7I7I7" when one reaches 2^32.
 
--- The state's reading comes first, shared by the check, the refund and the
--- charge: called without a cost (sliding_window(limit, w, now, nil, raw)), it
--- returns only that: the window a decision counts in, the time it decides at,
--- the previous and current windows' counts, and whether the stored state is that
--- window's. A clock that went back (the stored window ahead, by up to MAX_BACK
--- windows) is clamped to the start of the stored window; further ahead, it is
--- state this clock cannot have written, read as fresh. A stored window just
--- before the current one becomes the previous count. (In the check rather than a
--- function of its own: a script defines its functions again on every call, and
--- callgrind counts the difference.)
-local function sliding_window(limit, w, now, cost, raw)
-  local idx = idiv(now, w)
-  local asked = now
-  local prev, cur, stored = 0, 0, false
+local function sliding_window_read(raw)
   if raw then
-    local a, b, d = string.match(raw, "^(%d+):(%d+):(%d+)$")
-    local window, p, c = field(a), field(b), field(d)
-    if window and p and c and window <= idx + MAX_BACK then
-      if window > idx then
-        idx = window
-        now = idx * w
-        prev, cur, stored = p, c, true
-      elseif window == idx then
-        prev, cur, stored = p, c, true
-      elseif window + 1 == idx then
-        prev = c
-      end
+    local len = #raw
+    local idx, prev, cur
+    if len == 12 then
+      idx, prev, cur = sunpack(">I4I4I4", raw)
+    elseif len == 21 then
+      idx, prev, cur = sunpack(">I7I7I7", raw)
+    else
+      return nil
+    end
+    -- A state with a count in its window was kept to the next window's end.
+    return idx, prev, cur, cur > 0 and idx
+  end
+  return nil
+end
+
+-- The windows a decision at `now` reads: the window it counts in, the time it
+-- decides at, the previous and current windows' counts, and whether the stored
+-- state is that window's. A clock that went back (the stored window ahead, by up
+-- to MAX_BACK windows) is clamped to the start of the stored window; further
+-- ahead, it is state this clock cannot have written, read as fresh. A stored
+-- window just before the current one becomes the previous count. Shared by the
+-- check, the refund and the charge.
+local function sliding_window_at(w, now, idx, prev, cur)
+  local i = (now - fmod(now, w)) / w
+  if idx and idx <= i + MAX_BACK then
+    if idx > i then
+      return idx, idx * w, prev, cur, true
+    elseif idx == i then
+      return idx, now, prev, cur, true
+    elseif idx + 1 == i then
+      return i, now, cur, 0, false
     end
   end
-  if not cost then
-    return idx, now, prev, cur, stored
-  end
+  return i, now, 0, 0, false
+end
+
+local function sliding_window_step(limit, w, asked, cost, idx, prev, cur)
+  local now
+  idx, now, prev, cur = sliding_window_at(w, asked, idx, prev, cur)
   local elapsed = now - idx * w
   -- The previous window's weight, scaled by w to stay in integers.
   local weighted = prev * (w - elapsed)
@@ -46,7 +57,11 @@ local function sliding_window(limit, w, now, cost, raw)
   end
   -- A previous window charged past the limit (a debt) may weigh more than the
   -- limit: no room.
-  local remaining = idiv(math.max(limit * w - weighted, 0), w) - cur
+  local remaining = limit * w - weighted
+  if remaining < 0 then
+    remaining = 0
+  end
+  remaining = (remaining - fmod(remaining, w)) / w - cur
   if remaining < 0 then
     remaining = 0
   end
@@ -60,25 +75,38 @@ local function sliding_window(limit, w, now, cost, raw)
   else
     reset = 0
   end
-  local retry
-  if allowed then
-    retry = 0
-  elseif cur + cost <= limit then
-    -- This window has room once the previous one has decayed enough.
-    retry = behind + w - idiv((limit - cur - cost) * w, prev) - elapsed
-  else
-    -- Only the next window has room: its `prev` will be today's `cur`.
-    local into_next = w - idiv((limit - cost) * w, cur)
-    if into_next < 0 then
-      into_next = 0
+  local retry = 0
+  if not allowed then
+    if cur + cost <= limit then
+      -- This window has room once the previous one has decayed enough.
+      retry = behind + w - idiv((limit - cur - cost) * w, prev) - elapsed
+    else
+      -- Only the next window has room: its `prev` will be today's `cur`.
+      local into_next = w - idiv((limit - cost) * w, cur)
+      if into_next < 0 then
+        into_next = 0
+      end
+      retry = behind + (w - elapsed) + into_next
     end
-    retry = behind + (w - elapsed) + into_next
   end
-  local nxt = nil
-  if allowed then
-    nxt = ints(idx, prev, cur)
-  end
-  return allowed, remaining, reset, retry, reset, nxt
+  return allowed, remaining, reset, retry, idx, prev, cur
 end
 
-DECIDE[ALG_SLIDING_WINDOW] = sliding_window
+-- Kept to the end of the next window (its `prev` is this window's count): a state
+-- that counted in the stored window keeps its TTL.
+local function sliding_window_write(key, w, now, idx, prev, cur, keep)
+  local raw
+  if idx < 4294967296 and prev < 4294967296 and cur < 4294967296 then
+    raw = pack(">I4I4I4", idx, prev, cur)
+  else
+    raw = pack(">I7I7I7", idx, prev, cur)
+  end
+  if keep == true or (keep == idx and cur > 0) then
+    call("SET", key, raw, "KEEPTTL")
+  else
+    call("SET", key, raw, "PX", ttl_text((idx + 2) * w - now))
+  end
+end
+
+READ[ALG_SLIDING_WINDOW], STEP[ALG_SLIDING_WINDOW], WRITE[ALG_SLIDING_WINDOW] =
+  sliding_window_read, sliding_window_step, sliding_window_write

@@ -86,6 +86,11 @@ pub trait RedisStoreInternals {
     /// The stamps a sliding log's state in Redis holds, oldest first; `None` for bytes
     /// that are not such a state.
     fn sliding_log_stamps(raw: &[u8], limit: u64) -> Option<Vec<u64>>;
+    /// The state `raw` holds for `policy` as text (`<window>:<count>`,
+    /// `<window>:<prev>:<cur>`, `<tat>`, `<end>:<count>`, stamps joined by `,`,
+    /// `<holder>:<count>:<expiry>;` per in-flight holder); `None` for bytes the Lua
+    /// would read as no state.
+    fn stored_state(policy: &Policy, raw: &[u8]) -> Option<String>;
     /// How many checks the store's batch queue holds without allocating: what it
     /// keeps of its memory after a burst.
     fn queue_capacity(&self) -> usize;
@@ -119,6 +124,10 @@ impl RedisStoreInternals for crate::RedisStore {
     /// The newest `limit` stamps, as the Rust model keeps them.
     fn sliding_log_stamps(raw: &[u8], limit: u64) -> Option<Vec<u64>> {
         crate::algorithm::sliding_log_ring_stamps(raw, limit).map(Vec::from)
+    }
+
+    fn stored_state(policy: &Policy, raw: &[u8]) -> Option<String> {
+        crate::RedisStore::stored_state(policy, raw)
     }
 
     fn queue_capacity(&self) -> usize {

@@ -821,11 +821,14 @@ impl Policy {
     /// This policy as `holder`'s (see [`Policy::holder`]); other policies unchanged.
     pub(crate) fn held_by(mut self, holder: u64) -> Self {
         if self.algorithm == Algorithm::InFlight {
-            self.holder = holder;
+            self.holder = holder & HOLDER_MASK;
         }
         self
     }
 }
+
+/// The bits of an in-flight holder's id: the Redis state keeps it in 6 bytes.
+pub(crate) const HOLDER_MASK: u64 = (1 << 48) - 1;
 
 /// [`MAX_WINDOW`] in microseconds.
 const fn max_window_us() -> u64 {

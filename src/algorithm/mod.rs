@@ -38,6 +38,8 @@ mod token_bucket;
 pub(crate) use grant::Grant;
 #[cfg(all(feature = "redis", any(test, feature = "internals")))]
 pub(crate) use sliding_log::ring_stamps as sliding_log_ring_stamps;
+#[cfg(all(feature = "redis", any(test, feature = "internals")))]
+pub(crate) use state::Holder;
 #[cfg(feature = "redis")]
 pub(crate) use state::MAX_CLOCK_BACK;
 #[cfg(any(test, feature = "redis"))]

@@ -53,6 +53,7 @@ impl PolicySet {
         // FNV-1a over an explicit byte layout: the same in every process, release
         // and architecture (a derived `Hash` writes integers in native byte order).
         let mut h = Fnv1a::new();
+        h.write(STATE_LAYOUT);
         for policy in &policies {
             h.write(policy.name().as_bytes());
             h.write(&[0xff]);
@@ -174,8 +175,10 @@ fn max_cost(policies: &[Policy]) -> u64 {
     policies.iter().map(Policy::max_cost).min().unwrap_or(0)
 }
 
-/// A holder id no other set in any process is likely to have: 64 bits from the
-/// standard library's randomly keyed hasher, over the time and a count.
+/// A holder id no other set in any process is likely to have: 48 bits (the Redis
+/// state keeps each holder's id in 6 bytes, lua/in_flight.lua) from the standard
+/// library's randomly keyed hasher, over the time and a count: two live instances'
+/// ids meet with odds of about 2^-48 a pair, as two sets' key tags do.
 fn new_holder() -> u64 {
     use std::hash::BuildHasher;
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -186,8 +189,14 @@ fn new_holder() -> u64 {
         h.write_u128(since.as_nanos());
     }
     h.write_u32(std::process::id());
-    h.finish()
+    h.finish() & crate::policy::HOLDER_MASK
 }
+
+/// Written first into every fingerprint: the layout of the states the stores keep
+/// (here: the Lua's packed states). A release that lays its states out anew
+/// changes it, so its instances never read an earlier release's states: each
+/// subject starts afresh once, as for a changed policy.
+const STATE_LAYOUT: &[u8] = b"redlimit states 2\xff";
 
 /// A place that decides and keeps limit state.
 ///

@@ -314,7 +314,8 @@ async fn a_shadow_policy_keeps_the_enforced_key_and_state_format() {
     shadow.check("s", 2).await.unwrap();
     let key = key_of(&store, "s", &policy);
     assert_eq!(key, key_of(&store, "s", &policy.clone().shadow()));
-    let state: String = conn.get(&key).await.unwrap();
+    let raw: Vec<u8> = conn.get(&key).await.unwrap();
+    let state = RedisStore::stored_state(&policy, &raw).unwrap();
     assert!(state.ends_with(":2"), "{state:?}");
     // Switched on, it carries on from the shadow's state.
     let enforced = Limiter::new(store, policy);

@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::command::{Batch, Call, Check};
-use super::contract::reply::{decode, BatchReply, Reply};
+use super::command::{Batch, Call, Run};
+use super::contract::reply::{decode, BatchReply, Checked, Reply};
 use super::link::Link;
 use super::queue::Waiting;
 use super::reader::Since;
@@ -77,7 +77,7 @@ impl Default for Batching {
 /// flight (or the store does not batch), else in the next batch.
 pub(super) async fn check(
     link: Arc<Link>,
-    call: Call<Check>,
+    call: Call<Run>,
     timeout: Duration,
     batching: Batching,
 ) -> Result<Decision, StoreError> {
@@ -115,13 +115,13 @@ pub(super) async fn check(
     // `one`'s body, inline: awaiting it here would add its frame to every check's
     // boxed future (`a_check_s_future_stays_small`).
     let reply: Reply = decode(link.exchange(&call, timeout, None, 1).await?)?;
-    reply.decision(&call.policies, call.cost)
+    reply.decision_of(call.op(), &call.policies, call.cost)
 }
 
 /// When a check goes: now, alone, or in the next batch.
 enum Turn {
     /// A place among the calls pipelined is taken for it.
-    Now(Call<Check>),
+    Now(Call<Run>),
     /// It waits in the queue; its decision arrives here.
     Queued(oneshot::Receiver<Result<Decision, StoreError>>),
     /// The queue is full: it is shed, undecided.
@@ -130,7 +130,7 @@ enum Turn {
 
 /// Takes a place among the calls pipelined for `call` (fewer than `max_pipelined`
 /// are), or queues it for the next batch, or sheds it when `max_queue` wait already.
-fn enqueue(link: &Link, call: Call<Check>, timeout: Duration, batching: Batching) -> Turn {
+fn enqueue(link: &Link, call: Call<Run>, timeout: Duration, batching: Batching) -> Turn {
     let mut state = link.queue.lock();
     if state.in_flight < batching.max_pipelined.max(1) {
         state.in_flight += 1;
@@ -153,12 +153,12 @@ fn enqueue(link: &Link, call: Call<Check>, timeout: Duration, batching: Batching
 /// One check as its own call.
 async fn one(
     link: &Arc<Link>,
-    call: &Call<Check>,
+    call: &Call<Run>,
     timeout: Duration,
     since: Option<Since>,
 ) -> Result<Decision, StoreError> {
     let reply: Reply = decode(link.exchange(call, timeout, since, 1).await?)?;
-    reply.decision(&call.policies, call.cost)
+    reply.decision_of(call.op(), &call.policies, call.cost)
 }
 
 /// A place among the calls pipelined, held by a check or a batch: when it is given
@@ -273,7 +273,7 @@ async fn send(link: &Arc<Link>, mut batch: Vec<Waiting>) {
         }
         return;
     }
-    let (calls, answers): (Vec<Call<Check>>, Vec<_>) =
+    let (calls, answers): (Vec<Call<Run>>, Vec<_>) =
         batch.into_iter().map(|w| (w.call, w.answer)).unzip();
     let request = Batch { calls };
     let checks = request.calls.len() as u64;

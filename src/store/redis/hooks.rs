@@ -34,6 +34,11 @@ impl RedisStore {
         (script.source(), script.sha1())
     }
 
+    /// The state `raw` holds for `policy`, as text.
+    pub(crate) fn stored_state(policy: &Policy, raw: &[u8]) -> Option<String> {
+        super::contract::state::render(policy, raw)
+    }
+
     /// How many checks the batch queue holds without allocating.
     pub(crate) fn queue_capacity(&self) -> usize {
         self.link.queue.capacity()

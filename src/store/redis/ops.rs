@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::batch;
-use super::command::{Call, CallShape, Check, GivingBack, Leasing, Run};
+use super::command::{Call, CallShape, GivingBack, Leasing, Run};
 use super::contract::reply::{decode, Reply};
-use super::contract::Entry;
+use super::contract::Op;
 use super::keys;
 use super::link::{self, Link};
 use super::script;
@@ -49,7 +49,7 @@ impl RedisStore {
             .link
             .exchange(&call, link::READY_TIMEOUT, None, 1)
             .await?;
-        decode::<Reply>(reply)?.decision_each(&call.policies, call.cost)?;
+        decode::<Reply>(reply)?.decision_of(Op::Run(Operation::Peek), &call.policies, call.cost)?;
         Ok(())
     }
 
@@ -117,7 +117,7 @@ impl Backend for RedisStore {
     /// A plain check goes at once while few calls are pipelined, else in the next
     /// batch (see [`RedisStore::max_batch`]).
     fn check(&self, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
-        let call = self.call(&subject, set, cost, Check);
+        let call = self.call(&subject, set, cost, Run(Operation::Check));
         let (link, settings) = (Arc::clone(&self.link), &self.settings);
         let (timeout, batching) = (settings.timeout, settings.batching);
         Box::pin(batch::check(link, call, timeout, batching))
@@ -128,12 +128,23 @@ impl Backend for RedisStore {
     }
 }
 
-/// Every operation is one `FCALL` of the same library, the operation in its
-/// arguments: the admin operations share the check's per-algorithm Lua.
+/// Every operation is one `FCALL` of the same library and runs the check's
+/// per-algorithm Lua. Those that batch with checks (a peek, a refund, a charge, a
+/// release, a renewal: a request's settlement and its slot's release among them)
+/// queue with them; a reset goes alone.
 impl AdminStore for RedisStore {
     fn run(&self, op: Operation, subject: Subject, set: &PolicySet, cost: u64) -> Self::Future {
         let call = self.op_call(op, &subject, set, cost);
-        Box::pin(one(Arc::clone(&self.link), call, self.settings.timeout))
+        let (link, settings) = (Arc::clone(&self.link), &self.settings);
+        if Op::Run(op).entry().is_batch() {
+            return Box::pin(batch::check(
+                link,
+                call,
+                settings.timeout,
+                settings.batching,
+            ));
+        }
+        Box::pin(one(link, call, settings.timeout))
     }
 }
 
@@ -145,12 +156,7 @@ async fn one<S: CallShape<Reply = Reply>>(
     timeout: Duration,
 ) -> Result<Decision, StoreError> {
     let reply: Reply = decode(link.exchange(&call, timeout, None, 1).await?)?;
-    let op = call.shape.op();
-    let cost = op.answered_cost(call.cost);
-    if op.entry() == Entry::Admin {
-        return reply.decision_each(&call.policies, cost);
-    }
-    reply.decision(&call.policies, cost)
+    reply.decision_of(call.shape.op(), &call.policies, call.cost)
 }
 
 /// A leasing check is one `FCALL` of the library's lease function: the check's

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::command::{Call, Check};
+use super::command::{Call, Run};
 use super::reader::Since;
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -29,7 +29,7 @@ pub(super) struct State {
 /// A queued check, with where its decision goes.
 #[derive(Debug)]
 pub(super) struct Waiting {
-    pub(super) call: Call<Check>,
+    pub(super) call: Call<Run>,
     pub(super) answer: oneshot::Sender<Result<Decision, StoreError>>,
     pub(super) since: Since,
     pub(super) timeout: Duration,

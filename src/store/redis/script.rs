@@ -19,9 +19,9 @@ const COMMON: &str = include_str!("../../../lua/common.lua");
 const DECIDE: &str = include_str!("../../../lua/decide.lua");
 /// The lease rule of a leasing check, on the states its decision read.
 const LEASE: &str = include_str!("../../../lua/lease.lua");
-/// The entry point of a single call.
+/// The entry point of a reset, a leasing check and a give-back.
 const MAIN: &str = include_str!("../../../lua/main.lua");
-/// The entry point of a batch of plain checks.
+/// The entry point of a batch: checks and the operations that batch with them.
 const BATCH: &str = include_str!("../../../lua/batch.lua");
 
 /// Each algorithm's Lua, in the order of [`Algorithm::ALL`]: its decide function,
@@ -68,8 +68,9 @@ struct AlgorithmLua {
     charge: &'static str,
 }
 
-/// What the refund functions register in: declared only where they are composed.
-const REFUND_TABLE: &str = "local REFUND = {}\n";
+/// What the refund functions register in, and the in-flight release: declared only
+/// where they are composed (code that never runs them may name them).
+const REFUND_TABLE: &str = "local REFUND, IN_FLIGHT_HOLD = {}\n";
 /// What the charge functions register in: declared only where they are composed.
 const CHARGE_TABLE: &str = "local CHARGE = {}\n";
 
@@ -87,26 +88,32 @@ fn head(entry: Option<Entry>) -> String {
 }
 
 /// Which algorithms a call's policies use (one bit per [`Algorithm::ALL`] position),
-/// and its entry point (two bits).
+/// and its entry point (three bits).
 ///
 /// Lua defines a script's functions again on every call, so one script of all six
 /// algorithms made each call pay for creating the closures of those it does not
 /// use, and a check paid for the refund functions it never runs. One script per shape
-/// (at most 252, each built and hashed once per process) is still one `EVALSHA` per
+/// (at most 320, each built and hashed once per process) is still one `EVALSHA` per
 /// call, and a check of a limiter with one algorithm pays for that one's decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Shape(u8);
+pub(super) struct Shape(u16);
 
 /// Where a [`Shape`]'s entry point sits.
-const ENTRY_SHIFT: u8 = 6;
+const ENTRY_SHIFT: u16 = 6;
 
 impl Shape {
     /// The shape of a call of `entry` on `policies`.
     pub(super) fn of(policies: &[Policy], entry: Entry) -> Self {
-        let algorithms = policies
-            .iter()
+        Self::of_many([policies], entry)
+    }
+
+    /// The shape of a call of `entry` on the policies of several sets (a batch's).
+    pub(super) fn of_many<'a>(sets: impl IntoIterator<Item = &'a [Policy]>, entry: Entry) -> Self {
+        let algorithms = sets
+            .into_iter()
+            .flatten()
             .fold(0, |bits, p| bits | 1 << index(p.algorithm()));
-        Self(algorithms | (entry as u8) << ENTRY_SHIFT)
+        Self(algorithms | (entry as u16) << ENTRY_SHIFT)
     }
 
     fn entry(self) -> Entry {
@@ -115,13 +122,14 @@ impl Shape {
 
     /// The script of this shape.
     pub(super) fn script(self) -> &'static ShapeScript {
-        static SCRIPTS: [OnceLock<ShapeScript>; 256] = [const { OnceLock::new() }; 256];
-        SCRIPTS[usize::from(self.0)].get_or_init(|| ShapeScript::compose(self))
+        const SHAPES: usize = Entry::ALL.len() << ENTRY_SHIFT;
+        static SCRIPTS: [OnceLock<ShapeScript>; SHAPES] = [const { OnceLock::new() }; SHAPES];
+        SCRIPTS[usize::from(self.0) % SHAPES].get_or_init(|| ShapeScript::compose(self))
     }
 }
 
 /// The position of an algorithm in [`Algorithm::ALL`].
-const fn index(algorithm: Algorithm) -> u8 {
+const fn index(algorithm: Algorithm) -> u16 {
     match algorithm {
         Algorithm::FixedWindow => 0,
         Algorithm::SlidingWindow => 1,
@@ -162,8 +170,13 @@ impl ShapeScript {
         if entry == Entry::Lease {
             source.push_str(LEASE);
         }
-        source.push_str(&format!("local op, first = {}\n", entry.op_first("ARGV")));
-        source.push_str(MAIN);
+        match entry.main_op() {
+            Some(op) => {
+                source.push_str(&format!("local op = {op}\n"));
+                source.push_str(MAIN);
+            }
+            None => source.push_str(BATCH),
+        }
         Self::new(inline(&source))
     }
 
@@ -176,21 +189,6 @@ impl ShapeScript {
     pub(super) fn sha1(&self) -> &str {
         self.script.get_hash()
     }
-}
-
-/// The batch as a script, for a server without functions or without the library:
-/// every algorithm's check, no refund.
-pub(super) fn batch_script() -> &'static ShapeScript {
-    static SCRIPT: OnceLock<ShapeScript> = OnceLock::new();
-    SCRIPT.get_or_init(|| {
-        let mut source = head(Some(Entry::Check));
-        for algorithm in &ALGORITHMS {
-            source.push_str(algorithm.check);
-        }
-        source.push_str(DECIDE);
-        source.push_str(BATCH);
-        ShapeScript::new(inline(&source))
-    })
 }
 
 /// The Redis 7 function library of every algorithm: `FUNCTION LOAD` once per server,
@@ -208,8 +206,7 @@ pub(super) fn batch_script() -> &'static ShapeScript {
 pub(super) struct Library {
     source: String,
     /// Each entry point's function, in the order of [`Entry::ALL`].
-    functions: [String; 4],
-    pub(super) batch: String,
+    functions: [String; 5],
 }
 
 impl Library {
@@ -229,9 +226,9 @@ impl Library {
         }
         code.push_str(DECIDE);
         code.push_str(LEASE);
-        code.push_str("local function run(KEYS, ARGV, op, first)\n");
+        code.push_str("local function main_entry(KEYS, ARGV, op)\n");
         code.push_str(MAIN);
-        code.push_str("end\nlocal function batch(KEYS, ARGV)\n");
+        code.push_str("end\nlocal function batch_entry(KEYS, ARGV)\n");
         code.push_str(BATCH);
         code.push_str("end\n");
         // The preamble, then the code with the values in place of the names; the
@@ -242,19 +239,21 @@ impl Library {
         let name = format!("redlimit_{}", &hash.get_hash()[..16]);
         let mut source = format!("#!lua name={name}\n{body}");
         for entry in Entry::ALL {
-            source.push_str(&format!(
-                "redis.register_function('{name}_{}', function(keys, args) return run(keys, args, {}) end)\n",
-                entry.name(),
-                entry.op_first("args")
-            ));
+            let call = match entry.main_op() {
+                Some(op) => format!("main_entry(keys, args, {op})"),
+                None => "batch_entry(keys, args)".to_owned(),
+            };
+            // The batch's function serves two entry points: registered once.
+            if entry != Entry::Admin {
+                source.push_str(&format!(
+                    "redis.register_function('{name}_{}', function(keys, args) return {call} end)\n",
+                    entry.name(),
+                ));
+            }
         }
-        source.push_str(&format!(
-            "redis.register_function('{name}_batch', function(keys, args) return batch(keys, args) end)\n"
-        ));
         Self {
             source,
             functions: Entry::ALL.map(|entry| format!("{name}_{}", entry.name())),
-            batch: format!("{name}_batch"),
         }
     }
 

@@ -1,51 +1,56 @@
 //! The contract between the store and its Lua: the operation letters, where each
-//! argument goes, the reply's layout, the algorithm codes. Rust encodes with these
-//! constants ([`args`]), decodes with them ([`reply`]), and resolves them in the Lua:
-//! the Lua files read `OP_REFUND` or `ARGV[ARG_COST]` where they used to read a
-//! literal, and composition writes the values in ([`inline`]; the library also
-//! starts with the generated [`preamble`]): one side cannot change a letter or a
-//! position without the other.
+//! argument goes, the reply's packing, the algorithm codes. Rust encodes with these
+//! constants ([`command`](super::command)), decodes with them ([`reply`]), and
+//! resolves them in the Lua: the Lua files read `OP_REFUND` or `ARGV[ARG_COST]` where
+//! they would read a literal, and composition writes the values in ([`inline`]; the
+//! library also starts with the generated [`preamble`]): one side cannot change a
+//! letter or a position without the other.
 //!
-//! Positions are 1-based, as Lua's `ARGV` and reply tables count them.
+//! Positions are 1-based, as Lua's `ARGV` and tables count them.
 //!
 //! # The layout
 //!
-//! A single call (lua/main.lua) of `n` policies:
+//! A batch (lua/batch.lua: checks, and the operations that queue beside them; a lone
+//! check or admin operation is a batch of one):
 //!
 //! ```text
-//! KEYS  state key of each policy, then (leasing check, give-back, reset) the
-//!       subject's lease generation key
-//! ARGV  ARG_COST, then the shape's own arguments (admin: ARG_OP; leasing check:
-//!       ARG_WANT, ARG_BATCH; give-back: ARG_BEFORE, ARG_EPOCH), then from the
-//!       shape's FIRST_* each policy's POLICY_ARGS (POLICY_CODE, POLICY_LIMIT
-//!       negative for a shadow policy, POLICY_N), then optionally the client's
-//!       clock in ms (else Redis TIME)
-//! reply REPLY_FIELDS integers per policy (REPLY_ALLOWED, REPLY_REMAINING,
-//!       REPLY_RESET, REPLY_RETRY); a leasing check adds LEASE_FIELDS (LEASE_*)
+//! KEYS  the keys its records name, each once
+//! ARGV  the head (three bytes: HEAD_REDIS_CLOCK or HEAD_CLIENT_CLOCK; the flags
+//!       FLAG_MAP, FLAG_OPS, FLAG_COSTS; the number of policy sets), each set's
+//!       definition, the records (per record: [its operation's letter] its set's
+//!       number [a key slot per policy]), then the costs and the times the flags ask
+//! reply each record's outcomes, a packed outcome per policy
 //! ```
 //!
-//! A batch (lua/batch.lua) starts with BATCH_MODE and BATCH_SETS; its reply is every
-//! check's policies' REPLY_FIELDS integers, check after check ([`Batch`](super::command::Batch)).
-//!
-//! Inside the Lua, every call reads its policies' arguments once into the `set`
-//! table, SET_FIELDS a policy (SET_DECIDE, SET_LIMIT, SET_WINDOW, SET_SHADOW,
-//! SET_CODE), and every algorithm's decide function, registered in `DECIDE` by its
-//! code, has one signature:
+//! A single call (lua/main.lua: a reset, a leasing check, a give-back) of `n`
+//! policies:
 //!
 //! ```text
-//! decide(limit, n, now_ms, cost, raw) -> allowed, remaining, reset_ms, retry_ms, ttl_ms, next
+//! KEYS  state key of each policy, then the subject's lease generation key
+//! ARGV  ARG_SET the set's definition, ARG_COST the cost, then the shape's own
+//!       arguments (leasing check: ARG_WANT, ARG_BATCH; give-back: ARG_BEFORE,
+//!       ARG_EPOCH), then optionally the client's clock in ms (else Redis TIME)
+//! reply a packed outcome per policy; a leasing check adds LEASE_FIELDS (LEASE_*)
 //! ```
 //!
-//! `n` the policy's window (ms) or emission interval (us) (a calendar quota's: the end
-//! of the current period in ms, computed by the encoder: lua/calendar.lua), `raw` its stored state
-//! (`false` when there is none), `next` the state to write (`nil` for none; a string,
-//! or the sliding log's ranges to overwrite). An in-flight policy's takes its holder
-//! where the others take the cost, and a sixth argument, whether the call only peeks.
-//! The refund and charge functions (`REFUND`, `CHARGE`) take the same five
-//! arguments and return the state to write (a charge with its TTL). Each algorithm
-//! reads its state in one place its decide, refund and charge share: a decide
-//! function called with a `nil` cost returns its reading of the state and decides
-//! nothing (the sliding log's is `sl_read`, in-flight's `in_flight_live`).
+//! A set's definition is `<code><flags>:<limit>:<n>[:<holder>];` per policy
+//! ([`set_definition`](super::command)); the Lua reads it once into its own table,
+//! SET_FIELDS a policy (SET_READ, SET_STEP, SET_WRITE, SET_LIMIT, SET_N, SET_SHADOW,
+//! SET_CODE, SET_ARG), and keeps it for the calls after (SETS_KEPT at most). Every
+//! algorithm is three functions, registered by its code (lua/common.lua says what
+//! each takes and returns):
+//!
+//! ```text
+//! READ[code](raw) -> a, b, c, keep
+//! STEP[code](limit, n, now_ms, cost, a, b, c, peek) -> allowed, remaining, reset_ms, retry_ms, a, b, c
+//! WRITE[code](key, n, now_ms, a, b, c, keep)
+//! ```
+//!
+//! `n` the policy's window (ms) or emission interval (us) (a calendar quota's: the
+//! end of the current period in ms, computed by the encoder: lua/calendar.lua), the
+//! state `a, b, c` numbers (or the string the sliding log and in flight work on). An
+//! outcome is packed into one integer ([`pack`]), a denial's retry after it, and
+//! spelled out after a marker when it does not fit.
 
 use std::fmt::Write as _;
 
@@ -53,6 +58,8 @@ use crate::policy::Algorithm;
 use crate::store::backend::Operation;
 
 pub(super) mod reply;
+#[cfg(any(test, feature = "internals"))]
+pub(super) mod state;
 
 #[cfg(test)]
 mod tests;
@@ -111,11 +118,12 @@ impl Op {
         format!("OP_{}", name.to_ascii_uppercase())
     }
 
-    /// The entry point of the Lua that runs it: a check its own, the admin operations
-    /// one that reads the operation from its arguments.
+    /// The entry point of the Lua that runs it: checks and the operations that batch
+    /// with them go through the batch, the others their own.
     pub(crate) const fn entry(self) -> Entry {
         match self {
             Op::Run(Operation::Check) => Entry::Check,
+            Op::Run(Operation::Reset) => Entry::Reset,
             Op::Run(_) => Entry::Admin,
             Op::Lease => Entry::Lease,
             Op::GiveBack => Entry::GiveBack,
@@ -139,12 +147,17 @@ impl Op {
     }
 }
 
-/// The entry points of the Lua: a function of the library each, and a script shape
-/// each for servers without functions; an operation's is [`Op::entry`].
+/// The entry points of the Lua: a function of the library each (a check and the
+/// admin operations share the batch's), and a script shape each for servers without
+/// functions; an operation's is [`Op::entry`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Entry {
+    /// A batch of checks only (lua/batch.lua): its script has no refund or charge.
     Check,
+    /// A batch of any operations that batch with checks (lua/batch.lua).
     Admin,
+    /// lua/main.lua's operations.
+    Reset,
     Lease,
     GiveBack,
 }
@@ -160,30 +173,41 @@ const _: () = {
 
 impl Entry {
     /// Every entry point, in the order of their discriminants.
-    pub(crate) const ALL: [Entry; 4] = [Entry::Check, Entry::Admin, Entry::Lease, Entry::GiveBack];
+    pub(crate) const ALL: [Entry; 5] = [
+        Entry::Check,
+        Entry::Admin,
+        Entry::Reset,
+        Entry::Lease,
+        Entry::GiveBack,
+    ];
 
     /// The suffix of its function's name in the library.
     pub(crate) const fn name(self) -> &'static str {
         match self {
-            Entry::Check => "check",
-            Entry::Admin => "admin",
+            Entry::Check | Entry::Admin => "batch",
+            Entry::Reset => "reset",
             Entry::Lease => "lease",
             Entry::GiveBack => "give_back",
         }
     }
 
-    /// The Lua expressions of this entry point's `op` and `first` (main.lua), with
-    /// the call's arguments named `argv`.
-    pub(crate) fn op_first(self, argv: &str) -> String {
+    /// Whether it runs lua/batch.lua (else lua/main.lua).
+    pub(crate) const fn is_batch(self) -> bool {
+        matches!(self, Entry::Check | Entry::Admin)
+    }
+
+    /// The Lua name of main.lua's operation (`None` for the batch).
+    pub(crate) const fn main_op(self) -> Option<&'static str> {
         match self {
-            Entry::Check => "OP_CHECK, FIRST_CHECK".to_owned(),
-            Entry::Admin => format!("{argv}[ARG_OP], FIRST_ADMIN"),
-            Entry::Lease => "OP_LEASE, FIRST_LEASE".to_owned(),
-            Entry::GiveBack => "OP_GIVE_BACK, FIRST_GIVE_BACK".to_owned(),
+            Entry::Check | Entry::Admin => None,
+            Entry::Reset => Some("OP_RESET"),
+            Entry::Lease => Some("OP_LEASE"),
+            Entry::GiveBack => Some("OP_GIVE_BACK"),
         }
     }
 
-    /// Whether its Lua gives units back: the refund functions go only there.
+    /// Whether its Lua gives units or slots back: the refund functions and the
+    /// in-flight release go only there.
     pub(crate) fn refunds(self) -> bool {
         matches!(self, Entry::Admin | Entry::GiveBack)
     }
@@ -195,49 +219,68 @@ impl Entry {
     }
 }
 
-/// Every single call's first argument: the cost.
-pub(super) const ARG_COST: usize = 1;
-/// An admin call's operation: its [`Op::letter`].
-pub(super) const ARG_OP: usize = 2;
+/// A single call's policy set, then its cost.
+pub(super) const ARG_SET: usize = 1;
+pub(super) const ARG_COST: usize = 2;
 /// A leasing check's units wanted, then its batch.
-pub(super) const ARG_WANT: usize = 2;
-pub(super) const ARG_BATCH: usize = 3;
+pub(super) const ARG_WANT: usize = 3;
+pub(super) const ARG_BATCH: usize = 4;
 /// A give-back's end of the lease's window (ms, the store's clock), then its lease
 /// generation.
-pub(super) const ARG_BEFORE: usize = 2;
-pub(super) const ARG_EPOCH: usize = 3;
+pub(super) const ARG_BEFORE: usize = 3;
+pub(super) const ARG_EPOCH: usize = 4;
 
-/// Where each call shape's per-policy arguments start: after its cost and the
-/// arguments of its own.
-pub(super) const FIRST_CHECK: usize = ARG_COST + 1;
-pub(super) const FIRST_ADMIN: usize = ARG_OP + 1;
-pub(super) const FIRST_LEASE: usize = ARG_BATCH + 1;
-pub(super) const FIRST_GIVE_BACK: usize = ARG_EPOCH + 1;
+/// A batch's head: its clock (first byte; as the byte's value in the Lua)...
+pub(super) const HEAD_REDIS_CLOCK: u8 = b't';
+pub(super) const HEAD_CLIENT_CLOCK: u8 = b'c';
+/// ...its flags (second byte): each record names its keys' slots...
+pub(super) const FLAG_MAP: u8 = 1;
+/// ...each record starts with its operation's letter...
+pub(super) const FLAG_OPS: u8 = 2;
+/// ...a cost per record follows the records (else each costs 1).
+pub(super) const FLAG_COSTS: u8 = 4;
+// The Lua reads the flags by their bits.
+const _: () = assert!(FLAG_MAP == 1 && FLAG_OPS == 2 && FLAG_COSTS == 4);
 
-/// Arguments per policy: its algorithm's code, its limit (negative for a shadow
-/// policy), the one duration its algorithm reads; offsets from the policy's first.
-pub(super) const POLICY_ARGS: usize = 3;
-pub(super) const POLICY_CODE: usize = 0;
-pub(super) const POLICY_LIMIT: usize = 1;
-pub(super) const POLICY_N: usize = 2;
+/// In a set's definition, after a policy's code: it counts requests, one a request
+/// whatever its cost (refunds and charges leave it alone)...
+pub(super) const FLAG_REQUESTS: &str = "r";
+/// ...it is a shadow policy (decides, never denies).
+pub(super) const FLAG_SHADOW: &str = "s";
 
-/// Fields per policy in the Lua's own reading of the policies' arguments (the `set`
-/// table of `read_policies` in lua/decide.lua, read by every decision), and their
-/// offsets (from 1): the policy's decide function, its limit (positive), its window
-/// or interval, whether it is a shadow policy, its algorithm's code.
-pub(super) const SET_FIELDS: usize = 5;
-pub(super) const SET_DECIDE: usize = 1;
-pub(super) const SET_LIMIT: usize = 2;
-pub(super) const SET_WINDOW: usize = 3;
-pub(super) const SET_SHADOW: usize = 4;
-pub(super) const SET_CODE: usize = 5;
+/// Fields per policy in the Lua's own reading of a set's definition (read_set in
+/// lua/decide.lua), and their offsets (from 1): the algorithm's READ, STEP and WRITE
+/// functions, the limit, the window or interval, the shadow flag, the algorithm's
+/// code, and the policy's unit argument (an in-flight holder's id, `true` for a
+/// policy counting requests).
+pub(super) const SET_FIELDS: usize = 8;
+pub(super) const SET_READ: usize = 1;
+pub(super) const SET_STEP: usize = 2;
+pub(super) const SET_WRITE: usize = 3;
+pub(super) const SET_LIMIT: usize = 4;
+pub(super) const SET_N: usize = 5;
+pub(super) const SET_SHADOW: usize = 6;
+pub(super) const SET_CODE: usize = 7;
+pub(super) const SET_ARG: usize = 8;
+/// The most set definitions the function library keeps read (then it starts over).
+const SETS_KEPT: u64 = 512;
 
-/// Integers per policy in every reply, and their offsets (from 1).
-pub(super) const REPLY_FIELDS: usize = 4;
-pub(super) const REPLY_ALLOWED: usize = 1;
-pub(super) const REPLY_REMAINING: usize = 2;
-pub(super) const REPLY_RESET: usize = 3;
-pub(super) const REPLY_RETRY: usize = 4;
+/// How a batch writes a key, the strongest asked winning: a refund's state keeps its
+/// TTL, a check's keeps it when the stored one already runs as far, a charge's or
+/// a holder's sets it anew.
+const WRITE_KEEP: u64 = 1;
+const WRITE_CHECK: u64 = 2;
+const WRITE_TTL: u64 = 3;
+
+/// An outcome packed into one integer: `((reset * 2^PACK_REMAINING_BITS +
+/// remaining) * 2 + allowed)`, under 2^53 (a double's exact integers), a denial's
+/// retry after it. One that does not fit is PACK_WIDE_ALLOWED or PACK_WIDE_DENIED,
+/// then remaining, reset and retry.
+pub(super) const PACK_REMAINING_BITS: u32 = 25;
+pub(super) const PACK_RESET_BITS: u32 = 27;
+pub(super) const PACK_WIDE_ALLOWED: i64 = -2;
+pub(super) const PACK_WIDE_DENIED: i64 = -1;
+const _: () = assert!(1 + PACK_REMAINING_BITS + PACK_RESET_BITS == 53);
 
 /// Integers a leasing check's reply adds after its policies', and their offsets.
 pub(super) const LEASE_FIELDS: usize = 5;
@@ -247,26 +290,7 @@ pub(super) const LEASE_AGAIN: usize = 3;
 pub(super) const LEASE_WINDOW_END: usize = 4;
 pub(super) const LEASE_EPOCH: usize = 5;
 
-/// A batch's clock and repeats (its first argument), then its number of policy
-/// sets; the sets follow.
-pub(super) const BATCH_MODE: usize = 1;
-pub(super) const BATCH_SETS: usize = 2;
-/// The batch's checks decide at one Redis `TIME`.
-pub(super) const BATCH_REDIS_CLOCK: &str = "t";
-/// Each of the batch's checks carries the client's clock.
-pub(super) const BATCH_CLIENT_CLOCK: &str = "c";
-/// After the clock: a subject comes more than once in the batch.
-pub(super) const BATCH_REPEATS: &str = "r";
-/// Every check of the batch costs 1 (no costs follow).
-pub(super) const BATCH_UNIT_COSTS: &str = "1";
-/// A cost per check follows.
-pub(super) const BATCH_COSTS: &str = "n";
-
-/// After a rate policy's code: it counts requests, one a request whatever its cost
-/// (`fwr`); refunds and charges leave it alone.
-pub(super) const UNIT_REQUESTS: &str = "r";
-
-/// The two-letter code of an algorithm, in keys and in the Lua's arguments.
+/// The two-letter code of an algorithm, in keys and in the sets' definitions.
 pub(super) const fn code(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::FixedWindow => "fw",
@@ -282,55 +306,50 @@ pub(super) const fn code(algorithm: Algorithm) -> &'static str {
 #[derive(Debug, Clone, Copy)]
 enum Lua {
     Str(&'static str),
-    Int(u64),
+    Int(i64),
 }
 
-/// Positions as preamble values (they are small).
+/// Positions and small numbers as preamble values.
 const fn at(position: usize) -> Lua {
-    Lua::Int(position as u64)
+    Lua::Int(position as i64)
 }
 
 /// Every constant the Lua reads, by its Lua name, but the operations' letters
 /// ([`constants`] adds them, from [`Op`]).
 const PREAMBLE: &[(&str, Lua)] = &[
+    ("ARG_SET", at(ARG_SET)),
     ("ARG_COST", at(ARG_COST)),
-    ("ARG_OP", at(ARG_OP)),
     ("ARG_WANT", at(ARG_WANT)),
     ("ARG_BATCH", at(ARG_BATCH)),
     ("ARG_BEFORE", at(ARG_BEFORE)),
     ("ARG_EPOCH", at(ARG_EPOCH)),
-    ("FIRST_CHECK", at(FIRST_CHECK)),
-    ("FIRST_ADMIN", at(FIRST_ADMIN)),
-    ("FIRST_LEASE", at(FIRST_LEASE)),
-    ("FIRST_GIVE_BACK", at(FIRST_GIVE_BACK)),
-    ("POLICY_ARGS", at(POLICY_ARGS)),
-    ("POLICY_CODE", at(POLICY_CODE)),
-    ("POLICY_LIMIT", at(POLICY_LIMIT)),
-    ("POLICY_N", at(POLICY_N)),
+    ("HEAD_REDIS_CLOCK", Lua::Int(HEAD_REDIS_CLOCK as i64)),
+    ("HEAD_CLIENT_CLOCK", Lua::Int(HEAD_CLIENT_CLOCK as i64)),
+    ("FLAG_REQUESTS", Lua::Str(FLAG_REQUESTS)),
+    ("FLAG_SHADOW", Lua::Str(FLAG_SHADOW)),
     ("SET_FIELDS", at(SET_FIELDS)),
-    ("SET_DECIDE", at(SET_DECIDE)),
+    ("SET_READ", at(SET_READ)),
+    ("SET_STEP", at(SET_STEP)),
+    ("SET_WRITE", at(SET_WRITE)),
     ("SET_LIMIT", at(SET_LIMIT)),
-    ("SET_WINDOW", at(SET_WINDOW)),
+    ("SET_N", at(SET_N)),
     ("SET_SHADOW", at(SET_SHADOW)),
     ("SET_CODE", at(SET_CODE)),
-    ("REPLY_FIELDS", at(REPLY_FIELDS)),
-    ("REPLY_ALLOWED", at(REPLY_ALLOWED)),
-    ("REPLY_REMAINING", at(REPLY_REMAINING)),
-    ("REPLY_RESET", at(REPLY_RESET)),
-    ("REPLY_RETRY", at(REPLY_RETRY)),
+    ("SET_ARG", at(SET_ARG)),
+    ("SETS_KEPT", Lua::Int(SETS_KEPT as i64)),
+    ("WRITE_KEEP", Lua::Int(WRITE_KEEP as i64)),
+    ("WRITE_CHECK", Lua::Int(WRITE_CHECK as i64)),
+    ("WRITE_TTL", Lua::Int(WRITE_TTL as i64)),
+    ("PACK_REMAINING_LIMIT", Lua::Int(1 << PACK_REMAINING_BITS)),
+    ("PACK_RESET_LIMIT", Lua::Int(1 << PACK_RESET_BITS)),
+    ("PACK_WIDE_ALLOWED", Lua::Int(PACK_WIDE_ALLOWED)),
+    ("PACK_WIDE_DENIED", Lua::Int(PACK_WIDE_DENIED)),
     ("LEASE_FIELDS", at(LEASE_FIELDS)),
     ("LEASE_GRANT", at(LEASE_GRANT)),
     ("LEASE_WINDOW_LEFT", at(LEASE_WINDOW_LEFT)),
     ("LEASE_AGAIN", at(LEASE_AGAIN)),
     ("LEASE_WINDOW_END", at(LEASE_WINDOW_END)),
     ("LEASE_EPOCH", at(LEASE_EPOCH)),
-    ("BATCH_MODE", at(BATCH_MODE)),
-    ("BATCH_SETS", at(BATCH_SETS)),
-    ("BATCH_REDIS_CLOCK", Lua::Str(BATCH_REDIS_CLOCK)),
-    ("BATCH_CLIENT_CLOCK", Lua::Str(BATCH_CLIENT_CLOCK)),
-    ("BATCH_REPEATS", Lua::Str(BATCH_REPEATS)),
-    ("BATCH_UNIT_COSTS", Lua::Str(BATCH_UNIT_COSTS)),
-    ("BATCH_COSTS", Lua::Str(BATCH_COSTS)),
     ("ALG_FIXED_WINDOW", Lua::Str(code(Algorithm::FixedWindow))),
     (
         "ALG_SLIDING_WINDOW",
@@ -339,18 +358,20 @@ const PREAMBLE: &[(&str, Lua)] = &[
     ("ALG_TOKEN_BUCKET", Lua::Str(code(Algorithm::TokenBucket))),
     ("ALG_SLIDING_LOG", Lua::Str(code(Algorithm::SlidingLog))),
     ("ALG_IN_FLIGHT", Lua::Str(code(Algorithm::InFlight))),
-    ("UNIT_REQUESTS", Lua::Str(UNIT_REQUESTS)),
     ("ALG_CALENDAR", Lua::Str(code(Algorithm::Calendar))),
     (
         "CALENDAR_MAX_AHEAD",
-        Lua::Int(crate::algorithm::calendar::MAX_AHEAD_MS),
+        Lua::Int(crate::algorithm::calendar::MAX_AHEAD_MS as i64),
     ),
     (
         "IN_FLIGHT_RETRY_HINT",
-        Lua::Int(crate::algorithm::in_flight::RETRY_HINT_MS),
+        Lua::Int(crate::algorithm::in_flight::RETRY_HINT_MS as i64),
     ),
-    ("MAX_BACK", Lua::Int(crate::algorithm::MAX_CLOCK_BACK)),
-    ("MAX_DEBT", Lua::Int(crate::algorithm::MAX_DEBT)),
+    (
+        "MAX_BACK",
+        Lua::Int(crate::algorithm::MAX_CLOCK_BACK as i64),
+    ),
+    ("MAX_DEBT", Lua::Int(crate::algorithm::MAX_DEBT as i64)),
 ];
 
 /// Every constant the Lua reads, by its Lua name: the operations' letters, then
@@ -413,6 +434,8 @@ pub(super) fn inline(lua: &str) -> String {
                 out.push_str(text);
                 out.push('"');
             }
+            // In parentheses when negative: `a - -1` reads as Lua means it, `a --1` not.
+            Some((_, Lua::Int(n))) if *n < 0 => out.push_str(&format!("({n})")),
             Some((_, Lua::Int(n))) => out.push_str(&n.to_string()),
             None => out.push_str(name),
         }

@@ -13,8 +13,9 @@ use crate::algorithm::Grant;
 use crate::decision::{Decision, PolicyOutcome};
 use crate::error::{StoreError, StoreErrorKind};
 use crate::policy::Policy;
+use crate::store::backend::Operation;
 
-/// One policy's [`REPLY_FIELDS`] integers.
+/// One policy's outcome, as the Lua packs it ([`PACK_REMAINING_BITS`]...).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PolicyReply {
     pub(crate) allowed: bool,
@@ -51,35 +52,37 @@ fn items(value: Value) -> Result<Vec<Value>, ParsingError> {
     }
 }
 
-/// `items`, [`REPLY_FIELDS`] integers per policy.
+/// The packed outcomes in `items`, every one of them (see [`PACK_REMAINING_BITS`]).
 fn policies_of<C: Default + Extend<PolicyReply>>(items: &[Value]) -> Result<C, ParsingError> {
-    if !items.len().is_multiple_of(REPLY_FIELDS) {
-        return Err(format!(
-            "expected {REPLY_FIELDS} integers per policy, got {}",
-            items.len()
-        )
-        .into());
-    }
+    const REMAINING_MASK: u64 = (1 << PACK_REMAINING_BITS) - 1;
     let mut replies = C::default();
-    for fields in items.chunks_exact(REPLY_FIELDS) {
-        let field = |at: usize| number(&fields[at - 1]);
-        let (Some(allowed), Some(remaining), Some(reset), Some(retry)) = (
-            field(REPLY_ALLOWED),
-            field(REPLY_REMAINING),
-            field(REPLY_RESET),
-            field(REPLY_RETRY),
-        ) else {
-            return Err(format!("expected {REPLY_FIELDS} integers, got {fields:?}").into());
+    let mut rest = items.iter();
+    while let Some(first) = rest.next() {
+        let mut next = || {
+            rest.next().and_then(number).ok_or_else(|| {
+                ParsingError::from(format!("a packed outcome ends early after {first:?}"))
+            })
         };
-        if allowed > 1 {
-            return Err(format!("allowed must be 0 or 1, got {allowed}").into());
-        }
-        replies.extend([PolicyReply {
-            allowed: allowed == 1,
-            remaining,
-            reset_after_ms: reset,
-            retry_after_ms: retry,
-        }]);
+        let reply = match first {
+            Value::Int(n) if *n >= 0 => {
+                let n = *n as u64;
+                let allowed = n & 1 == 1;
+                PolicyReply {
+                    allowed,
+                    remaining: (n >> 1) & REMAINING_MASK,
+                    reset_after_ms: n >> (1 + PACK_REMAINING_BITS),
+                    retry_after_ms: if allowed { 0 } else { next()? },
+                }
+            }
+            Value::Int(n) if *n == PACK_WIDE_ALLOWED || *n == PACK_WIDE_DENIED => PolicyReply {
+                allowed: *n == PACK_WIDE_ALLOWED,
+                remaining: next()?,
+                reset_after_ms: next()?,
+                retry_after_ms: next()?,
+            },
+            other => return Err(format!("expected a packed outcome, got {other:?}").into()),
+        };
+        replies.extend([reply]);
     }
     Ok(replies)
 }
@@ -99,11 +102,7 @@ impl FromRedisValue for Reply {
 fn count_error(expected: usize, got: usize) -> StoreError {
     StoreError::new(
         StoreErrorKind::Protocol,
-        format!(
-            "expected {} integers, got {}",
-            REPLY_FIELDS * expected,
-            REPLY_FIELDS * got
-        ),
+        format!("expected {expected} outcomes, got {got}"),
     )
 }
 
@@ -119,6 +118,21 @@ impl Reply {
         }
         let outcomes = policies.iter().zip(self.0).map(|(p, r)| r.outcome(p));
         Ok(Decision::from_outcomes(policies, outcomes, cost))
+    }
+
+    /// The decision of a call of `op` over `policies`, the call's of `cost`: a
+    /// check's ([`Reply::decision`]), or an admin operation's, every policy's outcome
+    /// kept, figured for the cost it answers for ([`Op::answered_cost`]).
+    pub(crate) fn decision_of(
+        self,
+        op: Op,
+        policies: &Arc<[Policy]>,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        match op {
+            Op::Run(Operation::Check) | Op::Lease | Op::GiveBack => self.decision(policies, cost),
+            _ => self.decision_each(policies, op.answered_cost(cost)),
+        }
     }
 
     /// [`Reply::decision`] with every policy's outcome kept (an admin operation's).
@@ -191,14 +205,15 @@ impl LeaseReply {
     }
 }
 
-/// A check of a batch, as its reply is read: its policies and its cost (a call the
-/// arguments sent; the reply knows nothing of how).
+/// A record of a batch, as its reply is read: its operation, policies and cost (a
+/// call the arguments sent; the reply knows nothing of how).
 pub(crate) trait Checked {
+    fn op(&self) -> Op;
     fn policies(&self) -> &Arc<[Policy]>;
     fn cost(&self) -> u64;
 }
 
-/// The reply of a batch: every check's policies' outcomes, check after check.
+/// The reply of a batch: every record's policies' outcomes, record after record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BatchReply(pub(crate) Vec<PolicyReply>);
 
@@ -209,35 +224,30 @@ impl FromRedisValue for BatchReply {
 }
 
 impl BatchReply {
-    /// Each check's decision, in the order of `calls`, the batch's; a protocol
-    /// error when the reply holds another number of outcomes than they have
-    /// policies.
+    /// Each record's decision, in the order of `calls`, the batch's (as
+    /// [`Reply::decision_of`]); a protocol error when the reply holds another number
+    /// of outcomes than they have policies.
     pub(crate) fn decisions<C: Checked>(self, calls: &[C]) -> Result<Vec<Decision>, StoreError> {
         let expected: usize = calls.iter().map(|c| c.policies().len()).sum();
         if self.0.len() != expected {
             return Err(StoreError::new(
                 StoreErrorKind::Protocol,
                 format!(
-                    "expected {} integers for a batch of {} checks, got {}",
-                    REPLY_FIELDS * expected,
+                    "expected {expected} outcomes for a batch of {} records, got {}",
                     calls.len(),
-                    REPLY_FIELDS * self.0.len()
+                    self.0.len()
                 ),
             ));
         }
         let mut replies = self.0.into_iter();
-        Ok(calls
+        calls
             .iter()
             .map(|call| {
-                let outcomes = call
-                    .policies()
-                    .iter()
-                    .zip(replies.by_ref())
-                    .map(|(p, r)| r.outcome(p));
-                let outcomes: SmallVec<[_; 4]> = outcomes.collect();
-                Decision::from_outcomes(call.policies(), outcomes, call.cost())
+                let outcomes: SmallVec<[_; 4]> =
+                    replies.by_ref().take(call.policies().len()).collect();
+                Reply(outcomes).decision_of(call.op(), call.policies(), call.cost())
             })
-            .collect())
+            .collect()
     }
 }
 

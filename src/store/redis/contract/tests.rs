@@ -16,7 +16,7 @@ use super::*;
 use crate::algorithm::State;
 use crate::internals::RedisStoreInternals;
 use crate::policy::Policy;
-use crate::store::redis::command::{Batch, Call, Check, GivingBack, Leasing, Request, Run};
+use crate::store::redis::command::{Batch, Call, GivingBack, Leasing, Request, Run};
 use crate::store::redis::keys::lease_key_of;
 use crate::store::redis::script::{Library, Via};
 use crate::store::{GiveBack, LeaseAsk, Operation, StoreErrorKind};
@@ -152,13 +152,17 @@ fn outcome(allowed: bool, remaining: u64, reset: u64, retry: u64) -> PolicyReply
     }
 }
 
+/// A plain check.
+const CHECK: Run = Run(Operation::Check);
+
 /// The fixed window's stored state (`<window>:<count>`) under `base`.
 async fn fixed_state(conn: &mut MultiplexedConnection, base: &str) -> Option<String> {
-    redis::cmd("GET")
+    let raw: Option<Vec<u8>> = redis::cmd("GET")
         .arg(format!("{base}fw:fw"))
         .query_async(conn)
         .await
-        .unwrap()
+        .unwrap();
+    raw.map(|raw| super::state::render(&policies()[0], &raw).expect("a fixed window's state"))
 }
 
 #[tokio::test]
@@ -168,7 +172,7 @@ async fn a_check_round_trips() {
     let p = policies();
     for via in VIAS {
         let base = format!("rt:{{check-{via:?}}}:t:");
-        let reply = round_trip(&mut conn, &call(&base, &p, 3, Check), via).await;
+        let reply = round_trip(&mut conn, &call(&base, &p, 3, CHECK), via).await;
         // 3 of 10 in the window, 750 ms to its end; the bucket full again 300 ms on.
         assert_eq!(
             reply.0.as_slice(),
@@ -177,7 +181,7 @@ async fn a_check_round_trips() {
         );
         assert_eq!(fixed_state(&mut conn, &base).await.as_deref(), Some("10:3"));
         // 8 more fit neither: denied, with the window's wait, nothing written.
-        let reply = round_trip(&mut conn, &call(&base, &p, 8, Check), via).await;
+        let reply = round_trip(&mut conn, &call(&base, &p, 8, CHECK), via).await;
         assert_eq!(reply.0[0], outcome(false, 7, 750, 750), "{via:?}");
         assert!(
             !reply.0[1].allowed && reply.0[1].retry_after_ms > 0,
@@ -197,7 +201,7 @@ async fn the_admin_operations_round_trip() {
     let p = policies();
     for via in VIAS {
         let base = format!("rt:{{admin-{via:?}}}:t:");
-        round_trip(&mut conn, &call(&base, &p, 4, Check), via).await;
+        round_trip(&mut conn, &call(&base, &p, 4, CHECK), via).await;
         // A peek of 2 answers as that check would, and writes nothing.
         let peek = round_trip(&mut conn, &call(&base, &p, 2, Run(Operation::Peek)), via).await;
         assert_eq!(peek.0[0], outcome(true, 4, 750, 0), "{via:?}");
@@ -290,12 +294,12 @@ async fn a_batch_round_trips() {
         let a = format!("rt:{{batch-a-{via:?}}}:t:");
         let b = format!("rt:{{batch-b-{via:?}}}:t:");
         let mut checks = vec![
-            call(&a, &p, 2, Check),
-            call(&b, &other, 1, Check),
+            call(&a, &p, 2, CHECK),
+            call(&b, &other, 1, CHECK),
             // The same subject again: decided on what the first wrote.
-            call(&a, &p, 9, Check),
-            call(&b, &other, 1, Check),
-            call(&b, &other, 1, Check),
+            call(&a, &p, 9, CHECK),
+            call(&b, &other, 1, CHECK),
+            call(&b, &other, 1, CHECK),
         ];
         for check in &mut checks {
             check.now_ms = clock;
@@ -329,32 +333,45 @@ fn malformed_replies_are_protocol_errors_of_every_shape() {
         decode::<T>(value).err().map(|e| e.kind())
     }
     let protocol = Some(StoreErrorKind::Protocol);
+    // A packed outcome is one integer when allowed, two when denied (its retry), a
+    // marker and three for one too wide to pack: anything else is no reply.
+    let denied = (750 << (1 + PACK_REMAINING_BITS)) | (7 << 1);
     for bad in [
         Value::Nil,
         Value::Okay,
-        ints(&[1, 2, 3]),
-        ints(&[1, 2, 3, -4]),
-        ints(&[2, 0, 0, 0]),
+        ints(&[denied]),
+        ints(&[-3]),
+        ints(&[PACK_WIDE_ALLOWED, 1, 2]),
+        Value::Array(vec![Value::Okay]),
     ] {
         assert_eq!(kind::<Reply>(bad.clone()), protocol, "{bad:?}");
         assert_eq!(kind::<BatchReply>(bad.clone()), protocol, "{bad:?}");
     }
+    let fine = decode::<Reply>(ints(&[denied, 750, 1, PACK_WIDE_DENIED, 1 << 40, 2, 3])).unwrap();
+    assert_eq!(
+        fine.0.as_slice(),
+        [
+            outcome(false, 7, 750, 750),
+            outcome(true, 0, 0, 0),
+            outcome(false, 1 << 40, 2, 3)
+        ]
+    );
     for bad in [
         ints(&[1, 2, 3, 4]),
-        ints(&[1, 0, 0, 0, 5, 0, 0, 0, -1]),
-        ints(&[1, 0, 0, 0, 0, 0, 0]),
+        ints(&[-3, 0, 0, 0, 5, 0, 0, 0]),
+        ints(&[denied, 0, 0, 0, 0, 0]),
     ] {
         assert_eq!(kind::<LeaseReply>(bad.clone()), protocol, "{bad:?}");
     }
     // Well formed, for another number of policies than the call's.
     let p = policies();
-    let one = decode::<Reply>(ints(&[1, 0, 0, 0])).unwrap();
+    let one = decode::<Reply>(ints(&[1])).unwrap();
     assert_eq!(
         one.decision(&p, 1).unwrap_err().kind(),
         StoreErrorKind::Protocol
     );
-    let batch = decode::<BatchReply>(ints(&[1, 0, 0, 0])).unwrap();
-    let calls = [call("b:", &p, 1, Check)];
+    let batch = decode::<BatchReply>(ints(&[1, 1, 1])).unwrap();
+    let calls = [call("b:", &p, 1, CHECK)];
     assert_eq!(
         batch.decisions(&calls).unwrap_err().kind(),
         StoreErrorKind::Protocol
@@ -387,7 +404,12 @@ fn the_preamble_defines_what_the_lua_reads_once_each() {
     let code_to = library.find("redis.register_function").unwrap();
     let scripts = [
         crate::RedisStore::script_source(&fw),
-        crate::store::redis::script::batch_script().source(),
+        crate::store::redis::script::Shape::of(&fw, Entry::Admin)
+            .script()
+            .source(),
+        crate::store::redis::script::Shape::of(&fw, Entry::Lease)
+            .script()
+            .source(),
         &library[code_from..code_to],
     ];
     for script in scripts {
@@ -406,8 +428,8 @@ fn the_preamble_defines_what_the_lua_reads_once_each() {
         }
     }
     assert_eq!(
-        inline("a = OP_REFUND .. OP_REFUNDS + POLICY_N"),
-        r#"a = "r" .. OP_REFUNDS + 2"#
+        inline("a = OP_REFUND .. OP_REFUNDS + SET_N - PACK_WIDE_DENIED"),
+        r#"a = "r" .. OP_REFUNDS + 5 - (-1)"#
     );
     // Values are plain: nothing to escape in a Lua string.
     for (name, value) in constants() {
@@ -425,25 +447,15 @@ enum Op {
     Charge,
 }
 
-/// The model's state as the Lua keeps it: the same text, or for a sliding log the
+/// The model's state as the Lua keeps it: the same numbers, or for a sliding log the
 /// same stamps in a ring of as many (it may be turned in another place).
 fn same_state(policy: &Policy, model: Option<&State>, raw: Option<&[u8]>) -> bool {
-    let text = |state: &State| match state {
-        State::FixedWindow { window, count } => Some(format!("{window}:{count}")),
-        State::SlidingWindow { window, prev, cur } => Some(format!("{window}:{prev}:{cur}")),
-        State::TokenBucket { tat_us } => Some(tat_us.to_string()),
-        State::SlidingLog { .. } => None,
-        State::InFlight { holders } => Some(crate::algorithm::in_flight::encode(holders)),
-        State::Calendar { end, count } => Some(format!("{end}:{count}")),
-    };
     match (model, raw) {
         (None, None) => true,
         (Some(State::SlidingLog { stamps }), Some(raw)) => {
-            raw.len() == 4 + 6 * stamps.len()
-                && crate::algorithm::sliding_log_ring_stamps(raw, policy.limit()).as_ref()
-                    == Some(stamps)
+            raw.len() == 4 + 6 * stamps.len() && super::state::decode(policy, raw).as_ref() == model
         }
-        (Some(state), Some(raw)) => text(state).as_deref().map(str::as_bytes) == Some(raw),
+        (Some(_), Some(raw)) => super::state::decode(policy, raw).as_ref() == model,
         _ => false,
     }
 }
@@ -555,7 +567,7 @@ async fn a_charge_round_trips_and_writes_the_model_s_state() {
                 };
                 let reply = match shape {
                     None => {
-                        let mut c = call(&base, p, cost, Check);
+                        let mut c = call(&base, p, cost, CHECK);
                         c.now_ms = Some(at);
                         round_trip(&mut conn, &c, via).await
                     }
@@ -630,21 +642,26 @@ async fn a_calendar_quota_s_lua_is_total_when_the_clocks_disagree() {
     let day = 86_400_000u64;
     let end = 20_000 * day;
     let key = "rt:{calendar}:t:q:cq";
+    // A batch of one check on the client's clock, its cost given, the period's end
+    // given as the set's n.
     let check = |cost: u64, given_end: u64, now: u64| {
         let mut cmd = redis::cmd("FCALL");
         cmd.arg(Library::get().function(Entry::Check))
             .arg(1)
             .arg(key)
+            .arg(&[HEAD_CLIENT_CLOCK, FLAG_COSTS, 1][..])
+            .arg(format!("{}:3:{given_end};", code(Algorithm::Calendar)))
+            .arg(&[1u8][..])
             .arg(cost)
-            .arg(code(Algorithm::Calendar))
-            .arg(3)
-            .arg(given_end)
             .arg(now);
         cmd
     };
-    let set = |state: String| {
+    // The state as the Lua packs it: the period's end and its count.
+    let set = |(end, count): (u64, u64)| {
+        let mut raw = end.to_be_bytes()[2..].to_vec();
+        raw.extend_from_slice(&count.to_be_bytes()[2..]);
         let mut cmd = redis::cmd("SET");
-        cmd.arg(key).arg(state).arg("PX").arg(60_000);
+        cmd.arg(key).arg(raw).arg("PX").arg(60_000);
         cmd
     };
     let reply = |value: Value| decode::<Reply>(value).unwrap().0[0];
@@ -656,41 +673,33 @@ async fn a_calendar_quota_s_lua_is_total_when_the_clocks_disagree() {
             .unwrap();
         let fresh = reply(check(1, end, now).query_async(&mut conn).await.unwrap());
         assert_eq!(fresh, outcome(true, 2, 1, 0), "now {now}");
-        let _: () = set(format!("{end}:3"))
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let _: () = set((end, 3)).query_async(&mut conn).await.unwrap();
         let full = reply(check(1, end, now).query_async(&mut conn).await.unwrap());
         assert_eq!(full, outcome(false, 0, 1, 1), "now {now}");
     }
     // The stored period a day ahead of the one given: counted in, waited out.
     let ahead = end + day;
-    let _: () = set(format!("{ahead}:3"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let _: () = set((ahead, 3)).query_async(&mut conn).await.unwrap();
     let now = end - 5;
     let r = reply(check(1, end, now).query_async(&mut conn).await.unwrap());
     assert_eq!(r, outcome(false, 0, ahead - now, ahead - now));
     // Further ahead than MAX_CLOCK_BACK days: foreign, read as fresh.
     let far = end + MAX_AHEAD_MS + 1;
-    let _: () = set(format!("{far}:3"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let _: () = set((far, 3)).query_async(&mut conn).await.unwrap();
     let r = reply(check(1, end, now).query_async(&mut conn).await.unwrap());
     assert_eq!(r, outcome(true, 2, 5, 0));
     // A stored period behind the one given is over: fresh.
-    let _: () = set(format!("{}:3", end - day))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let _: () = set((end - day, 3)).query_async(&mut conn).await.unwrap();
     let r = reply(check(2, end, now).query_async(&mut conn).await.unwrap());
     assert_eq!(r, outcome(true, 1, 5, 0));
-    let kept: String = redis::cmd("GET")
+    let kept: Vec<u8> = redis::cmd("GET")
         .arg(key)
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(kept, format!("{end}:2"));
+    let quota = Policy::calendar("q", 3, crate::policy::Period::Day, "UTC", 1).unwrap();
+    assert_eq!(
+        super::state::render(&quota, &kept).as_deref(),
+        Some(format!("{end}:2").as_str())
+    );
 }
