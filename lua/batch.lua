@@ -17,7 +17,8 @@
 -- ARGV[2 .. s+1] the policy sets' definitions (decide.lua)
 -- ARGV[s+2] the records: [op letter] set (a byte, from 1) [a key slot byte per
 --           policy of the set]; without FLAG_MAP, a record's keys are the next ones
---           in KEYS, one per policy of its set
+--           in KEYS, one per policy of its set. Empty, with one set and neither
+--           FLAG_MAP nor FLAG_OPS: checks of that set, as many as the keys make
 -- then      with FLAG_COSTS, a cost per record (a release's and a renewal's: the
 --           slots its holder holds); then with HEAD_CLIENT_CLOCK, a time per record
 -- KEYS      the keys the records name
@@ -46,6 +47,14 @@ for s = 1, nsets do
 end
 local records = ARGV[2 + nsets]
 local size, pos, n, needed = #records, 1, 0, 0
+if size == 0 then
+  -- No records: checks of the one set, as many as the keys make.
+  local p = sets[1].n
+  if nsets ~= 1 or map or ops or nkeys % p ~= 0 then
+    return redis.error_reply("ERR redlimit: a batch without records has one set, no operations or slots, and its keys")
+  end
+  n, needed = nkeys / p, nkeys
+end
 while pos <= size do
   if ops then
     local op = sub(records, pos, pos)
@@ -93,7 +102,23 @@ if not timed then
   now = time_ms()
 end
 local raws = call("MGET", unpacked(KEYS))
-local reply, r, k0 = {}, 0, 0
+-- Sized for a few records (a table grown from empty is rebuilt at 1, 2, 4 and 8
+-- items); Redis reads a reply up to its first nil.
+local reply, r, k0 = { nil, nil, nil, nil, nil, nil, nil, nil }, 0, 0
+if size == 0 then
+  local set, keeps, cost = sets[1], not timed, 1
+  local p = set.n
+  for j = 0, n - 1 do
+    if costs then
+      cost = tonum(ARGV[costs_at + j])
+    end
+    if timed then
+      now = tonum(ARGV[times_at + j])
+    end
+    r = check_once(set, j * p, cost, now, reply, r, raws, KEYS, keeps)
+  end
+  return reply
+end
 pos = 1
 for j = 0, n - 1 do
   local op = OP_CHECK
@@ -112,11 +137,18 @@ for j = 0, n - 1 do
   if map then
     r = run(op, set, records, pos + 1, cost, now, reply, r, raws, not timed)
     pos = pos + 1 + set.n
-  else
+  elseif ops then
     r = run(op, set, nil, k0, cost, now, reply, r, raws, not timed)
+    k0 = k0 + set.n
+    pos = pos + 1
+  else
+    -- Checks of keys no other record names: each written at once.
+    r = check_once(set, k0, cost, now, reply, r, raws, KEYS, not timed)
     k0 = k0 + set.n
     pos = pos + 1
   end
 end
-write_all(KEYS, nkeys)
+if map or ops then
+  write_all(KEYS, nkeys)
+end
 return reply

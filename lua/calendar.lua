@@ -26,23 +26,15 @@ local function calendar_read(raw)
   return nil
 end
 
--- The period a decision counts in, its count, whether the stored state is that
--- period's, and now as the decision reads it. Shared by the check, the refund
--- and the charge.
-local function calendar_at(e, now, ending, count)
-  local stored = ending and ending >= e and ending - e <= CALENDAR_MAX_AHEAD
-  if not stored then
+-- The decision at `now` in the period a stored end names (see above); the refund
+-- and the charge read the period the same way: this with a cost of 0.
+local function calendar_step(limit, e, now, cost, ending, count)
+  if not (ending and ending >= e and ending - e <= CALENDAR_MAX_AHEAD) then
     ending, count = e, 0
   end
   if now > ending - 1 then
     now = ending - 1
   end
-  return ending, count, stored, now
-end
-
-local function calendar_step(limit, e, now, cost, ending, count)
-  local _
-  ending, count, _, now = calendar_at(e, now, ending, count)
   local reset = ending - now
   if count + cost <= limit then
     count = count + cost

@@ -5,6 +5,6 @@
 -- period starts at cost), to at most MAX_DEBT limits; kept to the period's end.
 -- Translation of charge in src/algorithm/calendar.rs.
 CHARGE[ALG_CALENDAR] = function(limit, e, now, cost, ending, count)
-  ending, count = calendar_at(e, now, ending, count)
-  return ending, max(count, min(MAX_DEBT * limit, count + cost))
+  local _, _, _, _, counted_end, counted = calendar_step(limit, e, now, 0, ending, count)
+  return counted_end, max(counted, min(MAX_DEBT * limit, counted + cost))
 end

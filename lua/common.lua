@@ -87,7 +87,8 @@ end
 
 -- A TTL in ms (at least 1) as the text SET takes: a number passed to redis.call is
 -- formatted with "%.17g", and a batch's checks on one clock mostly set the same
--- TTL, so the last one is kept.
+-- TTL, so the last one is kept (the writers compare with LAST_TTL before they
+-- call this).
 local LAST_TTL, LAST_TTL_TEXT = -1, ""
 local function ttl_text(ms)
   if ms < 1 then

@@ -73,7 +73,7 @@ end
 local A, B, C, KEEP, SEEN, DIRTY, WMODE, WFN, WN, WNOW = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
 local CALL = 0
 -- A check's per-policy results until every policy is decided (all or nothing).
-local OK, NA, NB, NC, REMAINING, RESET, RETRY = {}, {}, {}, {}, {}, {}, {}
+local OK, NA, NB, NC, KEEPS, REMAINING, RESET, RETRY = {}, {}, {}, {}, {}, {}, {}, {}
 
 -- Marks slot k for writing with `mode` at `now`, by the policy at b of set.
 local function mark(k, mode, set, b, now)
@@ -93,9 +93,10 @@ local function load(set, map, at, raws, keeps)
     local k = map and byte(map, at + i - 1) or at + i
     if SEEN[k] ~= CALL then
       SEEN[k] = CALL
-      local keep
-      A[k], B[k], C[k], keep = set[SET_FIELDS * (i - 1) + SET_READ](raws[k])
-      KEEP[k] = keeps and keep
+      -- Never nil in these tables: Lua 5.1 makes a key for a nil it stores, and drops
+      -- it at the next rehash, so storing nils makes and drops keys on every call.
+      local a, b, c, keep = set[SET_FIELDS * (i - 1) + SET_READ](raws[k])
+      A[k], B[k], C[k], KEEP[k] = a or false, b or false, c or false, keeps and keep or false
     end
   end
 end
@@ -124,7 +125,7 @@ local function run(op, set, map, at, cost, now, reply, r, raws, keeps)
       local arg, code = set[b + SET_ARG], set[b + SET_CODE]
       if op == OP_RELEASE or op == OP_RENEW then
         if code == ALG_IN_FLIGHT then
-          local held = IN_FLIGHT_HOLD(op, set[b + SET_N], now, cost, arg, A[k])
+          local held = IN_FLIGHT_HOLD(op, set[b + SET_N], now, cost, arg, A[k]) or false
           if held ~= A[k] then
             A[k] = held
             mark(k, WRITE_TTL, set, b, now)
@@ -135,12 +136,13 @@ local function run(op, set, map, at, cost, now, reply, r, raws, keeps)
           if A[k] then
             local a, bb, c = REFUND[code](set[b + SET_LIMIT], set[b + SET_N], now, cost, A[k], B[k], C[k])
             if a ~= nil then
-              A[k], B[k], C[k] = a, bb, c
+              A[k], B[k], C[k] = a, bb or false, c or false
               mark(k, WRITE_KEEP, set, b, now)
             end
           end
         elseif op == OP_CHARGE then
-          A[k], B[k], C[k] = CHARGE[code](set[b + SET_LIMIT], set[b + SET_N], now, cost, A[k], B[k], C[k])
+          local a, bb, c = CHARGE[code](set[b + SET_LIMIT], set[b + SET_N], now, cost, A[k], B[k], C[k])
+          A[k], B[k], C[k] = a, bb or false, c or false
           mark(k, WRITE_TTL, set, b, now)
         end
       end
@@ -164,12 +166,12 @@ local function run(op, set, map, at, cost, now, reply, r, raws, keeps)
     if check then
       if n == 1 then
         if allowed then
-          A[k], B[k], C[k] = a, bb, c
+          A[k], B[k], C[k] = a or false, bb or false, c or false
           mark(k, WRITE_CHECK, set, b, now)
         end
         return r
       end
-      OK[i], NA[i], NB[i], NC[i] = allowed, a, bb, c
+      OK[i], NA[i], NB[i], NC[i] = allowed, a or false, bb or false, c or false
       if not allowed and not set[b + SET_SHADOW] then
         all = false
       end
@@ -181,6 +183,68 @@ local function run(op, set, map, at, cost, now, reply, r, raws, keeps)
         local k = map and byte(map, at + i - 1) or at + i
         A[k], B[k], C[k] = NA[i], NB[i], NC[i]
         mark(k, WRITE_CHECK, set, SET_FIELDS * (i - 1), now)
+      end
+    end
+  end
+  return r
+end
+
+-- A check of `cost` at `now` on the policies of `set` for one subject whose keys no
+-- other record of the call names (slots at + 1 ..): as run decides it, each state
+-- read, decided and written at once, with nothing kept for the records after.
+local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
+  local n = set.n
+  if n == 1 then
+    local a, b, c, keep = set[SET_READ](raws[at + 1])
+    local arg, w = set[SET_ARG], set[SET_N]
+    if arg then
+      cost = arg == true and 1 or arg
+    end
+    local allowed, remaining, reset, retry
+    allowed, remaining, reset, retry, a, b, c = set[SET_STEP](set[SET_LIMIT], w, now, cost, a, b, c, false)
+    if allowed then
+      set[SET_WRITE](keys[at + 1], w, now, a, b, c, keeps and keep)
+      -- put's common case, in place: the one call a decision saves is a visible share.
+      if remaining < PACK_REMAINING_LIMIT and reset < PACK_RESET_LIMIT then
+        reply[r + 1] = (reset * PACK_REMAINING_LIMIT + remaining) * 2 + 1
+        return r + 1
+      end
+    end
+    return put(reply, r, allowed, remaining, reset, retry)
+  end
+  local all = true
+  for i = 1, n do
+    local b = SET_FIELDS * (i - 1)
+    local a, bb, c, keep = set[b + SET_READ](raws[at + i])
+    local arg, units = set[b + SET_ARG], cost
+    if arg then
+      units = arg == true and 1 or arg
+    end
+    local allowed, remaining, reset, retry
+    allowed, remaining, reset, retry, a, bb, c =
+      set[b + SET_STEP](set[b + SET_LIMIT], set[b + SET_N], now, units, a, bb, c, false)
+    if allowed and remaining < PACK_REMAINING_LIMIT and reset < PACK_RESET_LIMIT then
+      r = r + 1
+      reply[r] = (reset * PACK_REMAINING_LIMIT + remaining) * 2 + 1
+      NA[i], NB[i], NC[i], KEEPS[i] = a, bb or false, c or false, keeps and keep or false
+    else
+      r = put(reply, r, allowed, remaining, reset, retry)
+      if allowed then
+        NA[i], NB[i], NC[i], KEEPS[i] = a, bb or false, c or false, keeps and keep or false
+      else
+        NA[i] = false
+        if not set[b + SET_SHADOW] then
+          all = false
+        end
+      end
+    end
+  end
+  if all then
+    for i = 1, n do
+      -- Every admitted policy's new state is a value (a denied one's is false).
+      if NA[i] then
+        local b = SET_FIELDS * (i - 1)
+        set[b + SET_WRITE](keys[at + i], set[b + SET_N], now, NA[i], NB[i], NC[i], KEEPS[i])
       end
     end
   end

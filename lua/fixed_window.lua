@@ -18,20 +18,15 @@ local function fixed_window_read(raw)
   return nil
 end
 
--- The window a decision at `now` counts in, and its count: the stored window when
--- it is the current one, or up to MAX_BACK windows ahead (a clock that went back:
--- stay in the stored window); further ahead, it is state this clock cannot have
--- written, read as fresh. Shared by the check, the refund and the charge.
-local function fixed_window_at(w, now, idx, count)
-  local cur = (now - fmod(now, w)) / w
-  if idx and idx >= cur and idx <= cur + MAX_BACK then
-    return idx, count, true
-  end
-  return cur, 0, false
-end
-
+-- The decision at `now`: in the stored window when it is the current one, or up
+-- to MAX_BACK windows ahead (a clock that went back: stay in the stored window);
+-- further ahead, it is state this clock cannot have written, read as fresh. The
+-- refund and the charge read the window the same way: this with a cost of 0.
 local function fixed_window_step(limit, w, now, cost, idx, count)
-  idx, count = fixed_window_at(w, now, idx, count)
+  local cur = (now - fmod(now, w)) / w
+  if not idx or idx < cur or idx > cur + MAX_BACK then
+    idx, count = cur, 0
+  end
   -- Counted from the time asked: a clock that went back waits out the stored window
   -- too (the store decides on its stored time, the caller waits on its own clock).
   local reset = (idx + 1) * w - now
@@ -57,7 +52,8 @@ local function fixed_window_write(key, w, now, idx, count, _, keep)
   if keep == true or keep == idx then
     call("SET", key, raw, "KEEPTTL")
   else
-    call("SET", key, raw, "PX", ttl_text((idx + 1) * w - now))
+    local ttl = (idx + 1) * w - now
+    call("SET", key, raw, "PX", ttl == LAST_TTL and LAST_TTL_TEXT or ttl_text(ttl))
   end
 end
 

@@ -5,6 +5,6 @@
 -- window starts at cost), to at most MAX_DEBT limits; kept to the window's end.
 -- Translation of charge in src/algorithm/fixed_window.rs.
 CHARGE[ALG_FIXED_WINDOW] = function(limit, w, now, cost, idx, count)
-  idx, count = fixed_window_at(w, now, idx, count)
-  return idx, max(count, min(MAX_DEBT * limit, count + cost))
+  local _, _, _, _, window, counted = fixed_window_step(limit, w, now, 0, idx, count)
+  return window, max(counted, min(MAX_DEBT * limit, counted + cost))
 end

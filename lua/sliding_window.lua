@@ -22,30 +22,24 @@ local function sliding_window_read(raw)
   return nil
 end
 
--- The windows a decision at `now` reads: the window it counts in, the time it
--- decides at, the previous and current windows' counts, and whether the stored
--- state is that window's. A clock that went back (the stored window ahead, by up
--- to MAX_BACK windows) is clamped to the start of the stored window; further
--- ahead, it is state this clock cannot have written, read as fresh. A stored
--- window just before the current one becomes the previous count. Shared by the
--- check, the refund and the charge.
-local function sliding_window_at(w, now, idx, prev, cur)
-  local i = (now - fmod(now, w)) / w
-  if idx and idx <= i + MAX_BACK then
-    if idx > i then
-      return idx, idx * w, prev, cur, true
-    elseif idx == i then
-      return idx, now, prev, cur, true
-    elseif idx + 1 == i then
-      return i, now, cur, 0, false
-    end
-  end
-  return i, now, 0, 0, false
-end
-
+-- The decision at `asked`: on the stored window when it is the current one; a
+-- stored window just before the current one becomes the previous count; a clock
+-- that went back (the stored window ahead, by up to MAX_BACK windows) is clamped
+-- to the start of the stored window; further ahead, it is state this clock cannot
+-- have written, read as fresh. The refund and the charge read the windows the same
+-- way: this with a cost of 0.
 local function sliding_window_step(limit, w, asked, cost, idx, prev, cur)
-  local now
-  idx, now, prev, cur = sliding_window_at(w, asked, idx, prev, cur)
+  local now = asked
+  local i = (now - fmod(now, w)) / w
+  if idx and idx >= i - 1 and idx <= i + MAX_BACK then
+    if idx > i then
+      now = idx * w
+    elseif idx < i then
+      idx, prev, cur = i, cur, 0
+    end
+  else
+    idx, prev, cur = i, 0, 0
+  end
   local elapsed = now - idx * w
   -- The previous window's weight, scaled by w to stay in integers.
   local weighted = prev * (w - elapsed)
@@ -75,21 +69,22 @@ local function sliding_window_step(limit, w, asked, cost, idx, prev, cur)
   else
     reset = 0
   end
-  local retry = 0
-  if not allowed then
-    if cur + cost <= limit then
-      -- This window has room once the previous one has decayed enough.
-      retry = behind + w - idiv((limit - cur - cost) * w, prev) - elapsed
-    else
-      -- Only the next window has room: its `prev` will be today's `cur`.
-      local into_next = w - idiv((limit - cost) * w, cur)
-      if into_next < 0 then
-        into_next = 0
-      end
-      retry = behind + (w - elapsed) + into_next
-    end
+  if allowed then
+    return true, remaining, reset, 0, idx, prev, cur
   end
-  return allowed, remaining, reset, retry, idx, prev, cur
+  local retry
+  if cur + cost <= limit then
+    -- This window has room once the previous one has decayed enough.
+    retry = behind + w - idiv((limit - cur - cost) * w, prev) - elapsed
+  else
+    -- Only the next window has room: its `prev` will be today's `cur`.
+    local into_next = w - idiv((limit - cost) * w, cur)
+    if into_next < 0 then
+      into_next = 0
+    end
+    retry = behind + (w - elapsed) + into_next
+  end
+  return false, remaining, reset, retry, idx, prev, cur
 end
 
 -- Kept to the end of the next window (its `prev` is this window's count): a state
@@ -104,7 +99,8 @@ local function sliding_window_write(key, w, now, idx, prev, cur, keep)
   if keep == true or (keep == idx and cur > 0) then
     call("SET", key, raw, "KEEPTTL")
   else
-    call("SET", key, raw, "PX", ttl_text((idx + 2) * w - now))
+    local ttl = (idx + 2) * w - now
+    call("SET", key, raw, "PX", ttl == LAST_TTL and LAST_TTL_TEXT or ttl_text(ttl))
   end
 end
 

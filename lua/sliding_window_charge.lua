@@ -7,11 +7,12 @@
 -- check keeps what it admits. Translation of charge in
 -- src/algorithm/sliding_window.rs.
 CHARGE[ALG_SLIDING_WINDOW] = function(limit, w, now, cost, idx, prev, cur)
-  idx, now, prev, cur = sliding_window_at(w, now, idx, prev, cur)
-  local elapsed = now - idx * w
-  local weighted = prev * (w - elapsed)
+  local _, _, _, _, window, p, c = sliding_window_step(limit, w, now, 0, idx, prev, cur)
+  -- The time the check decides at: a clock that went back, at the stored window's start.
+  local elapsed = max(now, window * w) - window * w
+  local weighted = p * (w - elapsed)
   -- The most counts a state may hold: most * w is exact.
   local most = min(MAX_DEBT * limit, idiv(9007199254740991, w))
   local room = idiv(max(most * w - weighted, 0), w)
-  return idx, prev, max(cur, min(room, cur + cost))
+  return window, p, max(c, min(room, c + cost))
 end

@@ -13,55 +13,61 @@ local function token_bucket_read(raw)
   return nil
 end
 
--- What a decision at `now_ms` reads: the bucket's tolerance (its fill time, us),
--- the time asked and the time it decides at (us), and its TAT. A TAT more than
--- MAX_BACK + 1 fill times ahead is no clock that went back (a bucket admits one
--- fill time ahead) but state this clock cannot have written, read as fresh. A
--- clock that went back is clamped to the last moment the stored state can
--- describe (an empty bucket), so the bucket never looks fuller. Shared by the
--- check, the refund and the charge.
-local function token_bucket_at(limit, t, now_ms, stored)
+-- The decision at `now_ms`. A TAT more than MAX_BACK + 1 fill times ahead is no
+-- clock that went back (a bucket admits one fill time ahead) but state this clock
+-- cannot have written, read as fresh. A clock that went back is clamped to the last
+-- moment the stored state can describe (an empty bucket), so the bucket never
+-- looks fuller. Returns the TAT the decision leaves (the one it read when denied).
+-- The charge reads the bucket the same way: this with a cost of 0.
+local function token_bucket_step(limit, t, now_ms, cost, stored)
+  -- The bucket's tolerance (its fill time), the time asked and the time it decides
+  -- at, in us.
   local tolerance = limit * t
   local asked = now_ms * 1000
+  local now, tat = asked, asked
   if stored and stored - asked <= (MAX_BACK + 1) * tolerance then
-    local now = asked
-    local empty_at = stored - tolerance
-    if empty_at > now then
-      now = empty_at
+    if stored - tolerance > now then
+      now = stored - tolerance
     end
-    if stored > now then
-      return tolerance, asked, now, stored, true
-    end
-    return tolerance, asked, now, now, true
+    tat = stored > now and stored or now
   end
-  return tolerance, asked, asked, asked, false
-end
-
-local function token_bucket_step(limit, t, now_ms, cost, stored)
-  local tolerance, asked, now, tat = token_bucket_at(limit, t, now_ms, stored)
   local new_tat = tat + cost * t
   local allowed = new_tat - now <= tolerance
-  local kept = tat
-  if allowed then
-    kept = new_tat
-  end
+  local kept = allowed and new_tat or tat
   -- Waits are counted from the time asked: a clamped clock waits for the stored
-  -- time too.
-  local reset = cdiv(kept - asked, 1000)
-  local remaining = idiv(tolerance - (kept - now), t)
+  -- time too. (cdiv and idiv, in place: a call is a visible share of a decision.)
+  local ahead = kept - asked
+  local reset = (ahead - fmod(ahead, 1000)) / 1000
+  if reset * 1000 < ahead then
+    reset = reset + 1
+  end
+  local room = tolerance - (kept - now)
+  local remaining = (room - fmod(room, t)) / t
   if allowed then
     return true, remaining, reset, 0, kept
   end
   return false, remaining, reset, cdiv(new_tat - tolerance - asked, 1000), kept
 end
 
--- Kept until the TAT has passed. The TAT goes as a number: Redis formats it
--- ("%.17g", exact below 2^53) and keeps it as an integer.
+-- The last TAT written, as text: subjects checked first in one call, on one clock,
+-- mostly leave the same TAT.
+local LAST_TAT, LAST_TAT_TEXT = -1, ""
+
+-- Kept until the TAT has passed. The TAT goes as decimal text, which Redis keeps as
+-- an integer ("%d" costs about half of the "%.17g" Redis formats a number with).
 local function token_bucket_write(key, _, now, tat, _, _, keep)
+  if tat ~= LAST_TAT then
+    LAST_TAT, LAST_TAT_TEXT = tat, int(tat)
+  end
   if keep == true then
-    call("SET", key, tat, "KEEPTTL")
+    call("SET", key, LAST_TAT_TEXT, "KEEPTTL")
   else
-    call("SET", key, tat, "PX", ttl_text(cdiv(tat - now * 1000, 1000)))
+    local ahead = tat - now * 1000
+    local ttl = (ahead - fmod(ahead, 1000)) / 1000
+    if ttl * 1000 < ahead then
+      ttl = ttl + 1
+    end
+    call("SET", key, LAST_TAT_TEXT, "PX", ttl == LAST_TTL and LAST_TTL_TEXT or ttl_text(ttl))
   end
 end
 

@@ -6,8 +6,8 @@
 -- fill times ahead as foreign); kept until it has passed. Translation of charge
 -- in src/algorithm/token_bucket.rs.
 CHARGE[ALG_TOKEN_BUCKET] = function(limit, t, now_ms, cost, stored)
-  local tolerance, asked, _, tat = token_bucket_at(limit, t, now_ms, stored)
-  local most = asked + MAX_DEBT * tolerance
+  local _, _, _, _, tat = token_bucket_step(limit, t, now_ms, 0, stored)
+  local most = now_ms * 1000 + MAX_DEBT * limit * t
   -- More than MAX_DEBT fills' worth cannot fit: cost * t stays small.
   cost = min(cost, MAX_DEBT * limit)
   return max(tat, min(most, tat + cost * t))

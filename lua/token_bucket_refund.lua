@@ -2,13 +2,15 @@
 -- gives units back (the admin operations, the give-back, the library).
 
 -- Refund: the TAT moves back by cost emission intervals, not before now (now
--- clamped as the check clamps it). Translation of refund in src/algorithm/token_bucket.rs.
+-- clamped as the check clamps it); a bucket the check reads as fresh keeps nothing
+-- to refund. Translation of refund in src/algorithm/token_bucket.rs.
 REFUND[ALG_TOKEN_BUCKET] = function(limit, t, now_ms, cost, stored)
-  local _, _, now, tat, counted = token_bucket_at(limit, t, now_ms, stored)
-  if not counted then
+  local tolerance, asked = limit * t, now_ms * 1000
+  if not stored or stored - asked > (MAX_BACK + 1) * tolerance then
     return nil
   end
-  local back = max(tat - cost * t, now)
+  local _, _, _, _, tat = token_bucket_step(limit, t, now_ms, 0, stored)
+  local back = max(tat - cost * t, asked, stored - tolerance)
   if back < tat then
     return back
   end

@@ -318,9 +318,12 @@ fn encode_batch<S>(calls: &[Call<S>], op_of: impl Fn(&Call<S>) -> Operation, via
     for set in &sets {
         cmd.arg(set_definition(set, first_now).as_bytes());
     }
+    // Checks of one set, each naming its own keys, need no records: the Lua counts
+    // them from the keys.
     let mut records: SmallVec<[u8; 64]> = SmallVec::new();
     let mut slot = slots.iter();
-    for (call, &set) in calls.iter().zip(&set_of) {
+    let implicit = sets.len() == 1 && !map && !ops;
+    for (call, &set) in calls.iter().zip(&set_of).filter(|_| !implicit) {
         if ops {
             records.extend_from_slice(Op::Run(op_of(call)).letter().as_bytes());
         }
