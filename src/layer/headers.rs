@@ -325,7 +325,21 @@ impl<'a> Cursor<'a> {
     }
 
     /// `n` in decimal, two digits at a time from the last.
+    #[inline]
     fn decimal(&mut self, n: u64) {
+        // Seconds until a reset mostly, and small counts: one or two digits, no loop.
+        if n < 10 {
+            return self.put(&[b'0' + n as u8]);
+        }
+        if n < 100 {
+            let pair = n as usize * 2;
+            return self.put(&DIGIT_PAIRS[pair..pair + 2]);
+        }
+        self.long_decimal(n);
+    }
+
+    /// [`decimal`](Self::decimal) of 100 and more.
+    fn long_decimal(&mut self, n: u64) {
         let len = n.checked_ilog10().map_or(1, |digits| digits as usize + 1);
         let end = self.at.saturating_add(len);
         let Some(place) = self.buf.get_mut(self.at..end) else {
