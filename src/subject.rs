@@ -46,8 +46,11 @@ pub struct Subject {
     ///
     /// Inline up to 32 bytes (an address, a user id, a hashed secret): making and
     /// cloning a subject, once per request, then needs no allocation.
-    bytes: SmallVec<[u8; 32]>,
+    bytes: SmallVec<[u8; INLINE]>,
 }
+
+/// How many bytes a subject holds in place.
+const INLINE: usize = 32;
 
 // By hand: `SmallVec`'s own `Clone` copies element by element; bytes copy as one block.
 impl Clone for Subject {
@@ -207,7 +210,17 @@ impl Subject {
         Ok(out)
     }
 
+    /// `tag` then `value`: written straight into the inline buffer when they fit (a
+    /// subject made per request, from an address or a user id, is one copy).
+    #[inline]
     fn tagged(tag: u8, value: &[u8]) -> Self {
+        let mut inline = [tag; INLINE];
+        if let Some(place) = inline.get_mut(1..=value.len()) {
+            place.copy_from_slice(value);
+            return Self {
+                bytes: SmallVec::from_buf_and_len(inline, value.len() + 1),
+            };
+        }
         let mut bytes = SmallVec::with_capacity(value.len() + 1);
         bytes.push(tag);
         bytes.extend_from_slice(value);

@@ -6,7 +6,16 @@
 //! SERVE_ONE=layer PER_CONN=1500 valgrind --tool=callgrind \
 //!     target/release/examples/layer_overhead                      # one variant, for instruction counts
 //! CALL_ONE=layer REQUESTS=3000000 perf record -g target/release/examples/layer_overhead
+//! CALL_ONE=layer REQUESTS=100000 valgrind --tool=callgrind \
+//!     --toggle-collect='layer_overhead::in_process*' \
+//!     target/release/examples/layer_overhead                      # in process, per request
 //! ```
+//!
+//! In process, a variant's instructions per request are its total less `bare`'s, over
+//! `REQUESTS`. `--toggle-collect` counts the requests alone: without it the total also
+//! holds the setup (building the router, calibrating a clock) and the memory store's
+//! sweeping thread, which runs as long as the process does, together worth tens to a
+//! hundred instructions per request at 100,000 requests, and not the same from run to run.
 //!
 //! Variants: bare, noop, layer, noheaders, governor, governor-headers. The policy admits
 //! everything (10^9 per second), so every request takes the allowed path.

@@ -131,37 +131,57 @@ impl<S: Store> Aftercare<S> {
     }
 
     /// The response head is known: refunds if it matches the layer's rule, and
-    /// returns what lasts until the body ends.
+    /// returns what lasts until the body ends (the request's slot and its
+    /// reservation), in the box this aftercare came in: the response carries one
+    /// pointer to it, and nothing is allocated again.
     ///
     /// A refunded response gives back its whole reservation: there is nothing left to
     /// settle.
-    pub(crate) fn at_head(self, status: StatusCode, headers: &HeaderMap) -> Option<AtEnd> {
-        let mut settlement = self.settlement;
+    pub(crate) fn at_head(
+        self: Box<Self>,
+        status: StatusCode,
+        headers: &HeaderMap,
+    ) -> Option<AtEnd> {
         if let Some(refund) = &self.refund {
             if (refund.when)(status, headers) {
-                if let Some(settled) = &mut settlement {
+                if let Some(settled) = &self.settlement {
                     settled.usage.report(settled.usage.reserved());
                 }
-                refund_now(self.limiter, self.subject, self.cost, self.origin);
+                let limiter = Arc::clone(&self.limiter);
+                refund_now(limiter, self.subject.clone(), self.cost, self.origin);
             }
         }
-        if self.slot.is_none() && settlement.is_none() {
+        if self.slot.is_none() && self.settlement.is_none() {
             return None;
         }
-        Some(AtEnd {
-            _slot: self.slot,
-            _settlement: settlement,
-        })
+        Some(AtEnd { _held: self })
+    }
+}
+
+impl<S> fmt::Debug for Aftercare<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Aftercare")
+            .field("subject", &self.subject)
+            .field("cost", &self.cost)
+            .field("origin", &self.origin)
+            .field("slot", &self.slot)
+            .field("settlement", &self.settlement)
+            .finish_non_exhaustive()
     }
 }
 
 /// What an allowed response's body holds until it ends or is dropped: the request's
-/// slot, given back then, and its reservation, settled then.
+/// aftercare, whose slot is given back then (its [`Permit`] dropped) and whose
+/// reservation is settled then (its `Settlement` dropped), in that order.
 #[derive(Debug)]
 pub(crate) struct AtEnd {
-    _slot: Option<Permit>,
-    _settlement: Option<Settlement>,
+    _held: Box<dyn Ending>,
 }
+
+/// An aftercare of any store, as a response body holds it: dropped when the body ends.
+trait Ending: fmt::Debug + Send + Sync + 'static {}
+
+impl<S: Store> Ending for Aftercare<S> {}
 
 /// The actual cost of a request, reported by the inner service, against the cost the
 /// layer reserved before calling it ([`RateLimitLayer::settle`](crate::RateLimitLayer::settle)).

@@ -8,6 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+use http::request::Parts;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
@@ -150,17 +151,20 @@ where
     }
 
     /// A check decided at once: `inner` (the service `poll_ready` readied) is called
-    /// now if the request may pass.
+    /// now if the request (`head` and `body`) may pass.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     pub(crate) fn at_once(
         checked: Result<Decision, Error>,
-        request: Request<ReqBody>,
+        head: Parts,
+        body: ReqBody,
         inner: &mut Inner,
         shared: &Arc<Shared<S, P>>,
         limit: &Limit<S>,
         aftercare: Option<Box<Aftercare<S>>>,
         asked: Option<Asked>,
     ) -> Self {
-        let state = decide(checked, request, inner, shared, limit, aftercare, asked);
+        let state = decide(checked, head, body, inner, shared, limit, aftercare, asked);
         Self { state }
     }
 
@@ -188,10 +192,12 @@ where
 /// Acts on the first check: a denial that a waiting layer holds is handed to its wait
 /// ([`hold`]); anything else is the [`verdict`]'s, and `inner` (the readied service) is
 /// called when the request passes.
-#[inline]
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn decide<S, P, Inner, ReqBody>(
     checked: Result<Decision, Error>,
-    request: Request<ReqBody>,
+    mut head: Parts,
+    body: ReqBody,
     inner: &mut Inner,
     shared: &Arc<Shared<S, P>>,
     limit: &Limit<S>,
@@ -205,17 +211,14 @@ where
 {
     let checked = match (checked, asked) {
         (Ok(denial), Some(asked)) if !denial.is_allowed() => {
+            let request = Request::from_parts(head, body);
             return hold(denial, asked, request, inner, shared, limit, aftercare);
         }
         (checked, _) => checked,
     };
-    match verdict(checked, request, &shared.config, limit, aftercare) {
-        Verdict::Pass {
-            request,
-            headers,
-            aftercare,
-        } => State::Calling {
-            future: inner.call(request),
+    match verdict(checked, &mut head, &shared.config, limit, aftercare) {
+        Verdict::Pass { headers, aftercare } => State::Calling {
+            future: inner.call(Request::from_parts(head, body)),
             headers,
             aftercare,
         },
@@ -310,8 +313,9 @@ where
                         aftercare,
                         asked,
                     } = *pending;
+                    let (head, body) = request.into_parts();
                     let next = decide(
-                        checked, request, &mut inner, &shared, &limit, aftercare, asked,
+                        checked, head, body, &mut inner, &shared, &limit, aftercare, asked,
                     );
                     state.set(next);
                 }
@@ -384,13 +388,16 @@ impl<S: Store, P: Plan<S>, Inner, ReqBody> Held<S, P, Inner, ReqBody> {
             }
             checked => checked,
         };
-        match verdict(checked, request, config, &self.limit, self.aftercare.take()) {
-            Verdict::Pass {
-                request,
-                headers,
-                aftercare,
-            } => {
-                self.request = Some(request);
+        let (mut head, body) = request.into_parts();
+        match verdict(
+            checked,
+            &mut head,
+            config,
+            &self.limit,
+            self.aftercare.take(),
+        ) {
+            Verdict::Pass { headers, aftercare } => {
+                self.request = Some(Request::from_parts(head, body));
                 self.headers = headers;
                 self.aftercare = aftercare;
                 None

@@ -21,8 +21,6 @@ use sfv::{KeyRef, ListSerializer, StringRef};
 
 use std::sync::Arc;
 
-use smallvec::SmallVec;
-
 use crate::algorithm::calendar;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, PolicyOutcome};
@@ -140,28 +138,32 @@ pub(crate) struct PolicyHeaders {
     calendar: Option<Box<[Policy]>>,
     /// Per policy, in the limiter's order.
     policies: Box<[PolicyParts]>,
+    /// The longest `RateLimit` value these policies can make.
+    ratelimit_len: usize,
 }
 
 #[derive(Debug, Clone)]
 struct PolicyParts {
-    /// The policy name as a structured-field string, quotes included; `None` for a
-    /// policy the headers do not show (a shadow one).
-    item: Option<Box<str>>,
+    /// The start of the policy's `RateLimit` item: its name as a structured-field
+    /// string, quotes included, then `;r=`; `None` for a policy the headers do not show
+    /// (a shadow one).
+    item: Option<Box<[u8]>>,
     /// `X-RateLimit-Limit`.
     limit: HeaderValue,
 }
 
 impl PolicyHeaders {
     pub(crate) fn new(policies: &[Policy]) -> Self {
-        let parts = policies
+        let parts: Box<[PolicyParts]> = policies
             .iter()
             .map(|policy| {
                 let name = shown_name(policy);
                 PolicyParts {
                     item: name.map(|name| {
-                        let mut item = String::with_capacity(policy.name().len() + 2);
+                        let mut item = String::with_capacity(policy.name().len() + 5);
                         _ = sfv::ItemSerializer::with_buffer(&mut item).bare_item(name);
-                        item.into_boxed_str()
+                        item.push_str(";r=");
+                        item.into_bytes().into_boxed_slice()
                     }),
                     limit: HeaderValue::from(policy.limit()),
                 }
@@ -171,10 +173,16 @@ impl PolicyHeaders {
             .iter()
             .any(Policy::is_quota)
             .then(|| policies.into());
+        let ratelimit_len = parts
+            .iter()
+            .filter_map(|p| p.item.as_ref())
+            .map(|item| item.len() + ITEM_REST_MAX)
+            .sum();
         Self {
             policy_list: policy_list(policies, None),
             calendar,
             policies: parts,
+            ratelimit_len,
         }
     }
 
@@ -223,12 +231,23 @@ impl PolicyHeaders {
     }
 
     /// `RateLimit`: `"name";r=<remaining>;t=<seconds>` for the binding policy, then for
-    /// each other one shown, in the limiter's order. One limiter's list is written on
-    /// the stack (a heap buffer only past 256 bytes) and copied once into the value.
+    /// each other one shown, in the limiter's order. Written on the stack when it fits
+    /// (one limiter's list nearly always does), else in a buffer as long as the longest
+    /// list these policies make, and copied once into the value.
     fn ratelimit_value(&self, snapshot: &Snapshot) -> Option<HeaderValue> {
-        let mut buf: SmallVec<[u8; 256]> = SmallVec::new();
+        if self.ratelimit_len <= INLINE_VALUE {
+            let mut buf = [0u8; INLINE_VALUE];
+            self.ratelimit_into(snapshot, &mut buf)
+        } else {
+            self.ratelimit_into(snapshot, &mut vec![0u8; self.ratelimit_len])
+        }
+    }
+
+    /// [`ratelimit_value`](Self::ratelimit_value), written in `buf` first.
+    fn ratelimit_into(&self, snapshot: &Snapshot, buf: &mut [u8]) -> Option<HeaderValue> {
+        let mut out = Cursor { buf, at: 0 };
         if let Some(item) = self.shown(snapshot.index) {
-            push_item(&mut buf, item, snapshot.remaining, snapshot.wait_secs);
+            out.item(item, snapshot.remaining, snapshot.wait_secs);
         }
         for (i, outcome) in snapshot
             .each
@@ -239,17 +258,114 @@ impl PolicyHeaders {
                 continue;
             }
             if let Some(item) = self.shown(i) {
-                push_item(&mut buf, item, outcome.remaining, wait_secs(outcome));
+                out.item(item, outcome.remaining, wait_secs(outcome));
             }
         }
-        (!buf.is_empty())
-            .then(|| HeaderValue::from_bytes(&buf).ok())
+        let written = out.written()?;
+        (!written.is_empty())
+            .then(|| HeaderValue::from_bytes(written).ok())
             .flatten()
     }
 
-    /// The structured-field name of policy `i`, if the headers show it.
-    fn shown(&self, i: usize) -> Option<&str> {
+    /// The start of policy `i`'s `RateLimit` item, if the headers show it.
+    fn shown(&self, i: usize) -> Option<&[u8]> {
         self.policies.get(i).and_then(|p| p.item.as_deref())
+    }
+}
+
+/// The longest `RateLimit` value written on the stack.
+const INLINE_VALUE: usize = 256;
+
+/// The most an item adds after its start (`"name";r=`): the `, ` before it, the
+/// remaining units, `;t=` and the seconds (15 digits each at most).
+const ITEM_REST_MAX: usize = 2 + 15 + 3 + 15;
+
+/// "00" to "99", two bytes each: the decimal digits of `n < 100` at `2 * n`.
+const DIGIT_PAIRS: [u8; 200] = {
+    let mut pairs = [0u8; 200];
+    let mut n = 0;
+    while n < 100 {
+        pairs[2 * n] = b'0' + (n / 10) as u8;
+        pairs[2 * n + 1] = b'0' + (n % 10) as u8;
+        n += 1;
+    }
+    pairs
+};
+
+/// Where a `RateLimit` value is written: `buf` up to `at`. A write past the end of
+/// `buf` (which its length rules out) spoils the value instead of panicking.
+struct Cursor<'a> {
+    buf: &'a mut [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    /// Appends one item, after a `, ` when the list has one already: `start` (the
+    /// name and `;r=`), the remaining units, `;t=` and the seconds.
+    fn item(&mut self, start: &[u8], remaining: u64, wait_secs: u64) {
+        if self.at > 0 {
+            self.put(b", ");
+        }
+        self.put(start);
+        self.decimal(remaining.min(MAX_SF_INTEGER));
+        self.put(b";t=");
+        self.decimal(wait_secs.min(MAX_SF_INTEGER));
+    }
+
+    #[inline]
+    fn put(&mut self, bytes: &[u8]) {
+        let end = self.at.saturating_add(bytes.len());
+        match self.buf.get_mut(self.at..end) {
+            Some(place) => {
+                place.copy_from_slice(bytes);
+                self.at = end;
+            }
+            None => self.at = usize::MAX,
+        }
+    }
+
+    /// `n` in decimal, two digits at a time from the last.
+    #[inline]
+    fn decimal(&mut self, n: u64) {
+        // Seconds until a reset mostly, and small counts: one or two digits, no loop.
+        if n < 10 {
+            return self.put(&[b'0' + n as u8]);
+        }
+        if n < 100 {
+            let pair = n as usize * 2;
+            return self.put(&DIGIT_PAIRS[pair..pair + 2]);
+        }
+        self.long_decimal(n);
+    }
+
+    /// [`decimal`](Self::decimal) of 100 and more.
+    fn long_decimal(&mut self, n: u64) {
+        let len = n.checked_ilog10().map_or(1, |digits| digits as usize + 1);
+        let end = self.at.saturating_add(len);
+        let Some(place) = self.buf.get_mut(self.at..end) else {
+            self.at = usize::MAX;
+            return;
+        };
+        let mut n = n;
+        let mut i = len;
+        while n >= 100 {
+            let pair = (n % 100) as usize * 2;
+            n /= 100;
+            i -= 2;
+            place[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+        }
+        if n >= 10 {
+            let pair = n as usize * 2;
+            place[..2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+        } else {
+            place[0] = b'0' + n as u8;
+        }
+        self.at = end;
+    }
+
+    /// What was written, unless a write went past the end.
+    fn written(self) -> Option<&'a [u8]> {
+        self.buf.get(..self.at)
     }
 }
 
@@ -299,32 +415,6 @@ fn sf_integer(n: u64) -> sfv::Integer {
     // Clamped to the 15 digits a structured field allows; within them the conversion
     // cannot fail.
     sfv::Integer::try_from(n.min(MAX_SF_INTEGER)).unwrap_or(sfv::Integer::MAX)
-}
-
-/// Appends one `RateLimit` item, after a `, ` when the list has one already.
-fn push_item(buf: &mut SmallVec<[u8; 256]>, item: &str, remaining: u64, wait_secs: u64) {
-    if !buf.is_empty() {
-        buf.extend_from_slice(b", ");
-    }
-    buf.extend_from_slice(item.as_bytes());
-    buf.extend_from_slice(b";r=");
-    push_decimal(buf, remaining.min(MAX_SF_INTEGER));
-    buf.extend_from_slice(b";t=");
-    push_decimal(buf, wait_secs.min(MAX_SF_INTEGER));
-}
-
-fn push_decimal(buf: &mut SmallVec<[u8; 256]>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    buf.extend_from_slice(&digits[start..]);
 }
 
 #[cfg(test)]
@@ -457,11 +547,39 @@ mod tests {
 
     #[test]
     fn decimals() {
-        for n in [0u64, 7, 10, 1234567890, u64::MAX] {
-            let mut buf = SmallVec::new();
-            push_decimal(&mut buf, n);
-            assert_eq!(std::str::from_utf8(&buf).unwrap(), n.to_string());
+        let mut ns = vec![0u64, 7, 10, 99, 100, 101, 1234567890, u64::MAX];
+        ns.extend((0..20).map(|i| 10u64.pow(i)));
+        ns.extend((1..20).map(|i| 10u64.pow(i) - 1));
+        for n in ns {
+            let mut buf = [0u8; 20];
+            let mut out = Cursor {
+                buf: &mut buf,
+                at: 0,
+            };
+            out.decimal(n);
+            let written = out.written().unwrap();
+            assert_eq!(std::str::from_utf8(written).unwrap(), n.to_string());
         }
+    }
+
+    #[test]
+    fn a_write_past_the_end_spoils_the_value_without_a_panic() {
+        let mut buf = [0u8; 4];
+        let mut out = Cursor {
+            buf: &mut buf,
+            at: 0,
+        };
+        out.decimal(12345);
+        out.put(b"1");
+        assert_eq!(out.written(), None);
+        let mut buf = [0u8; 4];
+        let mut out = Cursor {
+            buf: &mut buf,
+            at: 0,
+        };
+        out.put(b"\"a\"");
+        out.put(b";r=");
+        assert_eq!(out.written(), None);
     }
 
     #[test]

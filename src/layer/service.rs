@@ -13,6 +13,7 @@ use crate::layer::future::{Asked, ResponseFuture};
 use crate::layer::options::Shared;
 use crate::layer::plan::{Pick, Plan};
 use crate::layer::response::{self, ResponseBody};
+use crate::limiter::Checked;
 use crate::store::Store;
 
 /// A service limited by key: it answers 429 itself when the limiter denies, and calls
@@ -118,21 +119,25 @@ where
             subject: subject.clone(),
             cost,
         });
-        let mut check = limit.limiter.check(subject, cost);
+        let check = match limit.limiter.check_or_later(subject, cost) {
+            Checked::Now(checked) => {
+                // Decided already (the memory store, the block cache): the service
+                // `poll_ready` readied is called right away, and the request stays in
+                // its parts until then.
+                return ResponseFuture::at_once(
+                    checked,
+                    parts,
+                    body,
+                    &mut self.inner,
+                    shared,
+                    limit,
+                    aftercare,
+                    asked,
+                );
+            }
+            Checked::Later(check) => check,
+        };
         let request = Request::from_parts(parts, body);
-        if let Some(checked) = check.take_settled() {
-            // Decided already (the memory store, the block cache): the service `poll_ready` readied is
-            // called right away.
-            return ResponseFuture::at_once(
-                checked,
-                request,
-                &mut self.inner,
-                shared,
-                limit,
-                aftercare,
-                asked,
-            );
-        }
         // Otherwise the readied service is taken into the future and called when the
         // check completes; the clone stays for the next request and will be readied in
         // its turn.

@@ -10,7 +10,7 @@ use super::*;
 use crate::clock::FakeClock;
 use crate::key::Global;
 use crate::layer::middleware::*;
-use crate::limiter::Limiter;
+use crate::limiter::{Checked, Limiter};
 use crate::store::backend::Backend;
 use crate::store::{AdminStore, Operation};
 use crate::store::{PolicySet, StoreError, StoreErrorKind};
@@ -83,9 +83,13 @@ async fn decisions_made_at_once_take_the_fast_path() {
     // store says it decided at once, and for the block cache's answers on any store.
     let clock = FakeClock::new(0);
     let memory = Limiter::new(MemoryStore::with_clock(clock.clone()), fixed("d", 1, 1_000));
-    assert!(memory.check("a", 1).take_settled().is_some());
+    let now = |checked| match checked {
+        Checked::Now(result) => Some(result),
+        Checked::Later(_) => None,
+    };
+    assert!(now(memory.check_or_later("a".into(), 1)).is_some());
     assert!(
-        memory.check("a", 0).take_settled().is_some(),
+        now(memory.check_or_later("a".into(), 0)).is_some(),
         "a refused cost"
     );
     // A store that answers later, as Redis does: no fast path for its own answers...
@@ -95,13 +99,15 @@ async fn decisions_made_at_once_take_the_fast_path() {
         .local_clock(clock)
         .build()
         .unwrap();
-    let mut first = slow.check("a", 1);
-    assert!(first.take_settled().is_none());
+    let Checked::Later(first) = slow.check_or_later("a".into(), 1) else {
+        panic!("decided at once");
+    };
     assert!(first.await.unwrap().is_allowed());
-    let mut denied = slow.check("a", 1);
-    assert!(denied.take_settled().is_none());
+    let Checked::Later(denied) = slow.check_or_later("a".into(), 1) else {
+        panic!("decided at once");
+    };
     assert!(!denied.await.unwrap().is_allowed());
     // ...but its block cache's answers take it.
-    let cached = slow.check("a", 1).take_settled().unwrap().unwrap();
+    let cached = now(slow.check_or_later("a".into(), 1)).unwrap().unwrap();
     assert_eq!(cached.origin(), crate::Origin::BlockCache);
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use http::Request;
+use http::request::Parts;
 
 use crate::decision::Decision;
 use crate::error::Error;
@@ -28,11 +28,10 @@ impl Headers {
     }
 }
 
-/// What the layer makes of a check: pass the request on (its [`Decision`] in its
-/// extensions, the headers its response gets, what follows it), or answer it.
-pub(crate) enum Verdict<ReqBody, R> {
+/// What the layer makes of a check: pass the request on (its [`Decision`] put in its
+/// extensions already; the headers its response gets, what follows it), or answer it.
+pub(crate) enum Verdict<R> {
     Pass {
-        request: Request<ReqBody>,
         headers: Option<Headers>,
         aftercare: Option<R>,
     },
@@ -48,14 +47,18 @@ pub(crate) enum Verdict<ReqBody, R> {
 /// settling layer gets a [`Usage`](crate::layer::Usage) that settles nothing (so an
 /// `Extension<Usage>` handler runs as written too). A denial a waiting layer holds
 /// never comes here.
+///
+/// `head` is the request's: the decision goes into its extensions, and the layer's
+/// answers are made from it (the request itself is put together again only for the
+/// inner call).
 #[inline]
-pub(crate) fn verdict<S, ReqBody>(
+pub(crate) fn verdict<S>(
     checked: Result<Decision, Error>,
-    mut request: Request<ReqBody>,
+    head: &mut Parts,
     config: &Config,
     limit: &Limit<S>,
     mut aftercare: Option<Box<Aftercare<S>>>,
-) -> Verdict<ReqBody, Box<Aftercare<S>>>
+) -> Verdict<Box<Aftercare<S>>>
 where
     S: Store,
 {
@@ -71,9 +74,9 @@ where
         Ok(decision) if decision.is_allowed() => {
             let headers = passing(&decision);
             if let Some(after) = &mut aftercare {
-                after.allowed(&decision, request.extensions_mut());
+                after.allowed(&decision, &mut head.extensions);
             }
-            request.extensions_mut().insert(decision);
+            head.extensions.insert(decision);
             (headers, aftercare)
         }
         Ok(decision) if config.over_limit == OverLimit::Degrade => {
@@ -82,15 +85,14 @@ where
             crate::telemetry::degraded(&decision);
             let headers = passing(&decision);
             if let Some(after) = aftercare {
-                after.unreserved(request.extensions_mut());
+                after.unreserved(&mut head.extensions);
             }
-            request.extensions_mut().insert(decision);
+            head.extensions.insert(decision);
             (headers, None)
         }
         Ok(decision) => {
-            let (head, _body) = request.into_parts();
             return Verdict::Answer(response::too_many_requests(
-                &head, &decision, config, policies,
+                head, &decision, config, policies,
             ));
         }
         Err(Error::Store(error)) => {
@@ -100,37 +102,28 @@ where
                 && error.kind() != crate::store::StoreErrorKind::Overloaded;
             crate::telemetry::layer_failed(&error, open);
             if !open {
-                let (head, _body) = request.into_parts();
-                return Verdict::Answer(response::unavailable(&head, config));
+                return Verdict::Answer(response::unavailable(head, config));
             }
             // No RateLimit headers: there are no figures to send, and made-up ones
             // would mislead a client.
             let policies = limit.limiter.policy_set().policies();
             if let Some(after) = aftercare {
-                after.unreserved(request.extensions_mut());
+                after.unreserved(&mut head.extensions);
             }
-            request
-                .extensions_mut()
-                .insert(Decision::fail_open(policies));
+            head.extensions.insert(Decision::fail_open(policies));
             (None, None)
         }
         Err(error @ (Error::ZeroCost | Error::CostTooHigh { .. })) => {
             // The request's own cost, never the store's fault: the same answer in every
             // failure mode, and nothing consumed.
             crate::telemetry::impossible_cost(&error);
-            let (head, _body) = request.into_parts();
-            return Verdict::Answer(response::impossible_cost(&head, &error, config, policies));
+            return Verdict::Answer(response::impossible_cost(head, &error, config, policies));
         }
         Err(error) => {
             // A setup mistake, never the request's nor the store's: said on the log.
             tracing::error!(%error, "redlimit: the request could not be checked");
-            let (head, _body) = request.into_parts();
-            return Verdict::Answer(response::misconfigured(&head, &error, config));
+            return Verdict::Answer(response::misconfigured(head, &error, config));
         }
     };
-    Verdict::Pass {
-        request,
-        headers,
-        aftercare,
-    }
+    Verdict::Pass { headers, aftercare }
 }

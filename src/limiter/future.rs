@@ -92,11 +92,9 @@ impl std::fmt::Debug for PendingLease {
 }
 
 impl<F> CheckFuture<F> {
-    /// A check decided already (by the block cache, a store that decides at once, or a
-    /// refused cost), reported as a completed one is.
+    /// A check decided already (and reported), as a future.
     #[inline]
-    pub(super) fn settled(result: Result<Decision, Error>) -> Self {
-        report(&result);
+    pub(super) fn ready(result: Result<Decision, Error>) -> Self {
         CheckFuture {
             state: CheckState::Ready {
                 result: Some(result),
@@ -104,14 +102,24 @@ impl<F> CheckFuture<F> {
             after: None,
         }
     }
+}
 
-    /// The result, if the check was decided without waiting: the layer's fast path,
-    /// which then needs no future at all.
-    pub(crate) fn take_settled(&mut self) -> Option<Result<Decision, Error>> {
-        match &mut self.state {
-            CheckState::Ready { result } => result.take(),
-            CheckState::Store { .. } | CheckState::Lease { .. } => None,
-        }
+/// A check as [`Limiter::check_or_later`](crate::Limiter::check_or_later) gives it.
+#[derive(Debug)]
+pub(crate) enum Checked<F> {
+    /// Decided already (by the block cache, a store that decides at once, a lease, or
+    /// a refused cost), and reported as a completed check is.
+    Now(Result<Decision, Error>),
+    /// On its way: the future completes it (and reports it).
+    Later(CheckFuture<F>),
+}
+
+impl<F> Checked<F> {
+    /// A check decided already: reported now.
+    #[inline]
+    pub(super) fn now(result: Result<Decision, Error>) -> Self {
+        report(&result);
+        Checked::Now(result)
     }
 }
 

@@ -49,6 +49,7 @@ pub(crate) use permit::run_off_path;
 pub use permit::Permit;
 
 use self::lease::Leased;
+pub(crate) use future::Checked;
 use future::{After, CheckState, PendingLease};
 pub use parts::Limiter;
 pub(crate) use wait::{may_wait, wait_turn, Turn};
@@ -78,29 +79,41 @@ impl<S: Store> Limiter<S> {
     /// denial that would never end.
     #[inline]
     pub fn check(&self, subject: impl Into<Subject>, cost: u32) -> CheckFuture<S::Future> {
+        match self.check_or_later(subject.into(), cost) {
+            Checked::Now(result) => CheckFuture::ready(result),
+            Checked::Later(future) => future,
+        }
+    }
+
+    /// [`Limiter::check`], with its result as it is when the check was decided at once
+    /// (by a store that decides at once, the block cache, a lease, or a refused cost):
+    /// the layer's fast path, which then needs no future at all. Reported (logged and
+    /// counted) once, either way.
+    #[inline]
+    pub(crate) fn check_or_later(&self, subject: Subject, cost: u32) -> Checked<S::Future> {
         let cost = match self.valid_cost(cost) {
             Ok(cost) => cost,
-            Err(error) => return CheckFuture::settled(Err(error)),
+            Err(error) => return Checked::now(Err(error)),
         };
-        let (subject, live) = match self.prepare(subject.into(), cost) {
+        let (subject, live) = match self.prepare(subject, cost) {
             Ok(prepared) => prepared,
-            Err(error) => return CheckFuture::settled(Err(error)),
+            Err(error) => return Checked::now(Err(error)),
         };
         let set = live.as_ref().unwrap_or(&self.set);
         let Some(guard) = &self.guard else {
             return match self.store.check_now(subject, set, cost) {
-                CheckNow::Decided(result) => CheckFuture::settled(result.map_err(Error::from)),
-                CheckNow::Later(subject) => CheckFuture {
+                CheckNow::Decided(result) => Checked::now(result.map_err(Error::from)),
+                CheckNow::Later(subject) => Checked::Later(CheckFuture {
                     state: CheckState::Store {
                         future: self.store.check(subject, set, cost),
                     },
                     after: None,
-                },
+                }),
             };
         };
         if let Some(blocks) = &guard.blocks {
             if let Some(decision) = blocks.lookup(&subject, cost, guard.clock.now_ms()) {
-                return CheckFuture::settled(Ok(decision));
+                return Checked::now(Ok(decision));
             }
         }
         // What runs once the store answers: made only for a check that goes to it.
@@ -114,27 +127,27 @@ impl<S: Store> Limiter<S> {
             let now = guard.clock.now_ms();
             match leases.check(&subject, cost, LocalMs(now)) {
                 // Served from a lease or a kept denial: nothing to do afterwards.
-                Leased::Decided(decision) => return CheckFuture::settled(Ok(decision)),
+                Leased::Decided(decision) => return Checked::now(Ok(decision)),
                 Leased::Pending(future) => {
-                    return CheckFuture {
+                    return Checked::Later(CheckFuture {
                         state: CheckState::Lease {
                             future: PendingLease(future),
                         },
                         after: Some(after()),
-                    }
+                    })
                 }
                 Leased::Plain => {}
             }
         }
         let after = after();
         match self.store.check_now(subject, set, cost) {
-            CheckNow::Decided(result) => CheckFuture::settled(after.finish(result)),
-            CheckNow::Later(subject) => CheckFuture {
+            CheckNow::Decided(result) => Checked::now(after.finish(result)),
+            CheckNow::Later(subject) => Checked::Later(CheckFuture {
                 state: CheckState::Store {
                     future: self.store.check(subject, set, cost),
                 },
                 after: Some(after),
-            },
+            }),
         }
     }
 }
