@@ -10,7 +10,7 @@
 -- The layout is src/store/redis/contract's (its constants by name, see common.lua):
 -- ARGV[1]   the head, three bytes: the clock (HEAD_REDIS_CLOCK: every record is
 --           decided at one Redis TIME, read once; HEAD_CLIENT_CLOCK: each record
---           carries the client's clock in ms), the flags (FLAG_MAP: each record names
+--           carries the client's clock in ms), the flags over FLAGS_BASE (FLAG_MAP: each record names
 --           its keys' slots; FLAG_OPS: each record starts with its operation's
 --           letter, else every record is a check; FLAG_COSTS: a cost per record
 --           follows, else every record costs 1), and the number of policy sets s
@@ -33,7 +33,8 @@ CALL = CALL + 1
 local nargs, nkeys = #ARGV, #KEYS
 local clock, flags, nsets = byte(ARGV[1] or "", 1, 3)
 local timed = clock == HEAD_CLIENT_CLOCK
-if not (nsets and nsets >= 1 and (timed or clock == HEAD_REDIS_CLOCK) and nargs >= nsets + 2) then
+if not (nsets and nsets >= 1 and (timed or clock == HEAD_REDIS_CLOCK) and flags >= FLAGS_BASE
+    and flags < FLAGS_BASE + 8 and nargs >= nsets + 2) then
   return redis.error_reply("ERR redlimit: a batch starts with its head (clock, flags, number of policy sets), the sets and the records")
 end
 local map, ops, costs = flags % 2 >= 1, flags % 4 >= 2, flags % 8 >= 4

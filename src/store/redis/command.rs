@@ -295,7 +295,7 @@ fn encode_batch<S>(calls: &[Call<S>], op_of: impl Fn(&Call<S>) -> Operation, via
     for key in &keys {
         cmd.arg(key.as_str());
     }
-    let mut flags = 0;
+    let mut flags = FLAGS_BASE;
     if map {
         flags |= FLAG_MAP;
     }

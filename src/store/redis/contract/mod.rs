@@ -233,7 +233,10 @@ pub(super) const ARG_EPOCH: usize = 4;
 /// A batch's head: its clock (first byte; as the byte's value in the Lua)...
 pub(super) const HEAD_REDIS_CLOCK: u8 = b't';
 pub(super) const HEAD_CLIENT_CLOCK: u8 = b'c';
-/// ...its flags (second byte): each record names its keys' slots...
+/// ...its flags (second byte, over FLAGS_BASE: no byte of a batch's arguments is 0,
+/// so a batch can go on a command line, as `redis-benchmark` takes it): each record
+/// names its keys' slots...
+pub(super) const FLAGS_BASE: u8 = b'@';
 pub(super) const FLAG_MAP: u8 = 1;
 /// ...each record starts with its operation's letter...
 pub(super) const FLAG_OPS: u8 = 2;
@@ -241,6 +244,7 @@ pub(super) const FLAG_OPS: u8 = 2;
 pub(super) const FLAG_COSTS: u8 = 4;
 // The Lua reads the flags by their bits.
 const _: () = assert!(FLAG_MAP == 1 && FLAG_OPS == 2 && FLAG_COSTS == 4);
+const _: () = assert!(FLAGS_BASE % 8 == 0);
 
 /// In a set's definition, after a policy's code: it counts requests, one a request
 /// whatever its cost (refunds and charges leave it alone)...
@@ -325,6 +329,7 @@ const PREAMBLE: &[(&str, Lua)] = &[
     ("ARG_EPOCH", at(ARG_EPOCH)),
     ("HEAD_REDIS_CLOCK", Lua::Int(HEAD_REDIS_CLOCK as i64)),
     ("HEAD_CLIENT_CLOCK", Lua::Int(HEAD_CLIENT_CLOCK as i64)),
+    ("FLAGS_BASE", Lua::Int(FLAGS_BASE as i64)),
     ("FLAG_REQUESTS", Lua::Str(FLAG_REQUESTS)),
     ("FLAG_SHADOW", Lua::Str(FLAG_SHADOW)),
     ("SET_FIELDS", at(SET_FIELDS)),

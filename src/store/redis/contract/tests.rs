@@ -649,7 +649,7 @@ async fn a_calendar_quota_s_lua_is_total_when_the_clocks_disagree() {
         cmd.arg(Library::get().function(Entry::Check))
             .arg(1)
             .arg(key)
-            .arg(&[HEAD_CLIENT_CLOCK, FLAG_COSTS, 1][..])
+            .arg(&[HEAD_CLIENT_CLOCK, FLAGS_BASE | FLAG_COSTS, 1][..])
             .arg(format!("{}:3:{given_end};", code(Algorithm::Calendar)))
             .arg(&[1u8][..])
             .arg(cost)
