@@ -13,11 +13,14 @@
 -- at SETS_KEPT definitions it starts over.
 local SETS, SETS_N = {}, 0
 
-local function read_set(def)
-  local set = SETS[def]
+-- `arg` holds the definition from its byte `from` on (a batch's first argument
+-- starts with its head), and is what the library keeps it by.
+local function read_set(arg, from)
+  local set = SETS[arg]
   if set then
     return set
   end
+  local def = from > 1 and sub(arg, from) or arg
   set = { n = 0 }
   for code, flags, limit, n, holder in gmatch(def, "(%a%a)(%a*):(%d+):(%d+):?(%x*);") do
     local read = READ[code]
@@ -58,7 +61,7 @@ local function read_set(def)
   if SETS_N >= SETS_KEPT then
     SETS, SETS_N = {}, 0
   end
-  SETS[def], SETS_N = set, SETS_N + 1
+  SETS[arg], SETS_N = set, SETS_N + 1
   return set
 end
 
@@ -68,12 +71,22 @@ end
 -- (WMODE: WRITE_KEEP, a refund's state that keeps its TTL; WRITE_CHECK, kept when
 -- the stored TTL already runs as far; WRITE_TTL, set anew). SEEN and DIRTY hold
 -- the number of the call that read or changed the slot, so nothing is cleared
--- between calls; the function library keeps these tables, a script makes them on
--- every call.
-local A, B, C, KEEP, SEEN, DIRTY, WMODE, WFN, WN, WNOW = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+-- between calls. Made by scratch() the first time a call needs them: the function
+-- library keeps them, a script (run anew on every call) makes them only when a call
+-- of it uses them.
+local A, B, C, KEEP, SEEN, DIRTY, WMODE, WFN, WN, WNOW
 local CALL = 0
 -- A check's per-policy results until every policy is decided (all or nothing).
-local OK, NA, NB, NC, KEEPS, REMAINING, RESET, RETRY = {}, {}, {}, {}, {}, {}, {}, {}
+local OK, NA, NB, NC, KEEPS, REMAINING, RESET, RETRY
+
+-- What a call of one set, one key or one outcome uses in place of a new table (the
+-- function library keeps them; a script makes them on every call).
+local ONE_SET, ONE_RAW, ONE_REPLY = {}, {}, {}
+
+local function scratch()
+  A, B, C, KEEP, SEEN, DIRTY, WMODE, WFN, WN, WNOW = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+  OK, NA, NB, NC, KEEPS, REMAINING, RESET, RETRY = {}, {}, {}, {}, {}, {}, {}, {}
+end
 
 -- Marks slot k for writing with `mode` at `now`, by the policy at b of set.
 local function mark(k, mode, set, b, now)
@@ -89,6 +102,9 @@ end
 -- met yet: raws holds what the call's read returned, by slot. `keeps`: the stored
 -- TTLs may be kept (the call decides on Redis TIME, the clock they were set on).
 local function load(set, map, at, raws, keeps)
+  if not A then
+    scratch()
+  end
   for i = 1, set.n do
     local k = map and byte(map, at + i - 1) or at + i
     if SEEN[k] ~= CALL then
@@ -211,6 +227,9 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
       end
     end
     return put(reply, r, allowed, remaining, reset, retry)
+  end
+  if not NA then
+    scratch()
   end
   local all = true
   for i = 1, n do

@@ -25,7 +25,7 @@ if not call then
   init()
 end
 CALL = CALL + 1
-local set, bad = read_set(ARGV[ARG_SET] or "")
+local set, bad = read_set(ARGV[ARG_SET] or "", 1)
 if not set then
   return redis.error_reply(bad)
 end

@@ -338,15 +338,17 @@ pub(crate) fn subject(i: usize) -> Subject {
 /// A script reply's first integer: 1 admitted, 0 denied.
 /// Whether the store's reply admits its first policy: a packed outcome (its lowest
 /// bit) or the marker of an admission too wide to pack (-2), as
-/// src/store/redis/contract packs them.
+/// src/store/redis/contract packs them (a lone outcome of one integer comes alone).
 pub(crate) fn admitted(reply: &Value) -> bool {
-    match reply {
-        Value::Array(items) => match items.first() {
-            Some(Value::Int(n)) if *n >= 0 => n & 1 == 1,
-            Some(Value::Int(n)) => *n == -2,
-            other => panic!("unexpected outcome {other:?}"),
-        },
+    let first = match reply {
+        Value::Array(items) => items.first(),
+        one @ Value::Int(_) => Some(one),
         other => panic!("unexpected script reply {other:?}"),
+    };
+    match first {
+        Some(Value::Int(n)) if *n >= 0 => n & 1 == 1,
+        Some(Value::Int(n)) => *n == -2,
+        other => panic!("unexpected outcome {other:?}"),
     }
 }
 

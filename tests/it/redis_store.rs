@@ -458,52 +458,58 @@ async fn bad_arguments_fail_with_an_error_that_names_them() {
     let keys = "the batch's records (1) take";
     let cases: &[(&[&str], &[&[u8]], &str)] = &[
         (&[], &[], head),
-        (&one, &[b"x@\x01", b"fw:10:1000;", b"\x01"], head),
-        (&one, &[b"t@\x00", b"fw:10:1000;", b"\x01"], head),
-        (&one, &[b"t\x01\x01", b"fw:10:1000;", b"\x01"], head),
-        (&one, &[b"t@\x01", b"fw:10:1000;"], head),
+        (&one, &[b"x@\x01fw:10:1000;", b"\x01"], head),
+        (&one, &[b"t@\x00fw:10:1000;", b"\x01"], head),
+        (&one, &[b"t\x01\x01fw:10:1000;", b"\x01"], head),
+        (&one, &[b"t@\x02fw:10:1000;"], head),
         (
             &one,
-            &[b"t@\x01", b"fw:10:1000;", b"\x02"],
+            &[b"t@\x02fw:10:1000;", b"fw:10:1000;", b""],
+            "a batch without records has one set",
+        ),
+        (
+            &one,
+            &[b"t@\x01fw:10:1000;", b"\x02"],
             "record 1 of the batch names no set",
         ),
-        (&two, &[b"t@\x01", b"fw:10:1000;", b"\x01"], keys),
-        (&one, &[b"t@\x01", b"fw:10:1000;", b"\x01", b"5"], keys),
-        (&one, &[b"tD\x01", b"fw:10:1000;", b"\x01"], keys),
+        (&two, &[b"t@\x01fw:10:1000;", b"\x01"], keys),
         (
             &one,
-            &[b"tD\x01", b"fw:10:1000;", b"\x01", b"one"],
+            &[b"t@\x01fw:10:1000;sw:10:1000;"],
+            "checks of 2 policies each take their keys, got 1",
+        ),
+        (&one, &[b"t@\x01fw:10:1000;", b"\x01", b"5"], keys),
+        (&one, &[b"tD\x01fw:10:1000;", b"\x01"], keys),
+        (
+            &one,
+            &[b"tD\x01fw:10:1000;", b"\x01", b"one"],
             "record 1 of the batch has no cost or clock",
         ),
         (
             &one,
-            &[b"c@\x01", b"fw:10:1000;", b"\x01", b"yesterday"],
+            &[b"c@\x01fw:10:1000;", b"\x01", b"yesterday"],
             "record 1 of the batch has no cost or clock",
         ),
         (
             &one,
-            &[b"tB\x01", b"fw:10:1000;", b"q\x01"],
+            &[b"tB\x01fw:10:1000;", b"q\x01"],
             "record 1 of the batch has no operation",
         ),
         (
             &one,
-            &[b"tA\x01", b"fw:10:1000;", b"\x01\x02"],
+            &[b"tA\x01fw:10:1000;", b"\x01\x02"],
             "record 1 of the batch names a key it has not",
         ),
         (
             &one,
-            &[b"t@\x01", b"xx:10:1000;", b"\x01"],
+            &[b"t@\x01xx:10:1000;", b"\x01"],
             "policy 1 must be one of this script's algorithms (fw, sl, sw, tb)",
         ),
-        (
-            &one,
-            &[b"t@\x01", b"fw:ten:1000;", b"\x01"],
-            "no policy set in",
-        ),
-        (&one, &[b"t@\x01", b"fw:10:0;", b"\x01"], "policy 1 must be"),
+        (&one, &[b"t@\x01fw:ten:1000;", b"\x01"], "no policy set in"),
+        (&one, &[b"t@\x01fw:10:0;", b"\x01"], "policy 1 must be"),
         (
             &two,
-            &[b"t@\x01", b"fw:10:1000;sx:1:1000;", b"\x01"],
+            &[b"t@\x01fw:10:1000;sx:1:1000;", b"\x01"],
             "policy 2 must be",
         ),
     ];
@@ -515,7 +521,7 @@ async fn bad_arguments_fail_with_an_error_that_names_them() {
         );
     }
     // A fixed window's script knows no other algorithm, and says which it knows.
-    let args: [&[u8]; 3] = [b"t@\x01", b"sl:10:1000;", b"\x01"];
+    let args: [&[u8]; 2] = [b"t@\x01sl:10:1000;", b"\x01"];
     let message = script_error(&mut conn, fixed_only, &["rl:{s}:p:sl"], &args).await;
     assert!(
         message.contains(r#"redlimit: policy 1 must be one of this script's algorithms (fw) with a limit and a window or interval, got "sl:10:1000;""#),

@@ -247,7 +247,7 @@ impl Request for Batch {
     }
 }
 
-/// `numkeys keys.. head sets.. records costs.. times..` (contract's layout): each
+/// `numkeys keys.. head+set sets.. [records] costs.. times..` (contract's layout): each
 /// policy set is sent once, however many records use it, and each key once, however
 /// many records name it.
 fn encode_batch<S>(calls: &[Call<S>], op_of: impl Fn(&Call<S>) -> Operation, via: Via) -> Cmd {
@@ -310,13 +310,18 @@ fn encode_batch<S>(calls: &[Call<S>], op_of: impl Fn(&Call<S>) -> Operation, via
     } else {
         HEAD_REDIS_CLOCK
     };
-    cmd.arg(&[clock, flags, u8::try_from(sets.len()).unwrap_or(u8::MAX)][..]);
     // A set is sent once for all its records: a calendar quota's period is the one
     // its first record's clock is in (the Lua decides a later record past its end
-    // as at the period's last millisecond).
+    // as at the period's last millisecond). The head goes before the first.
     let first_now = calls.first().and_then(|c| c.now_ms);
-    for set in &sets {
-        cmd.arg(set_definition(set, first_now).as_bytes());
+    for (i, set) in sets.iter().enumerate() {
+        let definition = set_definition(set, first_now);
+        if i == 0 {
+            let head = [clock, flags, u8::try_from(sets.len()).unwrap_or(u8::MAX)];
+            cmd.arg([&head[..], definition.as_bytes()].concat());
+        } else {
+            cmd.arg(definition.as_bytes());
+        }
     }
     // Checks of one set, each naming its own keys, need no records: the Lua counts
     // them from the keys.
@@ -334,7 +339,10 @@ fn encode_batch<S>(calls: &[Call<S>], op_of: impl Fn(&Call<S>) -> Operation, via
             slot.by_ref().take(call.policies.len()).for_each(drop);
         }
     }
-    cmd.arg(&records[..]);
+    // Checks of one set at cost 1 on Redis TIME need no records argument at all.
+    if !(implicit && !costs && !client_clock) {
+        cmd.arg(&records[..]);
+    }
     if costs {
         for call in calls {
             cmd.arg(call.cost);

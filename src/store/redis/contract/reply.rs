@@ -44,10 +44,12 @@ fn number(value: &Value) -> Option<u64> {
     }
 }
 
-/// The reply's items, or what it was instead of an array.
+/// The reply's items, or what it was instead of an array: a lone outcome that packs
+/// into one integer comes as that integer alone.
 fn items(value: Value) -> Result<Vec<Value>, ParsingError> {
     match value {
         Value::Array(items) => Ok(items),
+        Value::Int(n) => Ok(vec![Value::Int(n)]),
         other => Err(format!("expected an array, got {other:?}").into()),
     }
 }

@@ -649,8 +649,13 @@ async fn a_calendar_quota_s_lua_is_total_when_the_clocks_disagree() {
         cmd.arg(Library::get().function(Entry::Check))
             .arg(1)
             .arg(key)
-            .arg(&[HEAD_CLIENT_CLOCK, FLAGS_BASE | FLAG_COSTS, 1][..])
-            .arg(format!("{}:3:{given_end};", code(Algorithm::Calendar)))
+            .arg(
+                [
+                    &[HEAD_CLIENT_CLOCK, FLAGS_BASE | FLAG_COSTS, 1][..],
+                    format!("{}:3:{given_end};", code(Algorithm::Calendar)).as_bytes(),
+                ]
+                .concat(),
+            )
             .arg(&[1u8][..])
             .arg(cost)
             .arg(now);
