@@ -708,3 +708,119 @@ async fn a_calendar_quota_s_lua_is_total_when_the_clocks_disagree() {
         Some(format!("{end}:2").as_str())
     );
 }
+
+/// In flight, Lua and model side by side: three holders (instances) check, release
+/// and renew one subject's slots at random, the clock moving on by up to two slot
+/// lifetimes a step or back by up to one; every reply and every state (read back
+/// from the Lua's layout) is the model's. The Lua reads a header and finds its own
+/// entry while nothing can have expired or come from a clock ahead, and reads every
+/// entry otherwise: the steps cross both paths, both layouts, and holders leaving and
+/// coming back.
+#[tokio::test]
+async fn in_flight_matches_the_model_on_random_steps() {
+    use crate::algorithm::in_flight::Hold;
+    use crate::algorithm::{self, State};
+    let server = Server::start();
+    let mut conn = server.conn().await;
+    let ttl = Duration::from_millis(300);
+    let holders: Vec<Arc<[Policy]>> = [0x0a_u64, 0xbbbb_cccc_dddd, 0xffff_ffff_ffff]
+        .into_iter()
+        .map(|id| vec![Policy::in_flight("running", 4, ttl).unwrap().held_by(id)].into())
+        .collect();
+    let base = "rt:{in-flight}:t:";
+    let key = format!("{base}running:if");
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let mut model: Option<State> = None;
+    let mut now = 1_000_000u64;
+    let mut paths = [0usize; 3];
+    let mut layouts = std::collections::BTreeSet::new();
+    for step in 0..600 {
+        now = match next(10) {
+            0 => now + next(600),
+            1 => now.saturating_sub(next(300)),
+            _ => now + next(40),
+        };
+        let who = usize::try_from(next(3)).unwrap();
+        let p = &holders[who];
+        let (op, cost) = match next(6) {
+            0 | 1 | 2 => (Operation::Check, 1),
+            3 | 4 => (Operation::Release, 1),
+            _ => (Operation::Renew, next(3)),
+        };
+        paths[match op {
+            Operation::Check => 0,
+            Operation::Release => 1,
+            _ => 2,
+        }] += 1;
+        let expected = match op {
+            Operation::Check => {
+                let step = algorithm::decide(&p[0], model.as_ref(), now, 1);
+                if let Some(commit) = step.commit {
+                    commit.apply(&mut model);
+                }
+                step.outcome
+            }
+            _ => {
+                let change = match op {
+                    Operation::Release => Hold::Release,
+                    _ => Hold::Renew { held: cost },
+                };
+                algorithm::hold(&p[0], &mut model, now, change);
+                algorithm::decide(&p[0], model.as_ref(), now, 1).outcome
+            }
+        };
+        let mut c = call(base, p, cost, Run(op));
+        c.now_ms = Some(now);
+        let reply = round_trip(&mut conn, &c, Via::Function).await;
+        let what = format!("step {step}: holder {who} {op:?} {cost} at {now}");
+        assert_eq!(
+            reply.0.as_slice(),
+            [outcome(
+                expected.allowed,
+                expected.remaining,
+                expected.reset_after_ms,
+                expected.retry_after_ms
+            )],
+            "{what}"
+        );
+        let raw: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        // The model keeps what it read until the next write; the Lua drops the dead
+        // entries whenever it writes: the same live entries either way.
+        let live = |state: Option<State>| match state {
+            Some(State::InFlight { holders }) => holders
+                .into_iter()
+                .filter(|h| h.expires_ms > now && h.count > 0)
+                .collect::<Vec<_>>(),
+            _ => Vec::new(),
+        };
+        let stored = raw
+            .as_deref()
+            .and_then(|raw| super::state::decode(&p[0], raw));
+        // 0: no state; 1: one holder, one slot; 10 + n: a header and n entries.
+        layouts.insert(raw.as_ref().map_or(0, |raw| match raw.len() {
+            12 => 1,
+            len => 10 + (len - 18) / 17,
+        }));
+        assert_eq!(live(stored), live(model.clone()), "{what}: {raw:?}");
+        // Kept as the model keeps it: Redis counts the TTL in real time.
+        let _: i64 = redis::cmd("PEXPIRE")
+            .arg(&key)
+            .arg(600_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    assert!(paths.iter().all(|&n| n > 50), "{paths:?}");
+    // No state, one holder with one slot (12 bytes), and a header with 1 to 3 entries.
+    assert_eq!(layouts.len(), 5, "{layouts:?}");
+}
