@@ -55,16 +55,39 @@ fn fixed_window_policy() -> Policy {
     Policy::fixed_window("http", 1_000_000_000, Duration::from_secs(1)).expect("policy")
 }
 
+/// What every variant keys on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    /// The client IP: every request of the generator comes from 127.0.0.1, one hot
+    /// subject.
+    ClientIp,
+    /// The `x-api-key` header: the generator's connections walk through
+    /// [`API_KEYS`] keys, each request the next one of its connection's.
+    ApiKeys,
+}
+
+/// The API keys the generator sends in [`Keys::ApiKeys`] turns.
+const API_KEYS: usize = 100_000;
+/// The header that carries them.
+const API_KEY: &str = "x-api-key";
+
 /// The hello world behind the least a Redis-backed limiter can do per request: one
 /// `EVALSHA` of the smallest fixed-window script (`TIME`, `INCR`, `PEXPIRE` when new)
 /// for the client IP on one redis-rs multiplexed connection, the count compared with
 /// the policy's limit. The reference of the Redis store's layer.
-fn smallest_script_app(conn: MultiplexedConnection) -> Router {
+fn smallest_script_app(conn: MultiplexedConnection, keys: Keys) -> Router {
     let (limit, window_ms) = (policy().limit(), policy().window_ms());
-    let handler = move |ConnectInfo(peer): ConnectInfo<SocketAddr>| {
+    let handler = move |ConnectInfo(peer): ConnectInfo<SocketAddr>,
+                        headers: axum::http::HeaderMap| {
         let mut conn = conn.clone();
         async move {
-            let key = format!("rl:{{{}}}:http:fw", peer.ip());
+            let key = match (keys, headers.get(API_KEY)) {
+                (Keys::ApiKeys, Some(key)) => {
+                    format!("rl:{{{}}}:http:fw", String::from_utf8_lossy(key.as_bytes()))
+                }
+                (Keys::ApiKeys, None) => return (StatusCode::UNAUTHORIZED, "no API key"),
+                (Keys::ClientIp, _) => format!("rl:{{{}}}:http:fw", peer.ip()),
+            };
             let count: redis::RedisResult<u64> = reference::smallest_fixed_window(&key, window_ms)
                 .query_async(&mut conn)
                 .await;
@@ -97,18 +120,49 @@ const TOWER_RATE_LIMITER: &str = "tower-rate-limiter 0.1.6, Redis store, fixed w
 /// stops; failing open, they pass without its headers and are counted in the column of
 /// answers without the layer's headers. Either way the call went to Redis.
 #[cfg(redlimit_peers)]
-fn tower_rate_limiter_app(conn: MultiplexedConnection) -> Router {
+fn tower_rate_limiter_app(conn: MultiplexedConnection, keys: Keys) -> Router {
     use tower_rate_limiter::{IpKeyExtractor, RateLimitLayer, RedisStore, StoreFailureMode};
     let policy = fixed_window_policy();
-    let layer = RateLimitLayer::builder(IpKeyExtractor::new())
-        .policy_name("http")
-        .limit(policy.limit())
-        .window(Duration::from_millis(policy.window_ms()))
-        .with_store(RedisStore::new(conn))
-        .store_failure_mode(StoreFailureMode::Allow)
-        .build()
-        .expect("tower-rate-limiter layer");
-    app().layer(layer)
+    // One builder for both extractors: its type names the extractor.
+    macro_rules! layer {
+        ($extractor:expr) => {
+            RateLimitLayer::builder($extractor)
+                .policy_name("http")
+                .limit(policy.limit())
+                .window(Duration::from_millis(policy.window_ms()))
+                .with_store(RedisStore::new(conn))
+                .store_failure_mode(StoreFailureMode::Allow)
+                .build()
+                .expect("tower-rate-limiter layer")
+        };
+    }
+    match keys {
+        Keys::ClientIp => app().layer(layer!(IpKeyExtractor::new())),
+        Keys::ApiKeys => app().layer(layer!(ApiKeyExtractor)),
+    }
+}
+
+/// tower-rate-limiter's extractor of the `x-api-key` header (it has none built in).
+#[cfg(redlimit_peers)]
+#[derive(Clone, Copy)]
+struct ApiKeyExtractor;
+
+#[cfg(redlimit_peers)]
+impl tower_rate_limiter::KeyExtractor for ApiKeyExtractor {
+    type Key = String;
+
+    fn extract<T>(
+        &self,
+        request: &::http::Request<T>,
+    ) -> Result<String, tower_rate_limiter::RateLimitError> {
+        request
+            .headers()
+            .get(API_KEY)
+            .map(|key| String::from_utf8_lossy(key.as_bytes()).into_owned())
+            .ok_or_else(|| {
+                tower_rate_limiter::RateLimitError::Key("no_api_key".into(), "no x-api-key".into())
+            })
+    }
 }
 
 /// One variant of the app.
@@ -121,81 +175,99 @@ struct Variant {
     router: Router,
 }
 
-/// The variants. `smallest`: the connection of the handler that sends the smallest
-/// script; `peer`: tower-rate-limiter's; both opened on the server's runtime (their
-/// driver tasks run there).
+/// The variants keyed on `keys` (on API keys, the Redis-backed ones beside bare
+/// axum). `smallest`: the connection of the handler that sends the smallest script;
+/// `peer`: tower-rate-limiter's; both opened on the server's runtime (their driver
+/// tasks run there).
 fn variants(
     server: &RedisServer,
     smallest: MultiplexedConnection,
     peer: Option<MultiplexedConnection>,
+    keys: Keys,
 ) -> Vec<Variant> {
-    let redis_layer = |policy| {
+    // The hello world behind the Redis store's layer of `policy`.
+    let redis_app = |policy| {
         let store = RedisStore::new(server.pool()).timeout(Duration::from_secs(1));
-        RateLimitLayer::new(Limiter::new(store, policy), ClientIp::new())
+        let limiter = Limiter::new(store, policy);
+        match keys {
+            Keys::ClientIp => app().layer(RateLimitLayer::new(limiter, ClientIp::new())),
+            Keys::ApiKeys => {
+                let header = redlimit::key::Header::plain(API_KEY).expect("a header name");
+                app().layer(RateLimitLayer::new(limiter, header))
+            }
+        }
     };
-    let mut governor = tower_governor::governor::GovernorConfigBuilder::default();
-    governor.per_nanosecond(1).burst_size(u32::MAX);
-    let governor = governor.finish().expect("tower_governor config");
     let variant = |name, headers, redis, router| Variant {
         name,
         headers,
         redis,
         router,
     };
-    let variants = vec![
-        variant("bare axum", false, false, app()),
-        variant(
-            "RateLimitLayer, memory store",
-            true,
-            false,
-            app().layer(RateLimitLayer::new(
-                Limiter::new(MemoryStore::new(), policy()),
-                ClientIp::new(),
-            )),
-        ),
-        variant(
-            "RateLimitLayer, memory store, headers_on_allowed(false)",
-            false,
-            false,
-            app().layer(
-                RateLimitLayer::new(Limiter::new(MemoryStore::new(), policy()), ClientIp::new())
-                    .headers_on_allowed(false),
+    let mut variants = vec![variant("bare axum", false, false, app())];
+    if keys == Keys::ClientIp {
+        let mut governor = tower_governor::governor::GovernorConfigBuilder::default();
+        governor.per_nanosecond(1).burst_size(u32::MAX);
+        let governor = governor.finish().expect("tower_governor config");
+        variants.extend([
+            variant(
+                "RateLimitLayer, memory store",
+                true,
+                false,
+                app().layer(RateLimitLayer::new(
+                    Limiter::new(MemoryStore::new(), policy()),
+                    ClientIp::new(),
+                )),
             ),
-        ),
-        variant(
-            "RateLimitLayer, Redis store",
-            true,
-            true,
-            app().layer(redis_layer(policy())),
-        ),
+            variant(
+                "RateLimitLayer, memory store, headers_on_allowed(false)",
+                false,
+                false,
+                app().layer(
+                    RateLimitLayer::new(
+                        Limiter::new(MemoryStore::new(), policy()),
+                        ClientIp::new(),
+                    )
+                    .headers_on_allowed(false),
+                ),
+            ),
+            variant(
+                "RateLimitLayer, Redis store",
+                true,
+                true,
+                redis_app(policy()),
+            ),
+            variant(
+                "tower_governor 0.8",
+                false,
+                false,
+                app().layer(tower_governor::GovernorLayer::new(governor)),
+            ),
+        ]);
+    }
+    variants.extend([
         variant(
             "RateLimitLayer, Redis store, fixed window",
             true,
             true,
-            app().layer(redis_layer(fixed_window_policy())),
+            redis_app(fixed_window_policy()),
         ),
         variant(
             "handler sending one smallest fixed-window script",
             false,
             true,
-            smallest_script_app(smallest),
+            smallest_script_app(smallest, keys),
         ),
-        variant(
-            "tower_governor 0.8",
-            false,
-            false,
-            app().layer(tower_governor::GovernorLayer::new(governor)),
-        ),
-    ];
+    ]);
     // tower-rate-limiter last, in a build that has it.
     #[cfg(redlimit_peers)]
-    let variants = {
-        let mut variants = variants;
-        variants.extend(
-            peer.map(|conn| variant(TOWER_RATE_LIMITER, true, true, tower_rate_limiter_app(conn))),
-        );
-        variants
-    };
+    variants.extend(peer.map(|conn| {
+        variant(
+            TOWER_RATE_LIMITER,
+            true,
+            true,
+            tower_rate_limiter_app(conn, keys),
+        )
+    }));
     #[cfg(not(redlimit_peers))]
     let _ = peer;
     variants
@@ -212,8 +284,9 @@ struct Load {
     unchecked: u64,
 }
 
-/// `CONNECTIONS` connections sending requests to `addr` for `turn`.
-fn load(addr: SocketAddr, turn: Duration, headers: bool) -> Load {
+/// `CONNECTIONS` connections sending requests to `addr` for `turn`, with an API key
+/// each (`keys`).
+fn load(addr: SocketAddr, turn: Duration, headers: bool, keys: Keys) -> Load {
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -223,8 +296,10 @@ fn load(addr: SocketAddr, turn: Duration, headers: bool) -> Load {
             let start = Instant::now();
             let deadline = start + turn;
             let mut tasks = tokio::task::JoinSet::new();
-            for _ in 0..CONNECTIONS {
+            for connection in 0..CONNECTIONS {
                 tasks.spawn(async move {
+                    // Each connection walks its own stretch of the keys.
+                    let mut key = connection * (API_KEYS / CONNECTIONS);
                     let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
                     stream.set_nodelay(true).expect("nodelay");
                     let io = hyper_util::rt::TokioIo::new(stream);
@@ -237,11 +312,14 @@ fn load(addr: SocketAddr, turn: Duration, headers: bool) -> Load {
                     while Instant::now() < deadline {
                         let sent = Instant::now();
                         sender.ready().await.expect("connection ready");
-                        let request = ::http::Request::builder()
+                        let mut request = ::http::Request::builder()
                             .uri("/")
-                            .header("host", "127.0.0.1")
-                            .body(Empty::<bytes::Bytes>::new())
-                            .expect("request");
+                            .header("host", "127.0.0.1");
+                        if keys == Keys::ApiKeys {
+                            key = (key + 1) % API_KEYS;
+                            request = request.header(API_KEY, format!("key-{key:06}"));
+                        }
+                        let request = request.body(Empty::<bytes::Bytes>::new()).expect("request");
                         let response = sender.send_request(request).await.expect("response");
                         assert_eq!(response.status(), ::http::StatusCode::OK);
                         if headers && !response.headers().contains_key("ratelimit") {
@@ -278,6 +356,12 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
 }
 
 pub(crate) fn run(server: &RedisServer) {
+    measure(server, Keys::ClientIp);
+    measure(server, Keys::ApiKeys);
+}
+
+/// One table: every variant keyed on `keys`, in rotation, and its targets.
+fn measure(server: &RedisServer, keys: Keys) {
     let (turn_length, warm_up) = (scaled(TURN), scaled(WARM_UP));
     let server_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -293,7 +377,7 @@ pub(crate) fn run(server: &RedisServer) {
         headers,
         redis,
         router,
-    } in variants(server, smallest, peer)
+    } in variants(server, smallest, peer, keys)
     {
         let listener = server_rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -318,10 +402,10 @@ pub(crate) fn run(server: &RedisServer) {
     let mut info = blocking_conn(server);
     for round in 0..ROUNDS {
         for (i, (_, headers, _, addr)) in served.iter().enumerate() {
-            load(*addr, warm_up, *headers);
+            load(*addr, warm_up, *headers, keys);
             let redis_before = redis_cpu_s_blocking(&mut info);
             let app_before = machine::threads_cpu_ns(SERVER_THREADS);
-            let turn = load(*addr, turn_length, *headers);
+            let turn = load(*addr, turn_length, *headers, keys);
             let app = machine::threads_cpu_ns(SERVER_THREADS).saturating_sub(app_before);
             let redis = redis_cpu_s_blocking(&mut info) - redis_before;
             let requests = turn.requests.max(1) as f64;
@@ -331,24 +415,39 @@ pub(crate) fn run(server: &RedisServer) {
             latencies[i].extend(turn.latencies);
             unchecked[i] += turn.unchecked;
         }
-        eprintln!("http: round {} of {ROUNDS} done", round + 1);
+        eprintln!(
+            "http ({}): round {} of {ROUNDS} done",
+            keys.name(),
+            round + 1
+        );
     }
     drop(server_rt);
 
     println!();
-    println!("## HTTP end to end");
+    match keys {
+        Keys::ClientIp => println!("## HTTP end to end"),
+        Keys::ApiKeys => println!("### The same on {} API keys", thousands(API_KEYS as f64)),
+    }
     println!();
     println!(
         "A hello-world axum 0.8 app on loopback, served with connect info on a 2-worker tokio runtime; \
          a Rust load generator in the same process (hyper 1 client, one thread): {CONNECTIONS} keep-alive \
          connections, one request in flight each, {ROUNDS} turns of {} ms per variant in rotation (each after \
          {} ms of warm-up). Requests/s is the median turn, a ratio the median of the ratios of one round's turns; latencies over every request of the variant. Every variant keys \
-         on the client IP; the limits admit everything. App CPU: the CPU time of the server runtime's threads \
+         on {}; the limits admit everything. App CPU: the CPU time of the server runtime's threads \
          (not the generator's) over the turn, per request; Redis CPU: the main thread's \
          `used_cpu_user_main_thread` + `used_cpu_sys_main_thread` delta over the turn, per request (the \
          Redis-backed variants); both the median turn.",
         turn_length.as_millis(),
         warm_up.as_millis(),
+        match keys {
+            Keys::ClientIp => "the client IP (every request from 127.0.0.1: one hot subject)".to_owned(),
+            Keys::ApiKeys => format!(
+                "the `{API_KEY}` header, each connection's requests walking through its share of \
+                 {} keys (`Header::plain` for redlimit, its own extractor for tower-rate-limiter)",
+                thousands(API_KEYS as f64)
+            ),
+        },
     );
     println!();
     println!("| variant | requests/s (median) | slowest / fastest turn | vs bare | p50 latency | p99 latency | answers without the layer's headers | app CPU per request | Redis CPU per request |");
@@ -394,65 +493,66 @@ pub(crate) fn run(server: &RedisServer) {
             },
         );
     }
-    let at = |name: &str| {
-        served
-            .iter()
-            .position(|(n, _, _, _)| *n == name)
-            .unwrap_or_else(|| panic!("no variant {name:?}"))
-    };
-    let (bare, memory, quiet, redis, redis_fixed, smallest, governor) = (
+    let find = |name: &str| served.iter().position(|(n, _, _, _)| *n == name);
+    let at = |name: &str| find(name).unwrap_or_else(|| panic!("no variant {name:?}"));
+    let (bare, redis_fixed, smallest) = (
         at("bare axum"),
-        at("RateLimitLayer, memory store"),
-        at("RateLimitLayer, memory store, headers_on_allowed(false)"),
-        at("RateLimitLayer, Redis store"),
         at("RateLimitLayer, Redis store, fixed window"),
         at("handler sending one smallest fixed-window script"),
-        at("tower_governor 0.8"),
     );
-    let (memory_vs_governor, quiet_vs_governor) = (ratio(memory, governor), ratio(quiet, governor));
-    let (redis_vs_smallest, redis_fixed_vs_smallest) =
-        (ratio(redis, smallest), ratio(redis_fixed, smallest));
+    let redis_fixed_vs_smallest = ratio(redis_fixed, smallest);
     let redis_fixed_cpu_vs_smallest = ratio_of(&redis_cpu, redis_fixed, smallest);
-    let peer = served
-        .iter()
-        .position(|(n, _, _, _)| *n == TOWER_RATE_LIMITER)
-        .map(|peer| {
-            (
-                ratio(redis_fixed, peer),
-                ratio_of(&redis_cpu, redis_fixed, peer),
-                ratio_of(&app_cpu, redis_fixed, peer),
-            )
-        });
-    let (memory, quiet, redis, governor, smallest) = (
-        ratio(memory, bare),
-        ratio(quiet, bare),
-        ratio(redis, bare),
-        ratio(governor, bare),
-        ratio(smallest, bare),
-    );
+    let peer = find(TOWER_RATE_LIMITER).map(|peer| {
+        (
+            ratio(redis_fixed, peer),
+            ratio_of(&redis_cpu, redis_fixed, peer),
+            ratio_of(&app_cpu, redis_fixed, peer),
+        )
+    });
     println!();
-    println!("### Targets");
+    println!("#### Targets ({})", keys.name());
     println!();
-    println!(
-        "- memory store {memory:.3}x bare (target >= 0.95x: {}); {memory_vs_governor:.3}x tower_governor \
-         (target: not behind it, a tie within {:.0}%: {}); tower_governor itself: {governor:.3}x bare",
-        met(memory >= 0.95),
-        TIE * 100.0,
-        met(memory_vs_governor >= 1.0 - TIE)
-    );
-    println!(
-        "- memory store without headers on allowed answers (as tower_governor by default): {quiet:.3}x bare, \
-         {quiet_vs_governor:.3}x tower_governor"
-    );
-    println!(
-        "- Redis store {redis:.3}x bare (target >= 0.6x: {})",
-        met(redis >= 0.6)
-    );
-    println!(
-        "- Redis store {redis_vs_smallest:.3}x the handler sending one smallest fixed-window script \
-         per request (target >= 0.85x: {}); that handler itself: {smallest:.3}x bare",
-        met(redis_vs_smallest >= 0.85),
-    );
+    if keys == Keys::ClientIp {
+        let (memory, quiet, redis, governor) = (
+            at("RateLimitLayer, memory store"),
+            at("RateLimitLayer, memory store, headers_on_allowed(false)"),
+            at("RateLimitLayer, Redis store"),
+            at("tower_governor 0.8"),
+        );
+        let (memory_vs_governor, quiet_vs_governor) =
+            (ratio(memory, governor), ratio(quiet, governor));
+        let memory_cpu_vs_governor = ratio_of(&app_cpu, memory, governor);
+        let redis_vs_smallest = ratio(redis, smallest);
+        let (memory, quiet, redis, governor, smallest) = (
+            ratio(memory, bare),
+            ratio(quiet, bare),
+            ratio(redis, bare),
+            ratio(governor, bare),
+            ratio(smallest, bare),
+        );
+        println!(
+            "- memory store {memory:.3}x bare (target >= 0.95x: {}); {memory_vs_governor:.3}x tower_governor \
+             (target: not behind it, a tie within {:.0}%: {}), {memory_cpu_vs_governor:.3}x its app CPU per \
+             request (target <= 1.05x: {}); tower_governor itself: {governor:.3}x bare",
+            met(memory >= 0.95),
+            TIE * 100.0,
+            met(memory_vs_governor >= 1.0 - TIE),
+            met(memory_cpu_vs_governor <= 1.05),
+        );
+        println!(
+            "- memory store without headers on allowed answers (as tower_governor by default): {quiet:.3}x bare, \
+             {quiet_vs_governor:.3}x tower_governor"
+        );
+        println!(
+            "- Redis store {redis:.3}x bare (target >= 0.6x: {})",
+            met(redis >= 0.6)
+        );
+        println!(
+            "- Redis store {redis_vs_smallest:.3}x the handler sending one smallest fixed-window script \
+             per request (target >= 0.85x: {}); that handler itself: {smallest:.3}x bare",
+            met(redis_vs_smallest >= 0.85),
+        );
+    }
     println!(
         "- Redis store on a fixed window {redis_fixed_vs_smallest:.3}x the handler sending one smallest \
          fixed-window script (target >= 0.9x: {}), {redis_fixed_cpu_vs_smallest:.3}x its Redis CPU per request",
@@ -472,5 +572,14 @@ pub(crate) fn run(server: &RedisServer) {
              measures it (targets: the fixed-window Redis layer >= 1.15x its requests/s, <= 0.8x its Redis \
              CPU per request)"
         ),
+    }
+}
+
+impl Keys {
+    fn name(self) -> &'static str {
+        match self {
+            Keys::ClientIp => "one client IP",
+            Keys::ApiKeys => "API keys",
+        }
     }
 }

@@ -456,7 +456,9 @@ async fn bad_arguments_fail_with_an_error_that_names_them() {
     let two = ["rl:{s}:p:fw", "rl:{s}:q:sl"];
     let head = "a batch starts with its head";
     let keys = "the batch's records (1) take";
-    let cases: &[(&[&str], &[&[u8]], &str)] = &[
+    // (keys, arguments, what the error says)
+    type Case<'a> = (&'a [&'a str], &'a [&'a [u8]], &'a str);
+    let cases: &[Case] = &[
         (&[], &[], head),
         (&one, &[b"x@\x01fw:10:1000;", b"\x01"], head),
         (&one, &[b"t@\x00fw:10:1000;", b"\x01"], head),

@@ -244,7 +244,7 @@ pub(super) const FLAG_OPS: u8 = 2;
 pub(super) const FLAG_COSTS: u8 = 4;
 // The Lua reads the flags by their bits.
 const _: () = assert!(FLAG_MAP == 1 && FLAG_OPS == 2 && FLAG_COSTS == 4);
-const _: () = assert!(FLAGS_BASE % 8 == 0);
+const _: () = assert!(FLAGS_BASE.is_multiple_of(8));
 
 /// In a set's definition, after a policy's code: it counts requests, one a request
 /// whatever its cost (refunds and charges leave it alone)...

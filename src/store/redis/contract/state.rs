@@ -1,5 +1,5 @@
 //! The states the Lua keeps, read back in Rust: for the crate's tests and benches
-//! that look at what a call wrote (lua/<algorithm>.lua describes each layout).
+//! that look at what a call wrote (each `lua/<algorithm>.lua` describes its layout).
 
 use crate::algorithm::{sliding_log_ring_stamps, Holder, State};
 use crate::policy::{Algorithm, Policy};
@@ -60,7 +60,7 @@ pub(crate) fn decode(policy: &Policy, raw: &[u8]) -> Option<State> {
                     count: 1,
                     expires_ms: n[1],
                 }]
-            } else if raw.len() >= 35 && (raw.len() - 18) % 17 == 0 {
+            } else if raw.len() >= 35 && (raw.len() - 18).is_multiple_of(17) {
                 raw[18..]
                     .chunks_exact(17)
                     .map(|entry| Holder {

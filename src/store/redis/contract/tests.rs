@@ -749,7 +749,7 @@ async fn in_flight_matches_the_model_on_random_steps() {
         let who = usize::try_from(next(3)).unwrap();
         let p = &holders[who];
         let (op, cost) = match next(6) {
-            0 | 1 | 2 => (Operation::Check, 1),
+            0..=2 => (Operation::Check, 1),
             3 | 4 => (Operation::Release, 1),
             _ => (Operation::Renew, next(3)),
         };
