@@ -341,3 +341,161 @@ async fn the_batch_settings_bound_what_one_call_decides() {
         );
     }
 }
+
+/// A hot subject's checks in one batch: its state is read once (the batch's one MGET),
+/// decided once per check, and written once, whatever the algorithm; the decisions
+/// are those of checks one after the other.
+#[tokio::test]
+async fn a_hot_subject_s_batch_reads_and_writes_its_state_once() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let hour = Duration::from_secs(3_600);
+    let cases = [
+        fixed(12),
+        Policy::sliding_window("sw", 12, hour).unwrap(),
+        Policy::token_bucket("tb", 12, 1, hour).unwrap(),
+        Policy::sliding_log("sl", 12, hour).unwrap(),
+    ];
+    for policy in cases {
+        let limiter = Limiter::new(store(&server), policy.clone());
+        limiter.check("warm", 1).await.unwrap();
+        support::wait_for_function_library(&mut conn).await;
+        redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap();
+        // 1 goes alone, the next 15 queue for one batch.
+        let checks: Vec<_> = (0..16).map(|_| limiter.check("hot", 1)).collect();
+        let decisions = futures_join_all(checks).await;
+        let admitted = decisions.iter().filter(|d| d.is_allowed()).count();
+        assert_eq!(admitted, 12, "{policy:?}");
+        let remaining: Vec<u64> = decisions
+            .iter()
+            .filter(|d| d.is_allowed())
+            .map(|d| d.remaining())
+            .collect();
+        assert_eq!(remaining, (0..12).rev().collect::<Vec<_>>(), "{policy:?}");
+        let calls = support::command_calls(&mut conn).await;
+        assert_eq!(calls.get("fcall"), Some(&2), "{policy:?}: {calls:?}");
+        // One write for the lone check, one for the batch's eleven admissions.
+        assert_eq!(calls.get("set"), Some(&2), "{policy:?}: {calls:?}");
+        let reads = calls.get("get").unwrap_or(&0) + calls.get("mget").unwrap_or(&0);
+        assert_eq!(reads, 2, "{policy:?}: {calls:?}");
+    }
+}
+
+/// Every future of `futures`, made in order before any is polled twice, awaited
+/// together (`tokio::join!` of a list).
+async fn futures_join_all<F: Future<Output = Result<redlimit::Decision, Error>>>(
+    futures: Vec<F>,
+) -> Vec<redlimit::Decision> {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut done: Vec<Option<redlimit::Decision>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        for (future, out) in futures.iter_mut().zip(done.iter_mut()) {
+            if out.is_none() {
+                if let Poll::Ready(result) = future.as_mut().poll(cx) {
+                    *out = Some(result.expect("a decision"));
+                }
+            }
+        }
+        if done.iter().all(Option::is_some) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    done.into_iter().map(Option::unwrap).collect()
+}
+
+/// Releases, refunds and peeks queue with the checks beside them and go in their
+/// batch: an in-flight policy's check and release cost the store fewer calls than
+/// one each, and every slot comes back.
+#[tokio::test]
+async fn releases_and_refunds_batch_with_checks() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let limiter = std::sync::Arc::new(
+        Limiter::builder(store(&server))
+            .policy(fixed(1_000))
+            .policy(Policy::in_flight("running", 100, Duration::from_secs(30)).unwrap())
+            .build()
+            .unwrap(),
+    );
+    limiter.check("warm", 1).await.unwrap();
+    support::wait_for_function_library(&mut conn).await;
+    let sent = limiter.store().calls_sent();
+    let mut tasks = JoinSet::new();
+    for i in 0..64 {
+        let limiter = std::sync::Arc::clone(&limiter);
+        tasks.spawn(async move {
+            let subject = format!("s{}", i % 4);
+            let decision = limiter.check(subject.as_str(), 2).await.unwrap();
+            assert!(decision.is_allowed());
+            let permit = limiter.hold(subject.as_str(), &decision).expect("a slot");
+            limiter.refund(subject.as_str(), 1).await.unwrap();
+            drop(permit);
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    // The releases run off the response's path: wait until every slot is back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let peeks =
+            futures_join_all((0..4).map(|i| limiter.peek(format!("s{i}"), 1)).collect()).await;
+        // A peek of 1 leaves limit - used - 1.
+        let used = |policy: usize| -> Vec<u64> {
+            peeks
+                .iter()
+                .map(|d| {
+                    let o = d.each_policy().expect("a peek's outcomes")[policy];
+                    o.limit - o.remaining - 1
+                })
+                .collect()
+        };
+        if used(1).iter().all(|&n| n == 0) {
+            // Each subject's 16 checks of 2 units, each refunded 1: 16 of 1,000 used.
+            let counted = used(0);
+            assert_eq!(counted, [16; 4]);
+            break;
+        }
+        assert!(Instant::now() < deadline, "slots still held: {:?}", used(1));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // 64 checks, 64 refunds and 64 releases (and the peeks): far fewer calls.
+    let calls = limiter.store().calls_sent() - sent;
+    assert!(calls < 150, "{calls} calls for 192 operations");
+}
+
+/// Outcomes too wide for one packed integer (a remaining of 2^25 or more, a reset of
+/// 2^27 ms or more) come spelled out, and decide as the memory store does.
+#[tokio::test]
+async fn outcomes_too_wide_to_pack_are_exact() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(1_700_000_000_000);
+    let redis = server.store().client_clock(clock.clone());
+    let memory = MemoryStore::with_clock(clock.clone());
+    let day = Duration::from_secs(86_400);
+    for policy in [
+        Policy::fixed_window("wide", 4_000_000_000, Duration::from_secs(2)).unwrap(),
+        Policy::fixed_window("long", 10, 3 * day).unwrap(),
+        Policy::sliding_window("both", 40_000_000, 2 * day).unwrap(),
+    ] {
+        let (r, m) = (
+            Limiter::new(redis.clone(), policy.clone()),
+            Limiter::new(memory.clone(), policy.clone()),
+        );
+        for cost in [1, 5, 3_000_000_000] {
+            let (a, b) = (r.check("s", cost).await, m.check("s", cost).await);
+            match (a, b) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{policy:?} cost {cost}"),
+                (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+                (a, b) => panic!("{policy:?} cost {cost}: {a:?} against {b:?}"),
+            }
+        }
+    }
+}
