@@ -92,115 +92,121 @@ for s = 1, nsets do
 end
 -- No records argument: as an empty one, every record costing 1 on Redis TIME.
 local records = ARGV[nsets + 1] or ""
-local size, pos, n, needed = #records, 1, 0, 0
-if size == 0 then
-  -- No records: checks of the one set, as many as the keys make.
-  local p = sets[1].n
-  if nsets ~= 1 or map or ops or nkeys % p ~= 0 then
-    return redis.error_reply("ERR redlimit: a batch without records has one set, no operations or slots, and its keys")
-  end
-  n, needed = nkeys / p, nkeys
-end
-while pos <= size do
-  if ops then
-    local op = sub(records, pos, pos)
-    if not (op == OP_CHECK or op == OP_PEEK or op == OP_REFUND or op == OP_CHARGE or op == OP_RELEASE or op == OP_RENEW) then
-      return redis.error_reply(fmt("ERR redlimit: record %d of the batch has no operation of the batch's (%q)", n + 1, op))
-    end
-    pos = pos + 1
-  end
-  local set = sets[byte(records, pos) or 0]
-  if not set then
-    return redis.error_reply(fmt("ERR redlimit: record %d of the batch names no set", n + 1))
-  end
-  pos = pos + 1
-  if map then
-    for i = 0, set.n - 1 do
-      local k = byte(records, pos + i)
-      if not k or k < 1 or k > nkeys then
-        return redis.error_reply(fmt("ERR redlimit: record %d of the batch names a key it has not", n + 1))
-      end
-    end
-    pos = pos + set.n
-  else
-    needed = needed + set.n
-  end
-  n = n + 1
-end
+local size = #records
+-- The costs and times follow the records, as many of each as there are records.
+local per = (costs and 1 or 0) + (timed and 1 or 0)
+local n = per > 0 and (nargs - nsets - 1) / per or 0
 local costs_at = 2 + nsets
 local times_at = costs and costs_at + n or costs_at
-local args = times_at - 1 + (timed and n or 0)
-if map then
-  needed = nkeys
+if (per == 0 and nargs ~= nsets + 1 and not (nargs == nsets and size == 0))
+    or (per > 0 and (n < 1 or n ~= floor(n))) then
+  return redis.error_reply(fmt("ERR redlimit: a batch of %d sets takes its records, then as many costs and times as records, got %d arguments", nsets, nargs))
 end
-if nargs == nsets and not (costs or timed) then
-  args = nsets
-end
-if n == 0 or nargs ~= args or needed ~= nkeys then
-  return redis.error_reply(fmt(
-    "ERR redlimit: the batch's records (%d) take %d keys and %d arguments, got %d and %d",
-    n, needed, args, nkeys, nargs))
-end
-if costs or timed then
-  for j = 0, n - 1 do
-    if (costs and not tonum(ARGV[costs_at + j])) or (timed and not tonum(ARGV[times_at + j])) then
-      return redis.error_reply(fmt("ERR redlimit: record %d of the batch has no cost or clock", j + 1))
-    end
-  end
-end
-local now
-if not timed then
-  now = time_ms()
-end
--- Every state in one read.
-local raws = call("MGET", unpacked(KEYS))
--- Sized for a few records (a table grown from empty is rebuilt at 1, 2, 4 and 8
--- items); Redis reads a reply up to its first nil.
-local reply, r, k0 = { nil, nil, nil, nil, nil, nil, nil, nil }, 0, 0
-if size == 0 then
-  local set, keeps, cost = sets[1], not timed, 1
-  local p = set.n
-  for j = 0, n - 1 do
-    if costs then
-      cost = tonum(ARGV[costs_at + j])
-    end
-    if timed then
-      now = tonum(ARGV[times_at + j])
-    end
-    r = check_once(set, j * p, cost, now, reply, r, raws, KEYS, keeps)
-  end
-  return reply
-end
-pos = 1
-for j = 0, n - 1 do
-  local op = OP_CHECK
-  if ops then
-    op = sub(records, pos, pos)
-    pos = pos + 1
-  end
-  local set = sets[byte(records, pos)]
-  local cost = 1
+-- A record's cost and clock, from the arguments (or 1 and Redis TIME), and whether
+-- they are numbers.
+local now = not timed and time_ms() or nil
+local function cost_and_time(j)
+  local cost, at = 1, now
   if costs then
     cost = tonum(ARGV[costs_at + j])
   end
   if timed then
-    now = tonum(ARGV[times_at + j])
+    at = tonum(ARGV[times_at + j])
   end
+  return cost, at, cost and at
+end
+local bad_record = "ERR redlimit: record %d of the batch %s"
+if size == 0 then
+  -- No records: checks of the one set, as many as the keys make, each naming its own
+  -- keys: written at once, so every cost and time is checked first.
+  local set = sets[1]
+  local p = set.n
+  if nsets ~= 1 or map or ops or nkeys % p ~= 0 or (per > 0 and n ~= nkeys / p) then
+    return redis.error_reply("ERR redlimit: a batch without records has one set, no operations or slots, and as many keys as its checks take")
+  end
+  n = nkeys / p
+  for j = 0, n - 1 do
+    local _, _, fine = cost_and_time(j)
+    if not fine then
+      return redis.error_reply(fmt(bad_record, j + 1, "has no cost or clock"))
+    end
+  end
+  local raws, reply, r = call("MGET", unpacked(KEYS)), { nil, nil, nil, nil, nil, nil, nil, nil }, 0
+  for j = 0, n - 1 do
+    local cost, at = cost_and_time(j)
+    r = check_once(set, j * p, cost, at, reply, r, raws, KEYS, not timed)
+  end
+  return reply
+end
+if not (map or ops) then
+  -- Checks of several sets, each naming its own keys: written at once, so every
+  -- record is checked first.
+  local needed, j = 0, 0
+  for pos = 1, size do
+    local set = sets[byte(records, pos)]
+    local _, _, fine = cost_and_time(j)
+    if not (set and fine) then
+      return redis.error_reply(fmt(bad_record, j + 1, "names no set, or has no cost or clock"))
+    end
+    needed, j = needed + set.n, j + 1
+  end
+  if needed ~= nkeys or (per > 0 and j ~= n) then
+    return redis.error_reply(fmt("ERR redlimit: the batch's records (%d) take %d keys, got %d", j, needed, nkeys))
+  end
+  local raws, reply, r, k0 = call("MGET", unpacked(KEYS)), { nil, nil, nil, nil, nil, nil, nil, nil }, 0, 0
+  for pos = 1, size do
+    local set = sets[byte(records, pos)]
+    local cost, at = cost_and_time(pos - 1)
+    r = check_once(set, k0, cost, at, reply, r, raws, KEYS, not timed)
+    k0 = k0 + set.n
+  end
+  return reply
+end
+-- Records that name their keys' slots or their operations: decided on the states
+-- read once, each key written once at the end, so a record found wrong on the way
+-- leaves nothing written.
+if not A then
+  scratch()
+end
+local raws, reply, r, k0 = call("MGET", unpacked(KEYS)), { nil, nil, nil, nil, nil, nil, nil, nil }, 0, 0
+local pos, j, keeps = 1, 0, not timed
+while pos <= size do
+  local op = OP_CHECK
+  if ops then
+    op = sub(records, pos, pos)
+    if not (op == OP_CHECK or op == OP_PEEK or op == OP_REFUND or op == OP_CHARGE or op == OP_RELEASE or op == OP_RENEW) then
+      return redis.error_reply(fmt(bad_record, j + 1, fmt("has no operation of the batch's (%q)", op)))
+    end
+    pos = pos + 1
+  end
+  local set = sets[byte(records, pos) or 0]
+  local cost, at, fine = 1, now, true
+  if per > 0 then
+    cost, at, fine = cost_and_time(j)
+  end
+  if not (set and fine) then
+    return redis.error_reply(fmt(bad_record, j + 1, "names no set, or has no cost or clock"))
+  end
+  local p = set.n
   if map then
-    r = run(op, set, records, pos + 1, cost, now, reply, r, raws, not timed)
-    pos = pos + 1 + set.n
-  elseif ops then
-    r = run(op, set, nil, k0, cost, now, reply, r, raws, not timed)
-    k0 = k0 + set.n
-    pos = pos + 1
+    for i = 1, p do
+      local k = byte(records, pos + i)
+      if not k or k < 1 or k > nkeys then
+        return redis.error_reply(fmt(bad_record, j + 1, "names a key it has not"))
+      end
+    end
+    if p == 1 and op == OP_CHECK then
+      r = check_slot(set, byte(records, pos + 1), cost, at, reply, r, raws, keeps)
+    else
+      r = run(op, set, records, pos + 1, cost, at, reply, r, raws, keeps)
+    end
   else
-    -- Checks of keys no other record names: each written at once.
-    r = check_once(set, k0, cost, now, reply, r, raws, KEYS, not timed)
-    k0 = k0 + set.n
-    pos = pos + 1
+    r = run(op, set, nil, k0, cost, at, reply, r, raws, keeps)
   end
+  pos, k0, j = pos + 1 + (map and p or 0), k0 + p, j + 1
 end
-if map or ops then
-  write_all(KEYS, nkeys)
+if (per > 0 and j ~= n) or (not map and k0 ~= nkeys) then
+  return redis.error_reply(fmt("ERR redlimit: the batch's records (%d) take %d keys and their costs and times, got %d keys and %d arguments", j, map and nkeys or k0, nkeys, nargs))
 end
+write_all(KEYS, nkeys)
 return reply

@@ -117,6 +117,39 @@ local function load(set, map, at, raws, keeps)
   end
 end
 
+-- A check of `cost` at `now` on a one-policy set whose key is at slot k, on the
+-- call's states: run's common case (a hot subject's checks in one batch), with load
+-- and mark in place (their calls are a visible share of a decision that finds its
+-- state already read).
+local function check_slot(set, k, cost, now, reply, r, raws, keeps)
+  if SEEN[k] ~= CALL then
+    SEEN[k] = CALL
+    local a, b, c, keep = set[SET_READ](raws[k])
+    A[k], B[k], C[k], KEEP[k] = a or false, b or false, c or false, keeps and keep or false
+  end
+  local arg, w = set[SET_ARG], set[SET_N]
+  if arg then
+    cost = arg == true and 1 or arg
+  end
+  local allowed, remaining, reset, retry, a, b, c =
+    set[SET_STEP](set[SET_LIMIT], w, now, cost, A[k], B[k], C[k], false)
+  if not allowed then
+    return put(reply, r, false, remaining, reset, retry)
+  end
+  A[k], B[k], C[k] = a, b or false, c or false
+  if DIRTY[k] ~= CALL then
+    DIRTY[k], WMODE[k] = CALL, WRITE_CHECK
+  elseif WMODE[k] < WRITE_CHECK then
+    WMODE[k] = WRITE_CHECK
+  end
+  WFN[k], WN[k], WNOW[k] = set[SET_WRITE], w, now
+  if remaining < PACK_REMAINING_LIMIT and reset < PACK_RESET_LIMIT then
+    reply[r + 1] = (reset * PACK_REMAINING_LIMIT + remaining) * 2 + 1
+    return r + 1
+  end
+  return put(reply, r, true, remaining, reset, 0)
+end
+
 -- Runs operation `op` of `cost` at `now` on the policies of `set` for one subject:
 -- policy i's key is at slot byte(map, at + i - 1), or at + i without a map. Reads
 -- each slot's state the first time the call meets it (raws: what the call's read
@@ -132,6 +165,9 @@ end
 -- policy takes its holder where the others take the cost. Appends each policy's outcome to reply after r; returns the new end.
 local function run(op, set, map, at, cost, now, reply, r, raws, keeps)
   local n = set.n
+  if n == 1 and op == OP_CHECK and A then
+    return check_slot(set, map and byte(map, at) or at + 1, cost, now, reply, r, raws, keeps)
+  end
   load(set, map, at, raws, keeps)
   local asked, check = cost, op == OP_CHECK
   if not check and op ~= OP_PEEK then

@@ -292,6 +292,29 @@ pub(crate) fn redis_cpu_s_blocking(conn: &mut redis::Connection) -> f64 {
     redis_cpu_s_of(&info)
 }
 
+/// The script calls Redis has run (`FCALL`, `EVALSHA`, `EVAL`: `INFO commandstats`).
+pub(crate) fn script_calls_blocking(conn: &mut redis::Connection) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(conn)
+        .expect("INFO commandstats");
+    stats
+        .lines()
+        .filter_map(|line| line.strip_prefix("cmdstat_"))
+        .filter_map(|line| {
+            let (name, rest) = line.split_once(':')?;
+            if !matches!(name, "fcall" | "evalsha" | "eval") {
+                return None;
+            }
+            rest.strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
 /// A blocking connection, for [`redis_cpu_s_blocking`].
 pub(crate) fn blocking_conn(server: &RedisServer) -> redis::Connection {
     redis::Client::open(server.url())

@@ -399,16 +399,22 @@ fn measure(server: &RedisServer, keys: Keys) {
     // Per turn, µs per request: the server runtime's CPU, and Redis's.
     let mut app_cpu: Vec<Vec<f64>> = vec![Vec::new(); served.len()];
     let mut redis_cpu: Vec<Vec<f64>> = vec![Vec::new(); served.len()];
+    // Per turn: Redis script calls per request (a batch of checks is one).
+    let mut calls: Vec<Vec<f64>> = vec![Vec::new(); served.len()];
     let mut info = blocking_conn(server);
     for round in 0..ROUNDS {
         for (i, (_, headers, _, addr)) in served.iter().enumerate() {
             load(*addr, warm_up, *headers, keys);
-            let redis_before = redis_cpu_s_blocking(&mut info);
+            let (redis_before, calls_before) = (
+                redis_cpu_s_blocking(&mut info),
+                script_calls_blocking(&mut info),
+            );
             let app_before = machine::threads_cpu_ns(SERVER_THREADS);
             let turn = load(*addr, turn_length, *headers, keys);
             let app = machine::threads_cpu_ns(SERVER_THREADS).saturating_sub(app_before);
             let redis = redis_cpu_s_blocking(&mut info) - redis_before;
             let requests = turn.requests.max(1) as f64;
+            calls[i].push((script_calls_blocking(&mut info) - calls_before) as f64 / requests);
             rates[i].push(turn.requests as f64 / turn.time.as_secs_f64());
             app_cpu[i].push(app as f64 / 1_000.0 / requests);
             redis_cpu[i].push(redis * 1e6 / requests);
@@ -450,8 +456,8 @@ fn measure(server: &RedisServer, keys: Keys) {
         },
     );
     println!();
-    println!("| variant | requests/s (median) | slowest / fastest turn | vs bare | p50 latency | p99 latency | answers without the layer's headers | app CPU per request | Redis CPU per request |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| variant | requests/s (median) | slowest / fastest turn | vs bare | p50 latency | p99 latency | answers without the layer's headers | app CPU per request | Redis CPU per request | Redis calls per request |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let median = |v: &[f64]| {
         let mut v = v.to_vec();
         v.sort_by(f64::total_cmp);
@@ -473,7 +479,7 @@ fn measure(server: &RedisServer, keys: Keys) {
         let slowest = rates[i].iter().cloned().fold(f64::MAX, f64::min);
         let fastest = rates[i].iter().cloned().fold(f64::MIN, f64::max);
         println!(
-            "| {name} | {} | {} / {} | {:.3}x | {:.2} ms | {:.2} ms | {} | {:.2} µs | {} |",
+            "| {name} | {} | {} / {} | {:.3}x | {:.2} ms | {:.2} ms | {} | {:.2} µs | {} | {} |",
             thousands(rate),
             thousands(slowest),
             thousands(fastest),
@@ -488,6 +494,11 @@ fn measure(server: &RedisServer, keys: Keys) {
             median(&app_cpu[i]),
             if *redis {
                 format!("{:.2} µs", median(&redis_cpu[i]))
+            } else {
+                "—".to_owned()
+            },
+            if *redis {
+                format!("{:.3}", median(&calls[i]))
             } else {
                 "—".to_owned()
             },

@@ -456,6 +456,7 @@ async fn bad_arguments_fail_with_an_error_that_names_them() {
     let two = ["rl:{s}:p:fw", "rl:{s}:q:sl"];
     let head = "a batch starts with its head";
     let keys = "the batch's records (1) take";
+    let arguments = "a batch of 1 sets takes its records, then as many costs and times as records";
     // (keys, arguments, what the error says)
     type Case<'a> = (&'a [&'a str], &'a [&'a [u8]], &'a str);
     let cases: &[Case] = &[
@@ -480,17 +481,27 @@ async fn bad_arguments_fail_with_an_error_that_names_them() {
             &[b"t@\x01fw:10:1000;sw:10:1000;"],
             "checks of 2 policies each take their keys, got 1",
         ),
-        (&one, &[b"t@\x01fw:10:1000;", b"\x01", b"5"], keys),
-        (&one, &[b"tD\x01fw:10:1000;", b"\x01"], keys),
+        (&one, &[b"t@\x01fw:10:1000;", b"\x01", b"5"], arguments),
+        (&one, &[b"tD\x01fw:10:1000;", b"\x01"], arguments),
+        (
+            &one,
+            &[b"tD\x01fw:10:1000;", b"\x01", b"1", b"1"],
+            "the batch's records (1) take",
+        ),
+        (
+            &one,
+            &[b"tE\x01fw:10:1000;", b"\x01\x01\x01\x01", b"1"],
+            "record 2 of the batch names no set, or has no cost or clock",
+        ),
         (
             &one,
             &[b"tD\x01fw:10:1000;", b"\x01", b"one"],
-            "record 1 of the batch has no cost or clock",
+            "record 1 of the batch names no set, or has no cost or clock",
         ),
         (
             &one,
             &[b"c@\x01fw:10:1000;", b"\x01", b"yesterday"],
-            "record 1 of the batch has no cost or clock",
+            "record 1 of the batch names no set, or has no cost or clock",
         ),
         (
             &one,
