@@ -525,9 +525,10 @@ impl Row {
     }
 }
 
-/// A reply's packed outcomes (src/store/redis/contract: `((reset * 2^25 + remaining)
-/// * 2 + allowed)`, a denial's retry after it; -2 or -1, an admission or a denial too
-/// wide to pack, then remaining, reset and retry), as (allowed, remaining, reset ms).
+/// A reply's packed outcomes, as (allowed, remaining, reset ms). Each is one integer,
+/// `((reset * 2^25 + remaining) * 2 + allowed)`, a denial's retry after it; or -2 or
+/// -1, an admission or a denial too wide to pack, then remaining, reset and retry
+/// (src/store/redis/contract).
 fn unpack(fields: &[i64]) -> Vec<(bool, i64, i64)> {
     const REMAINING_BITS: u32 = 25;
     let mut out = Vec::new();
