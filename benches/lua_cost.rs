@@ -14,6 +14,10 @@
 //! as the store sends it: `FCALL` of the function library, and `EVALSHA` of the
 //! per-shape script that a server without functions gets. The commands are rendered
 //! by the crate (`RedisStore::command`), so the bench sends what the store sends.
+//! Then where a decision's instructions go: diagnostic functions added to the
+//! library, each one piece of a decision, and the batch function (lua/batch.lua) at
+//! several sizes, over distinct subjects and over one hot subject, its arguments
+//! built from the store's own command for one check as the store writes a batch.
 //!
 //! Then the in-flight section (`cargo bench -p redlimit-bench --bench lua_cost -- in-flight` runs it
 //! alone, about 5 minutes): a check of a fixed window with an in-flight policy (no
@@ -24,8 +28,11 @@
 //! commands, then copied to every subject redis-benchmark draws (one Lua loop,
 //! outside the count, with callgrind's instrumentation off). The same rows on a
 //! redis-server without valgrind give Redis CPU per call (`INFO` main-thread CPU
-//! delta over 20,000 calls, 7 rounds in rotation), and the copied states their memory
-//! (`MEMORY USAGE`, and the `used_memory` delta over 100,000 subjects).
+//! delta over 20,000 calls, 7 rounds in rotation; `LUA_COST_CPU_ROUNDS=0` leaves
+//! the CPU out, on a machine where someone else times things), and the copied states
+//! their memory (`MEMORY USAGE`, and the `used_memory` delta over 100,000 subjects),
+//! with the target that an in-flight key with 1 holder (1 slot) is no larger than a
+//! fixed-window key.
 //!
 //! Needs `valgrind` (with `callgrind_control`), `redis-server` and `redis-benchmark`
 //! (Debian: valgrind, redis-server, redis-tools). About a minute and a half, and the
@@ -199,7 +206,7 @@ fn main() {
             script / reference
         );
     }
-    parts(&server, library);
+    parts(&server, library, &store);
     drop(server);
     in_flight_and_settlements();
 }
@@ -207,7 +214,7 @@ fn main() {
 /// Where a decision's instructions go: the library with diagnostic functions added,
 /// each doing one piece of a decision, and the batch function at several sizes, over
 /// distinct subjects and over one hot subject.
-fn parts(server: &Server, library: &str) {
+fn parts(server: &Server, library: &str, store: &RedisStore) {
     let name = library
         .lines()
         .next()
@@ -253,14 +260,14 @@ fn parts(server: &Server, library: &str) {
             "redis.call('INCR', keys[1]) redis.call('PEXPIRE', keys[1], 60000) return 1",
         ),
         (
-            "format",
-            "+ a fixed window's state formatted (`ints`)",
-            "local s = ints(29000000, 1) return 1",
+            "pack",
+            "+ a fixed window's state packed (`>I6I6`, 12 bytes)",
+            "if not pack then init() end local s = pack('>I6I6', 29000000, 1) return 1",
         ),
         (
-            "reply4",
-            "+ a reply of 4 integers (one policy's)",
-            "return { 1, 5, 100, 0 }",
+            "reply1",
+            "+ a reply of one packed outcome (one policy's)",
+            "return { 2013265921 }",
         ),
     ];
     let mut source = library.to_owned();
@@ -295,9 +302,6 @@ fn parts(server: &Server, library: &str) {
         }
         println!("| {label} | {cost:.0} | {:+.0} |", cost - nop);
     }
-    // The batch function as the store sends it (lua/batch.lua): `t` (Redis TIME) or
-    // `tr` (a subject comes again), one policy set, one byte per check naming it,
-    // `1` (every cost is 1).
     // One hot subject: the smallest script's key exists, so it only INCRs.
     let sha = server.cli(&["SCRIPT", "LOAD", SMALLEST]).trim().to_owned();
     let hot_key = "rl:{hot}:p:fw".to_owned();
@@ -319,36 +323,52 @@ fn parts(server: &Server, library: &str) {
     );
     println!("|---|---|---|");
     for (subjects, size) in [
-        ("distinct", 1usize),
-        ("distinct", 8),
-        ("distinct", 32),
-        ("one hot", 16),
+        ("distinct subjects", 1usize),
+        ("distinct subjects", 8),
+        ("distinct subjects", 32),
+        ("one hot subject", 16),
     ] {
-        let hot = subjects == "one hot";
-        let key = if hot {
-            "rl:{hot}:p:fw"
-        } else {
-            "rl:{__rand_int__}:p:fw"
-        };
-        let mut args = vec![
-            "FCALL".to_owned(),
-            format!("{name}_batch"),
-            size.to_string(),
-        ];
-        args.extend(std::iter::repeat_n(key.to_owned(), size));
-        args.extend([
-            if hot { "tr" } else { "t" }.to_owned(),
-            "1".to_owned(),
-            "1".to_owned(),
-            "fw".to_owned(),
-            "1000000000".to_owned(),
-            "60000".to_owned(),
-            "\u{1}".repeat(size),
-            "1".to_owned(),
-        ]);
+        let args = batch_args(store, size, subjects == "one hot subject");
         let cost = instructions_per_call(server, &args) / size as f64;
-        println!("| {subjects} subjects | {size} | {cost:.0} |");
+        println!("| {subjects} | {size} | {cost:.0} |");
     }
+}
+
+/// The store's batch of `size` fixed-window checks (limit 1,000,000 a minute), as
+/// `redis-benchmark` arguments: built from the store's own command for one check
+/// (`FCALL <batch function> 1 <key> <head> <set> <records>`, lua/batch.lua), as the
+/// store writes a batch (src/store/redis/command.rs): checks of one set on distinct
+/// keys name `size` keys and send no records (each key `__rand_int__`, drawn apart by
+/// redis-benchmark); checks of one `hot` subject name its key once, set the head's
+/// map flag (`FLAG_MAP`, 1) and send a record per check: the set's number and the
+/// key's slot (bytes 1 and 1).
+fn batch_args(store: &RedisStore, size: usize, hot: bool) -> Vec<String> {
+    let minute = Duration::from_secs(60);
+    let policy = Policy::fixed_window("p", 1_000_000, minute).expect("a valid policy");
+    let one = store_args(store, &[policy], false);
+    assert!(
+        one.len() == 7 && one[0] == "FCALL" && one[2] == "1" && one[6].is_empty(),
+        "one check: FCALL, its function, 1 key, the key, head, set, no records: {one:?}"
+    );
+    let (function, key, head, set) = (&one[1], &one[3], &one[4], &one[5]);
+    let mut args = vec!["FCALL".to_owned(), function.clone()];
+    if hot {
+        let mut head = head.as_bytes().to_vec();
+        assert_eq!(head.len(), 3, "the head: clock, flags, sets");
+        head[1] |= 1;
+        args.extend([
+            "1".to_owned(),
+            key.replace("__rand_int__", "hot"),
+            String::from_utf8(head).expect("an ASCII head"),
+            set.clone(),
+            "\u{1}\u{1}".repeat(size),
+        ]);
+    } else {
+        args.push(size.to_string());
+        args.extend(std::iter::repeat_n(key.clone(), size));
+        args.extend([head.clone(), set.clone(), String::new()]);
+    }
+    args
 }
 
 /// The subject every command is rendered for, replaced by `__rand_int__` (the counted
@@ -358,12 +378,15 @@ const MARK: &str = "subjectmark";
 const PROBE: &str = "probe";
 /// The in-flight section's calls per turn on the server without valgrind.
 const CPU_CALLS: u64 = 20_000;
+/// Its rounds; `LUA_COST_CPU_ROUNDS` sets another number, 0 none (the instructions
+/// and the memory alone, on a machine where someone else times things).
 const CPU_ROUNDS: usize = 7;
 /// Subjects whose states a row finds written: redis-benchmark's `-r`.
 const SUBJECTS: u64 = 100_000;
 /// The in-flight policy's slot lifetime: a row's copied entries must still count
 /// when its last call runs, and copying 100,000 states under valgrind takes tens of
-/// seconds. The figures do not depend on it (an expiry is 13 digits either way).
+/// seconds. The figures do not depend on it (an expiry is packed in 6 bytes either
+/// way).
 const SLOT_TTL: Duration = Duration::from_secs(300);
 /// The window of the rows whose states hold a count (they must not roll over during
 /// a row: an hour; the plain check keeps the first table's minute).
@@ -461,19 +484,29 @@ impl Row {
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = server.cli(&refs);
         let fields: Vec<i64> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        if self.args[0] != "FCALL" {
+            // The smallest script's reply: its count.
+            return out.trim().to_owned();
+        }
+        let outcomes = unpack(&fields);
         if let Some((policy, remaining)) = self.expect {
             assert_eq!(
-                fields.get(4 * policy + 1),
-                Some(&remaining),
+                outcomes.get(policy).map(|o| o.1),
+                Some(remaining),
                 "{}: the reply on the probe: {out}",
                 self.label
             );
         }
-        fields
+        outcomes
             .iter()
-            .map(i64::to_string)
+            .map(|(allowed, remaining, reset)| {
+                format!(
+                    "{} {remaining} left, reset {reset} ms",
+                    if *allowed { "allowed" } else { "denied" }
+                )
+            })
             .collect::<Vec<_>>()
-            .join(" ")
+            .join("; ")
     }
 
     /// A row whose state holds a window's count runs within one window of an hour:
@@ -490,6 +523,33 @@ impl Row {
             std::thread::sleep(HOUR - into + Duration::from_millis(200));
         }
     }
+}
+
+/// A reply's packed outcomes, as (allowed, remaining, reset ms). Each is one integer,
+/// `((reset * 2^25 + remaining) * 2 + allowed)`, a denial's retry after it; or -2 or
+/// -1, an admission or a denial too wide to pack, then remaining, reset and retry
+/// (src/store/redis/contract).
+fn unpack(fields: &[i64]) -> Vec<(bool, i64, i64)> {
+    const REMAINING_BITS: u32 = 25;
+    let mut out = Vec::new();
+    let mut rest = fields.iter().copied();
+    while let Some(first) = rest.next() {
+        let mut next = || rest.next().expect("a packed outcome ends early");
+        if first < 0 {
+            assert!(first == -1 || first == -2, "a packed outcome: {fields:?}");
+            let (remaining, reset, _retry) = (next(), next(), next());
+            out.push((first == -2, remaining, reset));
+            continue;
+        }
+        let allowed = first & 1 == 1;
+        let remaining = (first >> 1) & ((1 << REMAINING_BITS) - 1);
+        let reset = first >> (1 + REMAINING_BITS);
+        if !allowed {
+            next();
+        }
+        out.push((allowed, remaining, reset));
+    }
+    out
 }
 
 /// `redis-benchmark` sends `args` `calls` times on `server` (as in
@@ -692,10 +752,14 @@ fn in_flight_and_settlements() {
     drop(server);
 
     // CPU seconds, rows in rotation, CPU_ROUNDS rounds.
+    let cpu_rounds = std::env::var("LUA_COST_CPU_ROUNDS").map_or(CPU_ROUNDS, |v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("LUA_COST_CPU_ROUNDS={v:?}: a count"))
+    });
     let native = Server::start_native("lua-cost-in-flight");
     load(&native);
     let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
-    for round in 0..CPU_ROUNDS {
+    for round in 0..cpu_rounds {
         let mut order: Vec<usize> = (0..rows.len()).collect();
         order.rotate_left(round % rows.len());
         for i in order {
@@ -712,11 +776,19 @@ fn in_flight_and_settlements() {
         }
     }
 
+    let cpu_how = if cpu_rounds == 0 {
+        "CPU: not measured (LUA_COST_CPU_ROUNDS=0)".to_owned()
+    } else {
+        format!(
+            "CPU: redis-server without valgrind, INFO used_cpu_sys_main_thread + \
+             used_cpu_user_main_thread delta over {CPU_CALLS} calls, {cpu_rounds} rounds in \
+             rotation, median (min-max)"
+        )
+    };
     println!(
         "\nIn-flight policies and settlements: Redis per call (instructions: callgrind, {CALLS} calls; \
-         CPU: redis-server without valgrind, INFO used_cpu_sys_main_thread + used_cpu_user_main_thread \
-         delta over {CPU_CALLS} calls, {CPU_ROUNDS} rounds in rotation, median (min-max)); \
-         redis-benchmark -c 4 -P 16 -r {SUBJECTS}; the states a row finds written for every subject\n"
+         {cpu_how}); redis-benchmark -c 4 -P 16 -r {SUBJECTS}; the states a row finds written for \
+         every subject\n"
     );
     println!("| call | instructions | / plain check | / smallest script | Redis CPU per call, µs | CPU / smallest, same round |");
     println!("|---|---|---|---|---|---|");
@@ -725,14 +797,21 @@ fn in_flight_and_settlements() {
         let ratios: Vec<f64> = cpu[i].iter().zip(&cpu[0]).map(|(a, b)| a / b).collect();
         let (lo, hi) = spread(&cpu[i]);
         let (rlo, rhi) = spread(&ratios);
+        let cpu = if cpu_rounds == 0 {
+            "not measured | not measured".to_owned()
+        } else {
+            format!(
+                "{:.2} ({lo:.2}-{hi:.2}) | {:.2}x ({rlo:.2}-{rhi:.2})",
+                median(&cpu[i]),
+                median(&ratios)
+            )
+        };
         println!(
-            "| {} | {:.0} | {:.2}x | {:.2}x | {:.2} ({lo:.2}-{hi:.2}) | {:.2}x ({rlo:.2}-{rhi:.2}) |",
+            "| {} | {:.0} | {:.2}x | {:.2}x | {cpu} |",
             row.label,
             instructions[i],
             instructions[i] / plain,
             instructions[i] / smallest,
-            median(&cpu[i]),
-            median(&ratios),
         );
     }
 
@@ -740,6 +819,8 @@ fn in_flight_and_settlements() {
     // `MEMORY USAGE` of the probe's key.
     println!("\n| key (its state as the store wrote it) | MEMORY USAGE, B | used_memory delta / {SUBJECTS} subjects, B | state bytes (STRLEN) |");
     println!("|---|---|---|---|");
+    // (MEMORY USAGE, used_memory delta per subject) of each key.
+    let mut sizes: Vec<(f64, f64)> = Vec::new();
     for (label, i, key) in [
         ("fixed window, one check", 1usize, 0usize),
         ("in-flight, 1 holder", 3, 0),
@@ -779,14 +860,32 @@ fn in_flight_and_settlements() {
         };
         only.setup(&native);
         let after = native.used_memory();
+        let per_subject = (after - before) as f64 / SUBJECTS as f64;
         println!(
-            "| {label} (`{}`) | {} | {:.1} | {} |",
+            "| {label} (`{}`) | {} | {per_subject:.1} | {} |",
             probe_key,
             usage.trim(),
-            (after - before) as f64 / SUBJECTS as f64,
             strlen.trim()
         );
+        let usage: f64 = usage
+            .trim()
+            .parse()
+            .expect("MEMORY USAGE of the probe's key");
+        sizes.push((usage, per_subject));
     }
+    // `used_memory` moves by a few bytes per 100,000 keys between identical runs.
+    let jitter = 1.0;
+    let ((fixed_usage, fixed), (one_usage, one)) = (sizes[0], sizes[1]);
+    println!(
+        "\n- an in-flight key with 1 holder (1 slot) no larger than a fixed-window key: MEMORY USAGE \
+         {one_usage:.0} B <= {fixed_usage:.0} B, used_memory {one:.1} B <= {fixed:.1} B per subject \
+         (within {jitter} B of jitter): {}",
+        if one_usage <= fixed_usage && one <= fixed + jitter {
+            "met"
+        } else {
+            "NOT met"
+        }
+    );
     println!(
         "\nin-flight section: {:.0} s",
         started.elapsed().as_secs_f64()

@@ -29,6 +29,19 @@
 //!   policies in one limiter, with limits no call reaches: every decision must be an
 //!   admission. The store's `calls_sent()` over the turn gives its decisions per Redis
 //!   call, and Redis's own count of script calls (`INFO commandstats`) must agree;
+//! - redlimit with an in-flight policy (`Policy::in_flight`, a limit never reached,
+//!   slots of an hour), beside a fixed window and alone: each decision is a request,
+//!   its check, its slot taken (`Limiter::hold`, on an `Arc<Limiter>`) and the
+//!   `Permit` dropped at once, which queues the release (`Operation::Release`) to
+//!   batch with the checks. The turn waits until Redis has run every release: a
+//!   release deletes its holder's entry when its count reaches 0, and the key with
+//!   its last entry, so the turn asks `DBSIZE` (every 5 ms, on the references'
+//!   connection, inside the count: about 4,000 instructions an ask, a few asks a
+//!   turn, the report gives them) until only the other policies' keys are left. The
+//!   figure is per request (check + release), its target against the smallest
+//!   script's per decision; the check alone (no slot held, no release) beside it;
+//! - redlimit's fixed window with every task checking one hot subject: a batch reads,
+//!   decides on and writes its state once, whatever the number of its checks;
 //! - the smallest fixed-window script batched
 //!   (`benches/reference/smallest_fixed_window_batch.lua`: `TIME` once, then per key
 //!   `INCR` and `PEXPIRE` when new), B keys per call from round(16 / B) tasks, so
@@ -43,8 +56,8 @@
 //!
 //! Shorter runs (smoke tests): `REDIS_COST_DECISIONS=300 REDIS_COST_ROUNDS=1`.
 //! Needs `valgrind` (with `callgrind_control`), `redis-server` and `redis-cli`
-//! (Debian: valgrind, redis-server, redis-tools). About a minute and a half (98 s on
-//! two cores).
+//! (Debian: valgrind, redis-server, redis-tools). About a minute (54 s on two cores,
+//! every row).
 
 use redlimit::internals::{LimiterInternals, RedisStoreInternals};
 use std::future::Future;
@@ -75,6 +88,14 @@ const FIXED_BATCHES: [usize; 2] = [4, 16];
 const WINDOW: Duration = Duration::from_secs(60);
 /// Calls under callgrind are tens of times slower than natively; no call may time out.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// The in-flight policy's slot lifetime: its renewals (every third of it) never come
+/// during a run, and no slot expires.
+const SLOT_LIFETIME: Duration = Duration::from_secs(3600);
+/// How often a [`Kind::Hold`] turn asks Redis (`DBSIZE`) whether its releases have all
+/// run. Each ask is counted with the turn: a `DBSIZE` is about 4,000 instructions,
+/// and a turn asks a few times, against millions for the turn (the table's notes give
+/// the asks per turn).
+const RELEASE_POLL: Duration = Duration::from_millis(5);
 
 /// A count from the environment (for short runs), or the default.
 fn setting(name: &str, default: usize) -> usize {
@@ -86,37 +107,61 @@ fn setting(name: &str, default: usize) -> usize {
     })
 }
 
-/// A limiter's policies, and its target: instructions per decision at most this
-/// times the one-call smallest script's.
+/// A limiter's policies, what each of its turn's decisions does, and its target:
+/// instructions per decision (per request, for [`Kind::Hold`]) at most this times the
+/// one-call smallest script's per decision.
 struct Case {
     label: &'static str,
     policies: Vec<Policy>,
-    target: f64,
+    kind: Kind,
+    target: Option<f64>,
+}
+
+/// What a case's turn does with each decision.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Kind {
+    /// A check of the decision's own subject.
+    Check,
+    /// A request with an in-flight policy: the check, its slot taken
+    /// (`Limiter::hold`) and its `Permit` dropped at once, which queues the release
+    /// (`Operation::Release`) with the checks. The turn ends when Redis has run every
+    /// release: the subjects' in-flight keys are gone (a holder's entry goes when its
+    /// count reaches 0, and the key with its last entry).
+    Hold,
+    /// A check of one subject, the same for every decision of the turn: a hot subject
+    /// whose state each batch reads, decides on and writes once.
+    Hot,
 }
 
 fn cases() -> Vec<Case> {
     let p = |r: Result<Policy, PolicyError>| r.expect("a valid bench policy");
     let bucket = |name| p(Policy::token_bucket(name, 1_000_000, 1_000_000, WINDOW));
+    let fixed = || p(Policy::fixed_window("p", 1_000_000, WINDOW));
+    let in_flight = || p(Policy::in_flight("f", 1_000_000, SLOT_LIFETIME));
     vec![
         Case {
             label: "fixed window",
-            policies: vec![p(Policy::fixed_window("p", 1_000_000, WINDOW))],
-            target: 1.0,
+            policies: vec![fixed()],
+            kind: Kind::Check,
+            target: Some(1.0),
         },
         Case {
             label: "token bucket",
             policies: vec![bucket("p")],
-            target: 1.0,
+            kind: Kind::Check,
+            target: Some(1.0),
         },
         Case {
             label: "sliding window",
             policies: vec![p(Policy::sliding_window("p", 1_000_000, WINDOW))],
-            target: 1.2,
+            kind: Kind::Check,
+            target: Some(1.2),
         },
         Case {
             label: "sliding log (limit 100)",
             policies: vec![p(Policy::sliding_log("p", 100, WINDOW))],
-            target: 1.2,
+            kind: Kind::Check,
+            target: Some(1.2),
         },
         Case {
             label: "sliding window + token bucket",
@@ -124,7 +169,32 @@ fn cases() -> Vec<Case> {
                 p(Policy::sliding_window("p", 1_000_000, WINDOW)),
                 bucket("q"),
             ],
-            target: 1.6,
+            kind: Kind::Check,
+            target: Some(1.6),
+        },
+        Case {
+            label: "fixed window + in-flight, per request: its check and its release",
+            policies: vec![fixed(), in_flight()],
+            kind: Kind::Hold,
+            target: Some(2.0),
+        },
+        Case {
+            label: "fixed window + in-flight, the check alone (no slot held: no release)",
+            policies: vec![fixed(), in_flight()],
+            kind: Kind::Check,
+            target: None,
+        },
+        Case {
+            label: "in-flight alone, per request: its check and its release",
+            policies: vec![in_flight()],
+            kind: Kind::Hold,
+            target: None,
+        },
+        Case {
+            label: "fixed window, one hot subject (every task checks the same)",
+            policies: vec![fixed()],
+            kind: Kind::Hot,
+            target: None,
         },
     ]
 }
@@ -151,9 +221,13 @@ enum BatchSize {
 #[derive(Clone, Copy)]
 struct Turn {
     instructions: f64,
+    /// The store's records (a [`Kind::Hold`] request makes two: its check and its
+    /// release) per Redis call.
     decisions_per_call: f64,
     /// The keys per call of a batched turn.
     batch: usize,
+    /// The `DBSIZE` asks of a [`Kind::Hold`] turn, waiting for its releases.
+    polls: u64,
 }
 
 /// Runs `tasks` tasks that share decisions `0..n`, each taking the next `per_call`
@@ -193,7 +267,10 @@ struct Bench {
     conn: MultiplexedConnection,
     /// One store for every limiter (clones share its connection and its counters).
     store: RedisStore,
-    limiters: Vec<Limiter<RedisStore>>,
+    limiters: Vec<Arc<Limiter<RedisStore>>>,
+    kinds: Vec<Kind>,
+    /// The `DBSIZE` asks of the last [`Kind::Hold`] turn.
+    polls: AtomicU64,
     /// Decision d's subject, and the key the smallest scripts use for it: the key
     /// redlimit's fixed window keeps that subject's state under.
     subjects: Arc<Vec<Subject>>,
@@ -250,14 +327,17 @@ impl Bench {
             .timeout(CALL_TIMEOUT)
             .max_pipelined(env_usize("REDLIMIT_MAX_PIPELINED", 2))
             .max_batch(env_usize("REDLIMIT_MAX_BATCH", 32));
-        let limiters: Vec<Limiter<RedisStore>> = cases()
+        let kinds = cases().iter().map(|case| case.kind).collect();
+        let limiters: Vec<Arc<Limiter<RedisStore>>> = cases()
             .into_iter()
             .map(|case| {
-                case.policies
+                let limiter = case
+                    .policies
                     .into_iter()
                     .fold(Limiter::builder(store.clone()), |l, p| l.policy(p))
                     .build()
-                    .expect("policies named apart")
+                    .expect("policies named apart");
+                Arc::new(limiter)
             })
             .collect();
         let stride = (SUBJECTS / decisions).max(1);
@@ -276,6 +356,8 @@ impl Bench {
             conn,
             store,
             limiters,
+            kinds,
+            polls: AtomicU64::new(0),
             subjects: Arc::new(subjects),
             keys: Arc::new(keys),
             smallest,
@@ -311,15 +393,34 @@ impl Bench {
                 .await
             }
             Contender::Store(case) => {
-                let (limiter, subjects) = (self.limiters[case].clone(), Arc::clone(&self.subjects));
-                share(TASKS, n, 1, move |d| {
-                    let check = limiter.check(subjects[d.start].clone(), 1);
+                let (limiter, subjects) =
+                    (Arc::clone(&self.limiters[case]), Arc::clone(&self.subjects));
+                let kind = self.kinds[case];
+                let hot = Subject::new("hot");
+                let calls = share(TASKS, n, 1, move |d| {
+                    let limiter = Arc::clone(&limiter);
+                    let subject = match kind {
+                        Kind::Hot => hot.clone(),
+                        Kind::Check | Kind::Hold => subjects[d.start].clone(),
+                    };
                     async move {
-                        let decision = check.await.expect("a store call");
+                        let decision = limiter
+                            .check(subject.clone(), 1)
+                            .await
+                            .expect("a store call");
                         assert!(decision.is_allowed(), "every decision is an admission");
+                        if kind == Kind::Hold {
+                            // Dropped at once: the release queues.
+                            let permit = limiter.hold(subject, &decision);
+                            assert!(permit.is_some(), "an admission takes a slot");
+                        }
                     }
                 })
-                .await
+                .await;
+                if kind == Kind::Hold {
+                    self.released(case, n).await;
+                }
+                calls
             }
             Contender::Batch(_) => {
                 let (conn, script, keys) = (
@@ -353,14 +454,59 @@ impl Bench {
         }
     }
 
+    /// Waits until Redis has run the release of every decision `0..n` of case `case`
+    /// (a [`Kind::Hold`] turn's): until its in-flight keys are gone, and only its
+    /// other policies' keys are left, one per subject and policy (`DBSIZE`, every
+    /// [`RELEASE_POLL`]). The asks are kept in `polls`.
+    async fn released(&self, case: usize, n: usize) {
+        let policies = self.limiters[case].policy_set().policies();
+        let others = policies
+            .iter()
+            .filter(|p| p.algorithm() != redlimit::Algorithm::InFlight)
+            .count();
+        let subjects: std::collections::HashSet<&Subject> = self.subjects[..n].iter().collect();
+        let expected = subjects.len() * others;
+        let mut conn = self.conn.clone();
+        let (mut polls, mut last, mut since) = (0, usize::MAX, Instant::now());
+        loop {
+            let keys: usize = redis::cmd("DBSIZE")
+                .query_async(&mut conn)
+                .await
+                .expect("DBSIZE");
+            polls += 1;
+            if keys == expected {
+                break;
+            }
+            assert!(
+                keys > expected,
+                "{keys} keys, fewer than the {expected} the checks leave"
+            );
+            if keys != last {
+                (last, since) = (keys, Instant::now());
+            }
+            assert!(
+                since.elapsed() < CALL_TIMEOUT,
+                "the releases stopped: {keys} keys left, {expected} expected"
+            );
+            tokio::time::sleep(RELEASE_POLL).await;
+        }
+        self.polls.store(polls, Ordering::Relaxed);
+    }
+
     /// One measured turn of `contender`.
     fn measure(&self, contender: Contender, batch: usize) -> Turn {
         let (sent, failed) = (self.store.calls_sent(), self.store.calls_failed());
+        self.polls.store(0, Ordering::Relaxed);
         let n = self.decisions;
         let (total, calls) = self
             .server
             .instructions(|| self.rt.block_on(self.turn(contender, batch, n)));
         let redis_calls = self.server.script_calls();
+        let polls = self.polls.swap(0, Ordering::Relaxed);
+        let records = match contender {
+            Contender::Store(case) if self.kinds[case] == Kind::Hold => 2 * n,
+            _ => n,
+        };
         let calls = match contender {
             Contender::Store(_) => {
                 assert_eq!(self.store.calls_failed(), failed, "store calls failed");
@@ -379,8 +525,9 @@ impl Bench {
         };
         Turn {
             instructions: total as f64 / n as f64,
-            decisions_per_call: n as f64 / calls as f64,
+            decisions_per_call: records as f64 / calls as f64,
             batch,
+            polls,
         }
     }
 }
@@ -514,14 +661,22 @@ fn report(
          Decisions per Redis call: the store's `calls_sent()` over the turn (Redis's own count \
          of script calls agrees), the batched script's keys per call. The batched script at \
          redlimit's B runs right after redlimit's fixed window, with B its decisions per call \
-         rounded (at least 1), from round({TASKS} / B) tasks.",
+         rounded (at least 1), from round({TASKS} / B) tasks. In-flight rows (a fixed window and \
+         an in-flight policy, or the in-flight policy alone, limits never reached, slots of an \
+         hour): each decision is a request, its check, its slot taken (`Limiter::hold`) and its \
+         `Permit` dropped at once, whose release (`Operation::Release`) queues and batches with \
+         the checks; the turn ends when Redis has run every release (its in-flight keys gone: \
+         `DBSIZE` asked every {} ms, counted with the turn), its figure per request (check + \
+         release) and its records (checks and releases) per Redis call. The hot subject's row: \
+         every decision of the turn checks one subject (its key created once).",
         version,
         thousands(decisions as f64),
         thousands(SUBJECTS as f64),
         count(rounds, "round"),
+        RELEASE_POLL.as_millis(),
     );
     println!();
-    println!("| contender | decisions per Redis call | Redis instructions per decision | range over rounds | / one-call smallest script | target | met |");
+    println!("| contender | decisions (records) per Redis call | Redis instructions per decision (request) | range over rounds | / one-call smallest script | target | met |");
     println!("|---|---|---|---|---|---|---|");
     let line = |label: String, of: &[Turn], target: Option<f64>| {
         let r = ratio(of, reference);
@@ -554,7 +709,7 @@ fn report(
         line(
             format!("redlimit `Limiter::check`, {}", case.label),
             turns(Contender::Store(i)),
-            Some(case.target),
+            case.target,
         );
     }
     let as_store = turns(Contender::Batch(BatchSize::AsStore));
@@ -584,6 +739,43 @@ fn report(
          this design is 1.00x): {:.2}x",
         ratio(turns(Contender::Store(0)), as_store)
     );
+    for (i, case) in cases.iter().enumerate() {
+        let of = turns(Contender::Store(i));
+        match case.kind {
+            Kind::Hold => println!(
+                "- {}: {} instructions per request / {} per decision of the one-call smallest \
+                 script = {:.2}x{}; {:.2} records per Redis call; `DBSIZE` asks per turn, \
+                 waiting for the releases: {}",
+                case.label,
+                thousands(median_of(of, |t| t.instructions)),
+                thousands(median_of(reference, |t| t.instructions)),
+                ratio(of, reference),
+                case.target.map_or(String::new(), |t| format!(
+                    " (target <= {t:.1}x: {})",
+                    if ratio(of, reference) <= t {
+                        "met"
+                    } else {
+                        "NOT met"
+                    }
+                )),
+                median_of(of, |t| t.decisions_per_call),
+                of.iter()
+                    .map(|t| t.polls.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
+            Kind::Hot => println!(
+                "- {}: {} instructions per decision, {:.2} decisions per Redis call; the \
+                 fixed window on distinct subjects, same rounds: {} per decision, {:.2} per call",
+                case.label,
+                thousands(median_of(of, |t| t.instructions)),
+                median_of(of, |t| t.decisions_per_call),
+                thousands(median_of(turns(Contender::Store(0)), |t| t.instructions)),
+                median_of(turns(Contender::Store(0)), |t| t.decisions_per_call),
+            ),
+            Kind::Check => {}
+        }
+    }
 }
 
 /// A store setting from the environment, to measure other settings than the

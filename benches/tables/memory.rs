@@ -1,4 +1,6 @@
-//! Redis memory per subject for each algorithm beside the common layouts.
+//! Redis memory per subject for each algorithm beside the common layouts, and an
+//! in-flight policy's state (one holder with one slot: the state of a subject with
+//! one request running, on one instance) beside our fixed window's.
 
 use crate::helpers::*;
 use crate::support::RedisServer;
@@ -129,7 +131,8 @@ struct Row {
     subjects: usize,
     common_subjects: usize,
     ours: Figure,
-    common: Figure,
+    /// `None` where no common layout is measured (in flight).
+    common: Option<Figure>,
     common_layout: &'static str,
 }
 
@@ -140,6 +143,7 @@ pub(crate) async fn run(server: &RedisServer) {
     let sliding = Policy::sliding_window("api", 1_000, minute).expect("policy");
     let bucket = Policy::token_bucket("api", 1_000, 1_000, minute).expect("policy");
     let log = Policy::sliding_log("api", 1_000, minute).expect("policy");
+    let in_flight = Policy::in_flight("api", 1_000, minute).expect("policy");
 
     let mut rows = Vec::new();
     for (policy, label_one, label_two) in [
@@ -162,7 +166,7 @@ pub(crate) async fn run(server: &RedisServer) {
             subjects: SUBJECTS,
             common_subjects: SUBJECTS,
             ours: ours[0],
-            common: common[0],
+            common: Some(common[0]),
             common_layout: layout,
         });
         rows.push(Row {
@@ -170,7 +174,7 @@ pub(crate) async fn run(server: &RedisServer) {
             subjects: SUBJECTS,
             common_subjects: SUBJECTS,
             ours: ours[1],
-            common: common[1],
+            common: Some(common[1]),
             common_layout: layout,
         });
         eprintln!(
@@ -186,7 +190,7 @@ pub(crate) async fn run(server: &RedisServer) {
         subjects: SUBJECTS,
         common_subjects: SUBJECTS,
         ours: ours[0],
-        common: common[0],
+        common: Some(common[0]),
         common_layout: reference::name(Algorithm::TokenBucket),
     });
     eprintln!(
@@ -205,11 +209,27 @@ pub(crate) async fn run(server: &RedisServer) {
         subjects: LOG_SUBJECTS,
         common_subjects: COMMON_LOG_SUBJECTS,
         ours: ours[0],
-        common: common[0],
+        common: Some(common[0]),
         common_layout: reference::name(Algorithm::SlidingLog),
     });
     eprintln!(
         "memory: sliding log done at {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    // In flight: each subject checked once and its slot left held (no `Permit` takes
+    // it, no release comes), so its state holds one holder (this limiter) with one
+    // slot until the slot lifetime (a minute) ends.
+    let ours = measure(server, Layout::Ours, &in_flight, 1, SUBJECTS, 1).await;
+    rows.push(Row {
+        label: "in-flight, 1 holder with 1 slot",
+        subjects: SUBJECTS,
+        common_subjects: 0,
+        ours: ours[0],
+        common: None,
+        common_layout: "—",
+    });
+    eprintln!(
+        "memory: in flight done at {:.0} s",
         started.elapsed().as_secs_f64()
     );
     report(&rows);
@@ -222,23 +242,30 @@ fn report(rows: &[Row]) {
     println!(
         "`used_memory` delta / subjects, one policy per subject at 1000 per minute, `FLUSHALL` between \
          measurements; keys named `rl:{{<12-digit subject>}}:<set tag>:api:<code>` for both layouts (the common's \
-         window scripts append the window number)."
+         window scripts append the window number). In flight (1000 slots of a minute): one check per subject, its slot never released, \
+         beside no common layout (the target: no more than our fixed window)."
     );
     println!();
     println!("| state | subjects | redlimit B/subject | keys/subject | common layout | subjects | B/subject | keys/subject | redlimit / common's |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for r in rows {
+        let common = match r.common {
+            Some(c) => format!(
+                "{} | {:.1} | {:.0} | {:.2}x",
+                thousands(r.common_subjects as f64),
+                c.bytes,
+                c.keys,
+                r.ours.bytes / c.bytes
+            ),
+            None => "— | — | — | —".to_owned(),
+        };
         println!(
-            "| {} | {} | {:.1} | {:.0} | {} | {} | {:.1} | {:.0} | {:.2}x |",
+            "| {} | {} | {:.1} | {:.0} | {} | {common} |",
             r.label,
             thousands(r.subjects as f64),
             r.ours.bytes,
             r.ours.keys,
             r.common_layout,
-            thousands(r.common_subjects as f64),
-            r.common.bytes,
-            r.common.keys,
-            r.ours.bytes / r.common.bytes,
         );
     }
     let find = |label: &str| {
@@ -250,6 +277,7 @@ fn report(rows: &[Row]) {
     let sliding = find("sliding window, one").ours.bytes;
     let bucket = find("token bucket").ours.bytes;
     let log = find("sliding log").ours.bytes;
+    let in_flight = find("in-flight").ours.bytes;
     println!();
     println!("### Targets");
     println!();
@@ -268,7 +296,11 @@ fn report(rows: &[Row]) {
         thousands(log),
         met(log < 8_500.0),
         log / 1_000.0,
-        find("sliding log").common.bytes / 1_000.0
+        find("sliding log").common.map_or(f64::NAN, |c| c.bytes) / 1_000.0
+    );
+    println!(
+        "- in-flight, 1 holder with 1 slot {in_flight:.1} B <= fixed window {fixed:.1} B (within {jitter} B of jitter): {}",
+        met(in_flight <= fixed + jitter)
     );
 
     println!();
@@ -303,11 +335,12 @@ fn report(rows: &[Row]) {
         ("sliding log (full)", "sliding log", "87,913.5"),
     ] {
         let r = find(row);
+        let common = r.common.expect("a common layout");
         println!(
             "| {label} | {doc} | {} | {} | {:.2}x |",
-            mb(r.common.bytes),
+            mb(common.bytes),
             mb(r.ours.bytes),
-            r.ours.bytes / r.common.bytes
+            r.ours.bytes / common.bytes
         );
     }
 }
