@@ -168,18 +168,20 @@ end
 if not A then
   scratch()
 end
+-- The records' bytes, read out once (string.byte is a call a byte).
+local rec = { byte(records, 1, size) }
 local raws, reply, r, k0 = call("MGET", unpacked(KEYS)), { nil, nil, nil, nil, nil, nil, nil, nil }, 0, 0
 local pos, j, keeps = 1, 0, not timed
 while pos <= size do
   local op = OP_CHECK
   if ops then
-    op = sub(records, pos, pos)
-    if not (op == OP_CHECK or op == OP_PEEK or op == OP_REFUND or op == OP_CHARGE or op == OP_RELEASE or op == OP_RENEW) then
-      return redis.error_reply(fmt(bad_record, j + 1, fmt("has no operation of the batch's (%q)", op)))
+    op = OP_OF[rec[pos]]
+    if not op then
+      return redis.error_reply(fmt(bad_record, j + 1, fmt("has no operation of the batch's (%q)", char(rec[pos]))))
     end
     pos = pos + 1
   end
-  local set = sets[byte(records, pos) or 0]
+  local set = sets[rec[pos] or 0]
   local cost, at, fine = 1, now, true
   if per > 0 then
     cost, at, fine = cost_and_time(j)
@@ -190,15 +192,15 @@ while pos <= size do
   local p = set.n
   if map then
     for i = 1, p do
-      local k = byte(records, pos + i)
+      local k = rec[pos + i]
       if not k or k < 1 or k > nkeys then
         return redis.error_reply(fmt(bad_record, j + 1, "names a key it has not"))
       end
     end
     if p == 1 and op == OP_CHECK then
-      r = check_slot(set, byte(records, pos + 1), cost, at, reply, r, raws, keeps)
+      r = check_slot(set, rec[pos + 1], cost, at, reply, r, raws, keeps)
     else
-      r = run(op, set, records, pos + 1, cost, at, reply, r, raws, keeps)
+      r = run(op, set, rec, pos + 1, cost, at, reply, r, raws, keeps)
     end
   else
     r = run(op, set, nil, k0, cost, at, reply, r, raws, keeps)

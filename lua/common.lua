@@ -44,11 +44,17 @@ local READ, STEP, WRITE = {}, {}, {}
 -- that finds them unset (once per loaded library; every call of a script).
 local fmod, floor, min, max, fmt, byte, sub, find, rep, gmatch, char
 local pack, sunpack, call, tonum, unpacked
+-- The batchable operations by their letter's byte (a batch's records name them so).
+local OP_OF
 local function init()
   fmod, floor, min, max = math.fmod, math.floor, math.min, math.max
   fmt, byte, sub, find, rep = string.format, string.byte, string.sub, string.find, string.rep
   gmatch, char = string.gmatch, string.char
   pack, sunpack, call, tonum, unpacked = struct.pack, struct.unpack, redis.call, tonumber, unpack
+  OP_OF = {}
+  for _, op in ipairs({ OP_CHECK, OP_PEEK, OP_REFUND, OP_CHARGE, OP_RELEASE, OP_RENEW }) do
+    OP_OF[byte(op)] = op
+  end
 end
 
 -- Floor division of non-negative integers, exact: fmod is exact in IEEE
@@ -86,18 +92,20 @@ local function int(n)
 end
 
 -- A TTL in ms (at least 1) as the text SET takes: a number passed to redis.call is
--- formatted with "%.17g", and a batch's checks on one clock mostly set the same
--- TTL, so the last one is kept (the writers compare with LAST_TTL before they
--- call this).
-local LAST_TTL, LAST_TTL_TEXT = -1, ""
+-- formatted with "%.17g", and a call's writes on one clock mostly set the same few
+-- TTLs (one a policy), so the last two are kept.
+local TTL_A, TTL_A_TEXT, TTL_B, TTL_B_TEXT = -1, "", -1, ""
 local function ttl_text(ms)
+  if ms == TTL_A then
+    return TTL_A_TEXT
+  elseif ms == TTL_B then
+    return TTL_B_TEXT
+  end
   if ms < 1 then
     ms = 1
   end
-  if ms ~= LAST_TTL then
-    LAST_TTL, LAST_TTL_TEXT = ms, int(ms)
-  end
-  return LAST_TTL_TEXT
+  TTL_B, TTL_B_TEXT, TTL_A, TTL_A_TEXT = TTL_A, TTL_A_TEXT, ms, int(ms)
+  return TTL_A_TEXT
 end
 
 -- Redis TIME in ms: its two fields are always digits.

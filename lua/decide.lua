@@ -76,8 +76,9 @@ end
 -- of it uses them.
 local A, B, C, KEEP, SEEN, DIRTY, WMODE, WFN, WN, WNOW
 local CALL = 0
--- A check's per-policy results until every policy is decided (all or nothing).
-local OK, NA, NB, NC, KEEPS, REMAINING, RESET, RETRY
+-- A check's per-policy results until every policy is decided (all or nothing), and
+-- each policy's slot.
+local OK, NA, NB, NC, KEEPS, REMAINING, RESET, RETRY, SLOT
 
 -- What a call of one set, one key or one outcome uses in place of a new table (the
 -- function library keeps them; a script makes them on every call).
@@ -85,7 +86,7 @@ local ONE_SET, ONE_RAW, ONE_REPLY = {}, {}, {}
 
 local function scratch()
   A, B, C, KEEP, SEEN, DIRTY, WMODE, WFN, WN, WNOW = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
-  OK, NA, NB, NC, KEEPS, REMAINING, RESET, RETRY = {}, {}, {}, {}, {}, {}, {}, {}
+  OK, NA, NB, NC, KEEPS, REMAINING, RESET, RETRY, SLOT = {}, {}, {}, {}, {}, {}, {}, {}, {}
 end
 
 -- Marks slot k for writing with `mode` at `now`, by the policy at b of set.
@@ -106,7 +107,7 @@ local function load(set, map, at, raws, keeps)
     scratch()
   end
   for i = 1, set.n do
-    local k = map and byte(map, at + i - 1) or at + i
+    local k = map and map[at + i - 1] or at + i
     if SEEN[k] ~= CALL then
       SEEN[k] = CALL
       -- Never nil in these tables: Lua 5.1 makes a key for a nil it stores, and drops
@@ -122,6 +123,9 @@ end
 -- and mark in place (their calls are a visible share of a decision that finds its
 -- state already read).
 local function check_slot(set, k, cost, now, reply, r, raws, keeps)
+  if not A then
+    scratch()
+  end
   if SEEN[k] ~= CALL then
     SEEN[k] = CALL
     local a, b, c, keep = set[SET_READ](raws[k])
@@ -151,7 +155,7 @@ local function check_slot(set, k, cost, now, reply, r, raws, keeps)
 end
 
 -- Runs operation `op` of `cost` at `now` on the policies of `set` for one subject:
--- policy i's key is at slot byte(map, at + i - 1), or at + i without a map. Reads
+-- policy i's key is at slot map[at + i - 1] (a record's bytes), or at + i without a map. Reads
 -- each slot's state the first time the call meets it (raws: what the call's read
 -- returned, by slot). A check decides every policy before it changes any state,
 -- and changes policy i only if it admits and every enforced (non-shadow) policy
@@ -165,21 +169,35 @@ end
 -- policy takes its holder where the others take the cost. Appends each policy's outcome to reply after r; returns the new end.
 local function run(op, set, map, at, cost, now, reply, r, raws, keeps)
   local n = set.n
-  if n == 1 and op == OP_CHECK and A then
-    return check_slot(set, map and byte(map, at) or at + 1, cost, now, reply, r, raws, keeps)
+  if n == 1 and op == OP_CHECK then
+    return check_slot(set, map and map[at] or at + 1, cost, now, reply, r, raws, keeps)
   end
-  load(set, map, at, raws, keeps)
+  if not A then
+    scratch()
+  end
+  -- Each policy's slot, its state read the first time the call meets it (load, in
+  -- place).
+  for i = 1, n do
+    local k = map and map[at + i - 1] or at + i
+    SLOT[i] = k
+    if SEEN[k] ~= CALL then
+      SEEN[k] = CALL
+      local a, b, c, keep = set[SET_FIELDS * (i - 1) + SET_READ](raws[k])
+      A[k], B[k], C[k], KEEP[k] = a or false, b or false, c or false, keeps and keep or false
+    end
+  end
   local asked, check = cost, op == OP_CHECK
   if not check and op ~= OP_PEEK then
     for i = 1, n do
       local b = SET_FIELDS * (i - 1)
-      local k = map and byte(map, at + i - 1) or at + i
+      local k = SLOT[i]
       local arg, code = set[b + SET_ARG], set[b + SET_CODE]
       if op == OP_RELEASE or op == OP_RENEW then
         if code == ALG_IN_FLIGHT then
           local held = IN_FLIGHT_HOLD(op, set[b + SET_N], now, cost, arg, A[k]) or false
           if held ~= A[k] then
-            A[k] = held
+            -- The state changed: what a check of it left beside it no longer holds.
+            A[k], B[k], C[k] = held, false, false
             mark(k, WRITE_TTL, set, b, now)
           end
         end
@@ -206,7 +224,7 @@ local function run(op, set, map, at, cost, now, reply, r, raws, keeps)
   local all = true
   for i = 1, n do
     local b = SET_FIELDS * (i - 1)
-    local k = map and byte(map, at + i - 1) or at + i
+    local k = SLOT[i]
     local arg = set[b + SET_ARG]
     local units = asked
     if arg then
@@ -214,27 +232,38 @@ local function run(op, set, map, at, cost, now, reply, r, raws, keeps)
     end
     local allowed, remaining, reset, retry, a, bb, c =
       set[b + SET_STEP](set[b + SET_LIMIT], set[b + SET_N], now, units, A[k], B[k], C[k], not check)
-    r = put(reply, r, allowed, remaining, reset, retry)
+    if allowed and remaining < PACK_REMAINING_LIMIT and reset < PACK_RESET_LIMIT then
+      -- put's common case, in place.
+      r = r + 1
+      reply[r] = (reset * PACK_REMAINING_LIMIT + remaining) * 2 + 1
+    else
+      r = put(reply, r, allowed, remaining, reset, retry)
+    end
     if check then
-      if n == 1 then
-        if allowed then
-          A[k], B[k], C[k] = a or false, bb or false, c or false
-          mark(k, WRITE_CHECK, set, b, now)
+      if allowed then
+        NA[i], NB[i], NC[i] = a, bb or false, c or false
+      else
+        NA[i] = false
+        if not set[b + SET_SHADOW] then
+          all = false
         end
-        return r
-      end
-      OK[i], NA[i], NB[i], NC[i] = allowed, a or false, bb or false, c or false
-      if not allowed and not set[b + SET_SHADOW] then
-        all = false
       end
     end
   end
   if check and all then
+    -- Every admitted policy's new state is a value (a denied one's is false).
     for i = 1, n do
-      if OK[i] then
-        local k = map and byte(map, at + i - 1) or at + i
-        A[k], B[k], C[k] = NA[i], NB[i], NC[i]
-        mark(k, WRITE_CHECK, set, SET_FIELDS * (i - 1), now)
+      local a = NA[i]
+      if a then
+        local k, b = SLOT[i], SET_FIELDS * (i - 1)
+        A[k], B[k], C[k] = a, NB[i], NC[i]
+        -- mark(k, WRITE_CHECK, ..), in place.
+        if DIRTY[k] ~= CALL then
+          DIRTY[k], WMODE[k] = CALL, WRITE_CHECK
+        elseif WMODE[k] < WRITE_CHECK then
+          WMODE[k] = WRITE_CHECK
+        end
+        WFN[k], WN[k], WNOW[k] = set[b + SET_WRITE], set[b + SET_N], now
       end
     end
   end

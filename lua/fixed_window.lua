@@ -53,7 +53,7 @@ local function fixed_window_write(key, w, now, idx, count, _, keep)
     call("SET", key, raw, "KEEPTTL")
   else
     local ttl = (idx + 1) * w - now
-    call("SET", key, raw, "PX", ttl == LAST_TTL and LAST_TTL_TEXT or ttl_text(ttl))
+    call("SET", key, raw, "PX", ttl_text(ttl))
   end
 end
 

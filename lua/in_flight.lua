@@ -192,16 +192,21 @@ local function in_flight_step(limit, ttl, now, holder, raw, _, _, peek)
       nxt = head .. sub(raw, IF_HEADER + 1) .. holder .. pack(">I4I7", 1, e)
     end
   end
-  return true, limit - total - 1, ttl, 0, nxt
+  -- The latest expiry (this holder's) beside the state: its write needs it.
+  return true, limit - total - 1, ttl, 0, nxt, e
 end
 
--- Kept until its last entry stops counting; no entry left, no key.
-local function in_flight_write(key, _, now, raw)
+-- Kept until its last entry stops counting (`latest`, when the step that made the
+-- state knew it); no entry left, no key.
+local function in_flight_write(key, _, now, raw, latest)
   if not raw then
     call("DEL", key)
     return
   end
-  local _, _, latest = in_flight_header(raw)
+  if not latest then
+    local _
+    _, _, latest = in_flight_header(raw)
+  end
   call("SET", key, raw, "PX", ttl_text(latest - now))
 end
 

@@ -8,7 +8,23 @@
 -- Returns the new state (nil when nothing is left); a release of one slot of many
 -- rewrites the holder's count in place, as a check does.
 IN_FLIGHT_HOLD = function(op, ttl, now, held, holder, raw)
-  if op == OP_RELEASE and raw and #raw > 12 then
+  if raw and #raw == 12 then
+    -- One holder with one slot, alive and from this clock: its release leaves
+    -- nothing; its renewal, the same form with the new expiry; another holder's
+    -- release changes nothing.
+    local e = sunpack(">I6", raw, 7)
+    if e > now and e <= now + ttl then
+      local mine = sub(raw, 1, 6) == holder
+      if op == OP_RELEASE then
+        if mine then
+          return nil
+        end
+        return raw
+      elseif mine and held == 1 and now + ttl < WIDE_AT then
+        return holder .. pack(">I6", now + ttl)
+      end
+    end
+  elseif op == OP_RELEASE and raw then
     local total, soonest, latest = sunpack(">I4I7I7", raw)
     if soonest > now and latest <= now + ttl then
       local at = in_flight_find(raw, holder)

@@ -100,7 +100,7 @@ local function sliding_window_write(key, w, now, idx, prev, cur, keep)
     call("SET", key, raw, "KEEPTTL")
   else
     local ttl = (idx + 2) * w - now
-    call("SET", key, raw, "PX", ttl == LAST_TTL and LAST_TTL_TEXT or ttl_text(ttl))
+    call("SET", key, raw, "PX", ttl_text(ttl))
   end
 end
 

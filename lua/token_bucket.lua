@@ -67,7 +67,7 @@ local function token_bucket_write(key, _, now, tat, _, _, keep)
     if ttl * 1000 < ahead then
       ttl = ttl + 1
     end
-    call("SET", key, LAST_TAT_TEXT, "PX", ttl == LAST_TTL and LAST_TTL_TEXT or ttl_text(ttl))
+    call("SET", key, LAST_TAT_TEXT, "PX", ttl_text(ttl))
   end
 end
 

@@ -37,6 +37,10 @@ pub struct PolicySet {
     /// Whether some policy counts another subject than the key (named or global):
     /// the stores then keep a counter per scope and subject.
     scoped: bool,
+    /// The in-flight policies, and where each stands in `policies`: what a holder's
+    /// release or renewal changes and answers for (empty: none).
+    held: Arc<[Policy]>,
+    held_at: Arc<[usize]>,
 }
 
 /// Hex digits of the fingerprint in Redis keys: 48 bits, so two sets of one
@@ -87,6 +91,7 @@ impl PolicySet {
             }
         }
         let scoped = policies.iter().any(|p| !p.scope().is_key());
+        let (held, held_at) = held_of(&policies);
         Self {
             max_cost: max_cost(&policies),
             policies: policies.into(),
@@ -94,6 +99,8 @@ impl PolicySet {
             key_tag: format!("{:012x}", fingerprint >> (64 - 4 * KEY_TAG_DIGITS)).into(),
             scopes: scopes.into(),
             scoped,
+            held,
+            held_at,
         }
     }
 
@@ -108,6 +115,7 @@ impl PolicySet {
                 policies[i] = changed;
             }
         }
+        let (held, held_at) = held_of(&policies);
         Self {
             max_cost: max_cost(&policies),
             policies: policies.into(),
@@ -115,7 +123,15 @@ impl PolicySet {
             key_tag: self.key_tag.clone(),
             scopes: Arc::clone(&self.scopes),
             scoped: self.scoped,
+            held,
+            held_at,
         }
+    }
+
+    /// The in-flight policies, what a holder's release or renewal changes and answers
+    /// for, and where each stands among [`PolicySet::policies`].
+    pub(crate) fn held(&self) -> (&Arc<[Policy]>, &[usize]) {
+        (&self.held, &self.held_at)
     }
 
     /// The named scopes a check's subject must carry, in the order first named.
@@ -167,6 +183,15 @@ impl PolicySet {
     pub fn max_cost(&self) -> u64 {
         self.max_cost
     }
+}
+
+/// The in-flight policies of `policies`, and their places.
+fn held_of(policies: &[Policy]) -> (Arc<[Policy]>, Arc<[usize]>) {
+    let at: Vec<usize> = (0..policies.len())
+        .filter(|&i| policies[i].is_in_flight())
+        .collect();
+    let held = at.iter().map(|&i| policies[i].clone()).collect();
+    (held, at.into())
 }
 
 /// The largest cost every policy of `policies` could admit (0 when there are none);
@@ -279,10 +304,11 @@ pub enum Operation {
     /// there is none.
     Charge,
     /// In-flight policies only: one of this instance's requests ended, so its entry
-    /// counts one fewer; then answer as a peek of 1. Rate policies are untouched.
+    /// counts one fewer; then answer as a peek of 1 of the in-flight policies alone
+    /// (the decision is over them: rate policies are neither read nor answered).
     Release,
     /// In-flight policies only: this instance's entry counts `cost` requests (what it
-    /// holds, 0 included) for another slot lifetime; then answer as a peek of 1.
+    /// holds, 0 included) for another slot lifetime; then answer as a release does.
     Renew,
 }
 

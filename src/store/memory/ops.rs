@@ -79,9 +79,9 @@ impl MemoryStore {
             drop(shard);
             let mut states: SmallVec<[Option<State>; 1]> =
                 SmallVec::from_elem(None, policies.len());
-            return apply(op, policies, &mut states, now, cost).0;
+            return apply(op, set, &mut states, now, cost).0;
         };
-        let (decision, keep) = apply(op, policies, entry.states.as_mut_slice(), now, cost);
+        let (decision, keep) = apply(op, set, entry.states.as_mut_slice(), now, cost);
         entry.keep(now, keep);
         decision
     }
@@ -115,7 +115,7 @@ impl MemoryStore {
             }
         }
         let before = states.clone();
-        let (decision, keep) = apply(op, policies, &mut states, now, cost);
+        let (decision, keep) = apply(op, set, &mut states, now, cost);
         for group in &groups {
             let changed = group.policies.iter().any(|&i| states[i] != before[i]);
             if !changed {
@@ -180,17 +180,23 @@ fn decide_many(entry: &mut Entry, policies: &Arc<[Policy]>, now: u64, cost: u64)
 /// entries alike.
 fn apply(
     op: Operation,
-    policies: &Arc<[Policy]>,
+    set: &PolicySet,
     states: &mut [Option<State>],
     now: u64,
     cost: u64,
 ) -> (Decision, Option<u64>) {
+    let policies = set.policies();
     if let Some(change) = hold_of(op, cost) {
         let mut keep = None;
         for (policy, state) in policies.iter().zip(states.iter_mut()) {
             keep = keep.max(algorithm::hold(policy, state, now, change));
         }
-        return (peek(policies, states, now, 1), keep);
+        // A holder's change answers for the in-flight policies alone.
+        let (held, at) = set.held();
+        return (
+            peek(held, at.iter().map(|&i| states[i].as_ref()), now, 1),
+            keep,
+        );
     }
     match op {
         Operation::Check => {
@@ -205,7 +211,10 @@ fn apply(
                     keep = keep.max(ttl);
                 }
             }
-            (peek(policies, states, now, 1), Some(keep))
+            (
+                peek(policies, states.iter().map(Option::as_ref), now, 1),
+                Some(keep),
+            )
         }
         Operation::Refund => {
             for (policy, state) in policies.iter().zip(states.iter_mut()) {
@@ -213,10 +222,16 @@ fn apply(
                     *state = Some(next);
                 }
             }
-            (peek(policies, states, now, cost), None)
+            (
+                peek(policies, states.iter().map(Option::as_ref), now, cost),
+                None,
+            )
         }
         // A peek, or a reset's answer on the fresh state its caller left.
-        _ => (peek(policies, states, now, cost), None),
+        _ => (
+            peek(policies, states.iter().map(Option::as_ref), now, cost),
+            None,
+        ),
     }
 }
 
@@ -263,12 +278,18 @@ fn hold_of(op: Operation, cost: u64) -> Option<Hold> {
     }
 }
 
-/// The decision a check would make on `states`, changing nothing.
-fn peek(policies: &Arc<[Policy]>, states: &[Option<State>], now: u64, cost: u64) -> Decision {
+/// The decision a check would make on `states` (one a policy, in order), changing
+/// nothing.
+fn peek<'s>(
+    policies: &Arc<[Policy]>,
+    states: impl Iterator<Item = Option<&'s State>>,
+    now: u64,
+    cost: u64,
+) -> Decision {
     let outcomes: Arc<[_]> = policies
         .iter()
         .zip(states)
-        .map(|(policy, state)| algorithm::decide(policy, state.as_ref(), now, cost).outcome)
+        .map(|(policy, state)| algorithm::decide(policy, state, now, cost).outcome)
         .collect();
     Decision::from_outcomes(policies, outcomes.iter().copied(), cost).with_each(outcomes)
 }

@@ -93,7 +93,17 @@ impl RedisStore {
             Operation::Charge => algorithm::charge_units(set.policies(), cost),
             _ => cost,
         };
-        self.call(subject, set, cost, Run(op))
+        let mut call = self.call(subject, set, cost, Run(op));
+        if matches!(op, Operation::Release | Operation::Renew) {
+            // A holder's change names its in-flight policies' keys alone, and is
+            // answered for them alone: the rate policies' states are not read.
+            let (held, at) = set.held();
+            call.policies = Arc::clone(held);
+            call.own_keys = call
+                .own_keys
+                .map(|keys| at.iter().map(|&i| keys[i].clone()).collect());
+        }
+        call
     }
 
     /// Sends `call` on the store's connection within the timeout (see
