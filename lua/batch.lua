@@ -138,27 +138,52 @@ if size == 0 then
   end
   return reply
 end
-if not (map or ops) then
-  -- Checks of several sets, each naming its own keys: written at once, so every
-  -- record is checked first.
-  local needed, j = 0, 0
-  for pos = 1, size do
-    local set = sets[byte(records, pos)]
-    local _, _, fine = cost_and_time(j)
+if not map then
+  -- Records each naming its own keys: a check's written at once (check_once), any
+  -- other operation's as soon as it ran, so every record is checked first.
+  local needed, j, pos = 0, 0, 1
+  while pos <= size do
+    if ops then
+      if not OP_OF[byte(records, pos)] then
+        return redis.error_reply(fmt(bad_record, j + 1, fmt("has no operation of the batch's (%q)", sub(records, pos, pos))))
+      end
+      pos = pos + 1
+    end
+    local set = sets[byte(records, pos) or 0]
+    local fine = true
+    if per > 0 then
+      local _
+      _, _, fine = cost_and_time(j)
+    end
     if not (set and fine) then
       return redis.error_reply(fmt(bad_record, j + 1, "names no set, or has no cost or clock"))
     end
-    needed, j = needed + set.n, j + 1
+    needed, j, pos = needed + set.n, j + 1, pos + 1
   end
   if needed ~= nkeys or (per > 0 and j ~= n) then
     return redis.error_reply(fmt("ERR redlimit: the batch's records (%d) take %d keys, got %d", j, needed, nkeys))
   end
   local raws, reply, r, k0 = call("MGET", unpacked(KEYS)), { nil, nil, nil, nil, nil, nil, nil, nil }, 0, 0
-  for pos = 1, size do
+  pos = 1
+  for i = 0, j - 1 do
+    local op = OP_CHECK
+    if ops then
+      op = OP_OF[byte(records, pos)]
+      pos = pos + 1
+    end
     local set = sets[byte(records, pos)]
-    local cost, at = cost_and_time(pos - 1)
-    r = check_once(set, k0, cost, at, reply, r, raws, KEYS, not timed)
-    k0 = k0 + set.n
+    local cost, at = 1, now
+    if per > 0 then
+      cost, at = cost_and_time(i)
+    end
+    local p = set.n
+    if op == OP_CHECK then
+      r = check_once(set, k0, cost, at, reply, r, raws, KEYS, not timed)
+    else
+      r = run(op, set, nil, k0, cost, at, reply, r, raws, not timed)
+      write_all(KEYS, k0 + 1, k0 + p)
+    end
+    k0, pos = k0 + p, pos + 1
   end
   return reply
 end
@@ -210,5 +235,5 @@ end
 if (per > 0 and j ~= n) or (not map and k0 ~= nkeys) then
   return redis.error_reply(fmt("ERR redlimit: the batch's records (%d) take %d keys and their costs and times, got %d keys and %d arguments", j, map and nkeys or k0, nkeys, nargs))
 end
-write_all(KEYS, nkeys)
+write_all(KEYS, 1, nkeys)
 return reply

@@ -335,9 +335,10 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
   return r
 end
 
--- Writes every slot the call changed, each once, with the now of its last change.
-local function write_all(keys, nkeys)
-  for k = 1, nkeys do
+-- Writes every slot of from..to the call changed, each once, with the now of its
+-- last change.
+local function write_all(keys, from, to)
+  for k = from, to do
     if DIRTY[k] == CALL then
       local mode, keep = WMODE[k], nil
       if mode == WRITE_KEEP then

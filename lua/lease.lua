@@ -111,7 +111,7 @@ local function lease(keys, set, now, cost, want, batch, reply, raws, keeps)
         end
       end
     end
-    write_all(keys, n)
+    write_all(keys, 1, n)
     if grant > 0 then
       local lease_key = keys[n + 1]
       local current = call("GET", lease_key)

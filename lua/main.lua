@@ -70,5 +70,5 @@ if not (before and find(epoch, "^%d+$")) then
 end
 local refund = now < before and call("GET", KEYS[n + 1]) == epoch
 run(refund and OP_REFUND or OP_PEEK, set, nil, 0, cost, now, reply, 0, raws, keeps)
-write_all(KEYS, n)
+write_all(KEYS, 1, n)
 return reply
