@@ -175,6 +175,27 @@ local function run(op, set, map, at, cost, now, reply, r, raws, keeps)
   if not A then
     scratch()
   end
+  if n == 1 and (op == OP_RELEASE or op == OP_RENEW) and set[SET_CODE] == ALG_IN_FLIGHT then
+    -- A holder's release or renewal of its one in-flight policy (what the store sends
+    -- for them): the general path below, in place, for one policy.
+    local k = map and map[at] or at + 1
+    local raw = raws[k]
+    if SEEN[k] ~= CALL then
+      SEEN[k] = CALL
+      raw = set[SET_READ](raw) or false
+      A[k], B[k], C[k], KEEP[k] = raw, false, false, false
+    else
+      raw = A[k]
+    end
+    local w, holder = set[SET_N], set[SET_ARG]
+    local held = IN_FLIGHT_HOLD(op, w, now, cost, holder, raw) or false
+    if held ~= raw then
+      A[k], B[k], C[k] = held, false, false
+      mark(k, WRITE_TTL, set, 0, now)
+    end
+    local allowed, remaining, reset, retry = set[SET_STEP](set[SET_LIMIT], w, now, holder, held, false, false, true)
+    return put(reply, r, allowed, remaining, reset, retry)
+  end
   -- Each policy's slot, its state read the first time the call meets it (load, in
   -- place).
   for i = 1, n do
