@@ -138,18 +138,20 @@ if size == 0 then
   end
   return reply
 end
+-- The records' bytes, read out once (string.byte is a call a byte).
+local rec = { byte(records, 1, size) }
 if not map then
   -- Records each naming its own keys: a check's written at once (check_once), any
   -- other operation's as soon as it ran, so every record is checked first.
   local needed, j, pos = 0, 0, 1
   while pos <= size do
     if ops then
-      if not OP_OF[byte(records, pos)] then
-        return redis.error_reply(fmt(bad_record, j + 1, fmt("has no operation of the batch's (%q)", sub(records, pos, pos))))
+      if not OP_OF[rec[pos]] then
+        return redis.error_reply(fmt(bad_record, j + 1, fmt("has no operation of the batch's (%q)", char(rec[pos]))))
       end
       pos = pos + 1
     end
-    local set = sets[byte(records, pos) or 0]
+    local set = sets[rec[pos] or 0]
     local fine = true
     if per > 0 then
       local _
@@ -168,10 +170,10 @@ if not map then
   for i = 0, j - 1 do
     local op = OP_CHECK
     if ops then
-      op = OP_OF[byte(records, pos)]
+      op = OP_OF[rec[pos]]
       pos = pos + 1
     end
-    local set = sets[byte(records, pos)]
+    local set = sets[rec[pos]]
     local cost, at = 1, now
     if per > 0 then
       cost, at = cost_and_time(i)
@@ -193,8 +195,6 @@ end
 if not A then
   scratch()
 end
--- The records' bytes, read out once (string.byte is a call a byte).
-local rec = { byte(records, 1, size) }
 local raws, reply, r, k0 = call("MGET", unpacked(KEYS)), { nil, nil, nil, nil, nil, nil, nil, nil }, 0, 0
 local pos, j, keeps = 1, 0, not timed
 while pos <= size do
