@@ -32,7 +32,7 @@
 if not call then
   init()
 end
-CALL = CALL + 1
+CALL, CALL_KEYS = CALL + 1, KEYS
 local nargs, nkeys = #ARGV, #KEYS
 local first = ARGV[1] or ""
 local clock, flags, nsets = byte(first, 1, 3)

@@ -75,7 +75,8 @@ end
 -- library keeps them, a script (run anew on every call) makes them only when a call
 -- of it uses them.
 local A, B, C, KEEP, SEEN, DIRTY, WMODE, WFN, WN, WNOW
-local CALL = 0
+-- The number of the call, and its keys.
+local CALL, CALL_KEYS = 0, nil
 -- A check's per-policy results until every policy is decided (all or nothing), and
 -- each policy's slot.
 local OK, NA, NB, NC, KEEPS, REMAINING, RESET, RETRY, SLOT
@@ -191,7 +192,12 @@ local function run(op, set, map, at, cost, now, reply, r, raws, keeps)
     local held = IN_FLIGHT_HOLD(op, w, now, cost, holder, raw) or false
     if held ~= raw then
       A[k], B[k], C[k] = held, false, false
-      mark(k, WRITE_TTL, set, 0, now)
+      if map then
+        mark(k, WRITE_TTL, set, 0, now)
+      else
+        -- No other record of the call names the key: written now.
+        set[SET_WRITE](CALL_KEYS[k], w, now, held, false)
+      end
     end
     local allowed, remaining, reset, retry = set[SET_STEP](set[SET_LIMIT], w, now, holder, held, false, false, true)
     return put(reply, r, allowed, remaining, reset, retry)

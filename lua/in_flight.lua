@@ -169,7 +169,7 @@ local function in_flight_step(limit, ttl, now, holder, raw, _, _, peek)
   local nxt
   if total == 0 then
     if e < WIDE_AT then
-      nxt = holder .. pack(">I6", e)
+      nxt = pack(">c6I6", holder, e)
     else
       nxt = pack(">I4I7I7", 1, e, e) .. holder .. pack(">I4I7", 1, e)
     end

@@ -14,14 +14,14 @@ IN_FLIGHT_HOLD = function(op, ttl, now, held, holder, raw)
     -- release changes nothing.
     local e = sunpack(">I6", raw, 7)
     if e > now and e <= now + ttl then
-      local mine = sub(raw, 1, 6) == holder
+      local mine = find(raw, holder, 1, true) == 1
       if op == OP_RELEASE then
         if mine then
           return nil
         end
         return raw
       elseif mine and held == 1 and now + ttl < WIDE_AT then
-        return holder .. pack(">I6", now + ttl)
+        return pack(">c6I6", holder, now + ttl)
       end
     end
   elseif op == OP_RELEASE and raw then

@@ -24,7 +24,7 @@
 if not call then
   init()
 end
-CALL = CALL + 1
+CALL, CALL_KEYS = CALL + 1, KEYS
 local set, bad = read_set(ARGV[ARG_SET] or "", 1)
 if not set then
   return redis.error_reply(bad)
