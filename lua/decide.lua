@@ -200,6 +200,10 @@ local function run(op, set, map, at, cost, now, reply, r, raws, keeps)
       end
     end
     local allowed, remaining, reset, retry = set[SET_STEP](set[SET_LIMIT], w, now, holder, held, false, false, true)
+    if allowed and remaining < PACK_REMAINING_LIMIT and reset < PACK_RESET_LIMIT then
+      reply[r + 1] = (reset * PACK_REMAINING_LIMIT + remaining) * 2 + 1
+      return r + 1
+    end
     return put(reply, r, allowed, remaining, reset, retry)
   end
   -- Each policy's slot, its state read the first time the call meets it (load, in
