@@ -157,7 +157,11 @@ local function in_flight_header(raw)
 end
 
 local function in_flight_step(limit, ttl, now, holder, raw, _, _, peek)
-  local total, soonest, latest = in_flight_header(raw)
+  -- in_flight_header, in place: no state is the common case of a check.
+  local total, soonest, latest = 0, nil, nil
+  if raw then
+    total, soonest, latest = in_flight_header(raw)
+  end
   if total > 0 and (soonest <= now or latest > now + ttl) or total >= limit then
     return in_flight_all(limit, ttl, now, holder, raw, peek)
   end
