@@ -5,8 +5,8 @@
 -- renewal (OP_RENEW): it counts `held` (what the holder knows it holds), for
 -- another slot lifetime, written again if the state was lost. Both drop the
 -- entries that stopped counting. Translation of hold in src/algorithm/in_flight.rs.
--- Returns the new state (nil when nothing is left); a release of one slot of many
--- rewrites the holder's count in place, as a check does.
+-- Returns the new state (nil when nothing is left); while every entry is alive and
+-- from this clock, the holder's own entry is changed in place, as a check does.
 IN_FLIGHT_HOLD = function(op, ttl, now, held, holder, raw)
   if raw and #raw == 12 then
     -- One holder with one slot, alive and from this clock: its release leaves
@@ -24,18 +24,37 @@ IN_FLIGHT_HOLD = function(op, ttl, now, held, holder, raw)
         return pack(">c6I6", holder, now + ttl)
       end
     end
-  elseif op == OP_RELEASE and raw then
+  elseif raw then
+    -- Entries under a header, every one alive and from this clock: the holder's own
+    -- rewritten, removed or added in place, the header's bounds kept (a removed or
+    -- renewed entry leaves them bounds still), whatever the other holders.
     local total, soonest, latest = sunpack(">I4I7I7", raw)
-    if soonest > now and latest <= now + ttl then
+    local e = now + ttl
+    if soonest > now and latest <= e then
       local at = in_flight_find(raw, holder)
-      if not at then
+      local c = at and sunpack(">I4", raw, at + 6) or 0
+      local count = c - 1
+      if op == OP_RENEW then
+        count = held
+      elseif not at then
         return raw
       end
-      local c = sunpack(">I4", raw, at + 6)
-      if c > 1 then
-        return pack(">I4I7I7", total - 1, soonest, latest) .. sub(raw, IF_HEADER + 1, at + 5)
-          .. pack(">I4", c - 1) .. sub(raw, at + 10)
+      total = total - c + count
+      if total <= 0 then
+        return nil
       end
+      local entry = ""
+      if count > 0 then
+        entry = pack(">c6I4I7", holder, min(count, 4294967295), op == OP_RENEW and e or sunpack(">I7", raw, at + 10))
+      end
+      if op == OP_RENEW then
+        latest = e
+      end
+      local head = pack(">I4I7I7", min(total, 4294967295), soonest, latest)
+      if at then
+        return head .. sub(raw, IF_HEADER + 1, at - 1) .. entry .. sub(raw, at + IF_ENTRY)
+      end
+      return head .. sub(raw, IF_HEADER + 1) .. entry
     end
   end
   local hs, cs, es = in_flight_live(raw, now, ttl)
