@@ -4,7 +4,6 @@
 //! [`contract`](super::contract)'s layout names, so the Lua finds each where it
 //! reads it.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -231,6 +230,11 @@ pub(crate) fn set_definition(policies: &[Policy], now_ms: Option<u64>) -> String
     def
 }
 
+/// Where the key slots of the record after `calls` start: the slots `calls` named.
+fn slots_of<S>(calls: &[Call<S>]) -> usize {
+    calls.iter().map(|c| c.policies.len()).sum()
+}
+
 /// Records sent as one call of the library's batch function (`lua/batch.lua`): each
 /// decided as its own call would be, in order. The batcher never mixes the two
 /// clocks in one batch.
@@ -263,24 +267,57 @@ fn encode_batch<S>(calls: &[Call<S>], op_of: impl Fn(&Call<S>) -> Operation, via
         // A batch holds at most 255 records (`MAX_BATCH`), so at most 255 sets.
         set_of.push(u8::try_from(index + 1).unwrap_or(u8::MAX));
     }
-    // Every key once: a subject named twice reads and writes its state once.
-    let mut keys: Vec<String> = Vec::new();
+    // Every key once: a subject named twice reads and writes its state once. Records
+    // of one key base and one set name the same keys; a scoped record's keys are its
+    // own strings, compared with the other scoped records' (a scoped set's keys never
+    // meet an unscoped one's: their tags differ). No key is made here but once, as
+    // it goes into the command.
     let mut slots: SmallVec<[u8; 64]> = SmallVec::new();
+    let mut new_keys: SmallVec<[(usize, usize); 64]> = SmallVec::new();
     let mut map = false;
-    if calls.len() == 1 {
-        keys.extend(keys_of(&calls[0]));
-    } else {
-        let mut seen: HashMap<String, u8> = HashMap::new();
-        for call in calls {
-            for key in keys_of(call) {
-                let next = keys.len() + 1;
-                let slot = *seen.entry(key).or_insert_with_key(|key| {
-                    keys.push(key.clone());
-                    // A batch names at most MAX_BATCH_DECISIONS keys, or one record's.
-                    u8::try_from(next).unwrap_or(u8::MAX)
+    for (i, call) in calls.iter().enumerate() {
+        let slot = |n: usize| u8::try_from(n).unwrap_or(u8::MAX);
+        match &call.own_keys {
+            None => {
+                let same = calls[..i].iter().position(|c| {
+                    c.own_keys.is_none()
+                        && Arc::ptr_eq(&c.policies, &call.policies)
+                        && c.key_base == call.key_base
                 });
-                map |= usize::from(slot) != next;
-                slots.push(slot);
+                match same {
+                    Some(j) => {
+                        map = true;
+                        let at = slots_of(&calls[..j]);
+                        let first: SmallVec<[u8; 4]> = slots[at..at + call.policies.len()]
+                            .iter()
+                            .copied()
+                            .collect();
+                        slots.extend(first);
+                    }
+                    None => {
+                        for p in 0..call.policies.len() {
+                            new_keys.push((i, p));
+                            slots.push(slot(new_keys.len()));
+                        }
+                    }
+                }
+            }
+            Some(own) => {
+                for (p, key) in own.iter().enumerate() {
+                    let same = new_keys.iter().position(|&(j, q)| {
+                        calls[j].own_keys.as_ref().is_some_and(|k| k[q] == *key)
+                    });
+                    match same {
+                        Some(at) => {
+                            map = true;
+                            slots.push(slot(at + 1));
+                        }
+                        None => {
+                            new_keys.push((i, p));
+                            slots.push(slot(new_keys.len()));
+                        }
+                    }
+                }
             }
         }
     }
@@ -291,9 +328,21 @@ fn encode_batch<S>(calls: &[Call<S>], op_of: impl Fn(&Call<S>) -> Operation, via
     let mut cmd = start(via, entry, || {
         Shape::of_many(calls.iter().map(|c| &*c.policies), entry).script()
     });
-    cmd.arg(keys.len());
-    for key in &keys {
-        cmd.arg(key.as_str());
+    cmd.arg(new_keys.len());
+    let mut key = String::new();
+    for &(i, p) in &new_keys {
+        let call = &calls[i];
+        match &call.own_keys {
+            Some(own) => {
+                cmd.arg(own[p].as_str());
+            }
+            None => {
+                key.clear();
+                key.push_str(&call.key_base);
+                push_policy_suffix(&mut key, &call.policies[p]);
+                cmd.arg(key.as_str());
+            }
+        }
     }
     let mut flags = FLAGS_BASE;
     if map {
