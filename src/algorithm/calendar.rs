@@ -1,6 +1,7 @@
 //! Calendar quota: a count per calendar period (a day, a week or a month in a time
 //! zone), reset at the period's start. The Rust twin of `lua/calendar.lua`; the state is
-//! `(period end in ms, count)`, which the script keeps as the string `"<end>:<count>"`.
+//! `(period end in ms, count)`, which the script keeps packed in 12 bytes (`>I6I6`; 7
+//! bytes each past 2^48).
 //!
 //! The Lua has no time zone database: the store computes the end of the period its
 //! view of now is in ([`period_at`]) and hands it to the script in the policy's

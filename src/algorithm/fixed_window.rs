@@ -1,6 +1,6 @@
 //! Fixed window: one counter per window aligned to the epoch. The Rust twin of
 //! `lua/fixed_window.lua`; the state is `(window index, count)`, which the script keeps
-//! as the string `"<window>:<count>"`.
+//! packed in 12 bytes (`>I6I6`; 7 bytes each past 2^48).
 
 use super::state::{window_ahead, Commit, State, Step, MAX_DEBT};
 use crate::decision::PolicyOutcome;

@@ -4,9 +4,10 @@
 //!
 //! The state is one entry per holder (the limiter instance that admitted the
 //! requests): how many of its requests run, and until when the entry stands unless
-//! its holder renews it. The script keeps it as the string
-//! `"<holder, 16 hex digits>:<count>:<expires ms>;"` per entry, in the order the
-//! entries were first written. Counting per holder, not per request, is what makes
+//! its holder renews it. The script keeps it packed in one string: 12 bytes (the
+//! holder's 48-bit id and the expiry) while one holder holds one slot, else an 18-byte
+//! header (the total, bounds of the soonest and latest expiries) and 17 bytes an
+//! entry, in the order the entries were first written (see `lua/in_flight.lua`). Counting per holder, not per request, is what makes
 //! the slots of a vanished instance free themselves: nobody renews its entry, and it
 //! stops counting once its time passes, while each live instance renews its own with
 //! the count it holds, which also corrects a release that was lost on the way.
@@ -149,18 +150,6 @@ pub(crate) fn hold(
     (!holders.is_empty()).then_some((State::InFlight { holders }, keep))
 }
 
-/// The state as the script writes it.
-#[cfg(test)]
-pub(crate) fn encode(holders: &[Holder]) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::with_capacity(holders.len() * 40);
-    for h in holders {
-        // Writing to a String cannot fail.
-        let _ = write!(out, "{:016x}:{}:{};", h.id, h.count, h.expires_ms);
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,25 +245,5 @@ mod tests {
             }],
         };
         assert!(!decide(&p, Some(&near), 1_000).outcome.allowed);
-    }
-
-    #[test]
-    fn the_encoding_is_the_script_s() {
-        let holders = [
-            Holder {
-                id: 0xab,
-                count: 2,
-                expires_ms: 1_700_000_000_000,
-            },
-            Holder {
-                id: u64::MAX,
-                count: 1,
-                expires_ms: 5,
-            },
-        ];
-        assert_eq!(
-            encode(&holders),
-            "00000000000000ab:2:1700000000000;ffffffffffffffff:1:5;"
-        );
     }
 }

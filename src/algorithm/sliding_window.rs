@@ -1,6 +1,7 @@
 //! Sliding window counter: the previous and current windows' counts, the previous
 //! one weighted by how much of it the sliding window still covers. The Rust twin of
-//! `lua/sliding_window.lua`; the script keeps the state as `"<window>:<prev>:<cur>"`.
+//! `lua/sliding_window.lua`; the script keeps the state `(window, prev, cur)` packed in
+//! 12 bytes (`>I4I4I4`; 7 bytes each past 2^32).
 
 use super::state::{window_ahead, Commit, State, Step, MAX_DEBT, MAX_EXACT};
 use crate::decision::PolicyOutcome;

@@ -91,10 +91,14 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 /// check as its own call would: all or nothing across its own policies, exact, in
 /// the order they queued, never all or nothing across checks. Redis pays the call,
 /// its parsing and its reply once per batch, which is most of what a one-call check
-/// costs it (BENCHMARKS.md). At low load nothing queues, so a lone check is never
-/// slower for it; a queued check's timeout counts from when it queued. Leasing
-/// checks, give-backs and admin operations always go alone: leases already make them
-/// rare. So does every call on a Redis Cluster: a batch's keys must share one slot,
+/// costs it (BENCHMARKS.md). Each key in a batch is read once (one `MGET`), its
+/// state parsed once, decided as often as its checks ask and written once: a hot
+/// subject's checks cost Redis one read and one write of its state per batch. Peeks,
+/// refunds, charges and in-flight releases and renewals queue and batch with the
+/// checks. At low load nothing queues, so a lone check is never slower for it (it is
+/// a batch of one); a queued check's timeout counts from when it queued. Leasing
+/// checks, give-backs and resets always go alone: leases already make them rare. So
+/// does every call on a Redis Cluster: a batch's keys must share one slot,
 /// and the checks of 100,000 subjects over 16,384 slots almost never do (16 queued
 /// checks hold two of one slot with odds of about 0.7%).
 ///
@@ -246,12 +250,12 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 ///
 /// # Admin operations
 ///
-/// [`Limiter::peek`](crate::Limiter::peek), [`refund`](crate::Limiter::refund) and
-/// [`reset`](crate::Limiter::reset) are the same script with another operation in its
-/// arguments, one `FCALL` each: a peek reads and writes nothing; a refund rewrites
-/// each state smaller with `SET .. KEEPTTL` (the state only shrinks, so its TTL still
-/// covers it; Redis 6.0 or later); a reset is a `DEL` of the subject's keys for the
-/// limiter's policies and of its lease generation key.
+/// [`Limiter::peek`](crate::Limiter::peek) and [`refund`](crate::Limiter::refund) are
+/// records of the batch function with another operation, batched with the checks
+/// beside them: a peek reads and writes nothing; a refund rewrites each state smaller
+/// with `SET .. KEEPTTL` (the state only shrinks, so its TTL still covers it; Redis
+/// 6.0 or later). [`reset`](crate::Limiter::reset) is a call of its own: a `DEL` of
+/// the subject's keys for the limiter's policies and of its lease generation key.
 ///
 /// With leases ([`crate::lease`]), a subject also has one more key,
 /// `<prefix>:{<subject>}:~lease`, its lease generation (`~` is never in a policy

@@ -284,7 +284,7 @@ impl RedisStore {
     /// decisions (one check's, however many policies it has): 32 checks of one or two
     /// policies, 3 of seventeen, so no call holds Redis long. At low load nothing
     /// queues. `1` (or `0`)
-    /// turns batching off. Leasing checks, give-backs and admin operations always go
+    /// turns batching off. Leasing checks, give-backs and resets always go
     /// alone (they are rare), and so does every call on a Redis Cluster, where the
     /// checks of different subjects mostly lie in different slots.
     pub fn max_batch(mut self, max_batch: usize) -> Self {
