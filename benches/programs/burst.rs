@@ -22,7 +22,9 @@
 //!
 //! The burst is `BURST` checks (50,000) of one fixed window each, on distinct
 //! subjects, spawned at once on a two-worker runtime; the live heap (a counting
-//! allocator) is read before the burst and after its tasks are gone. The deep pipeline
+//! allocator) is read before the burst and after its tasks are gone, and its most
+//! during the burst (less before, a check: what each check holds while it waits,
+//! its task and subject included). The deep pipeline
 //! is `DEEP` checks (2,000) of 17 policies each (the shape of
 //! `a_deep_pipeline_on_a_healthy_redis_is_decided_not_timed_out`), beside two busy
 //! loops per core (`BUSY`, 2) that this program starts and stops (`sh -c 'while :; do :; done'`);
@@ -39,7 +41,7 @@ use tokio::task::JoinSet;
 /// Counts live heap bytes: what a burst leaves allocated.
 #[path = "../../tests/it/support/counting_alloc.rs"]
 mod counting_alloc;
-use counting_alloc::{live, Counting};
+use counting_alloc::{live, peak, reset_peak, Counting};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -88,7 +90,7 @@ async fn run() -> Result<(), BoxError> {
     );
     if only.as_deref().is_none_or(|s| s == "burst") {
         println!("\n{burst} checks at once, Redis healthy, 50 ms timeout");
-        println!("round  client     unchecked           took      calls   heap after - before");
+        println!("round  client     unchecked           took      calls   heap after - before   most a check");
         for round in 1..=rounds {
             for kind in rotate(&["from_url", "pool", "smallest"], round) {
                 let row = measure(&server, kind, burst, false, &format!("b{round}")).await?;
@@ -102,7 +104,7 @@ async fn run() -> Result<(), BoxError> {
         println!(
             "\n{deep} checks at once, 17 policies each, beside {loops} busy loops, 50 ms timeout"
         );
-        println!("round  client     unchecked           took      calls   heap after - before");
+        println!("round  client     unchecked           took      calls   heap after - before   most a check");
         for round in 1..=rounds {
             for kind in rotate(&["from_url", "pool", "smallest"], round) {
                 let busy = Busy::start(loops)?;
@@ -152,18 +154,20 @@ async fn measure(
     tag: &str,
 ) -> Result<String, BoxError> {
     let url = server.url();
-    let (unchecked, took, calls, heap) = if kind == "smallest" {
+    let (unchecked, took, calls, heap, most) = if kind == "smallest" {
         let client = redis::Client::open(url.as_str())?;
         let mut conn = client.get_multiplexed_async_connection().await?;
         let script = redis::Script::new(SMALLEST);
         script.prepare_invoke().load_async(&mut conn).await?;
         let before = live();
+        reset_peak();
         let started = Instant::now();
         let unchecked = smallest_burst(&conn, script.get_hash(), checks, tag).await;
         let took = started.elapsed();
+        let most = peak() - before;
         drop(conn);
         tokio::time::sleep(Duration::from_millis(100)).await;
-        (unchecked, took, checks as u64, live() - before)
+        (unchecked, took, checks as u64, live() - before, most)
     } else {
         let store = if kind == "from_url" {
             RedisStore::from_url(&url)?
@@ -183,6 +187,7 @@ async fn measure(
         limiter.check(format!("{tag}:{kind}:warm"), 1).await?;
         let sent = store.calls_sent();
         let before = live();
+        reset_peak();
         let started = Instant::now();
         let mut tasks = JoinSet::new();
         for i in 0..checks {
@@ -195,17 +200,19 @@ async fn measure(
             unchecked += usize::from(failed?);
         }
         let took = started.elapsed();
+        let most = peak() - before;
         drop(tasks);
         // The answers of calls that timed out may still be on their way.
         tokio::time::sleep(Duration::from_millis(100)).await;
         let heap = live() - before;
-        (unchecked, took, store.calls_sent() - sent, heap)
+        (unchecked, took, store.calls_sent() - sent, heap, most)
     };
     Ok(format!(
-        "{unchecked:>6} ({:>6.3}%)  {:>9.1?}  {calls:>7}   {:>+10} B",
+        "{unchecked:>6} ({:>6.3}%)  {:>9.1?}  {calls:>7}   {:>+10} B   {:>7} B",
         100.0 * unchecked as f64 / checks as f64,
         took,
-        heap
+        heap,
+        most / checks as isize
     ))
 }
 

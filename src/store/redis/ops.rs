@@ -2,7 +2,6 @@
 //! impls build a [`Call`] of their shape, send it, and read its typed reply.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -122,7 +121,7 @@ impl RedisStore {
 
 impl Backend for RedisStore {
     /// One box per call: nothing beside a network round trip.
-    type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
+    type Future = batch::CheckFuture;
 
     /// A plain check goes at once while few calls are pipelined, else in the next
     /// batch (see [`RedisStore::max_batch`]).
@@ -130,7 +129,7 @@ impl Backend for RedisStore {
         let call = self.call(&subject, set, cost, Run(Operation::Check));
         let (link, settings) = (Arc::clone(&self.link), &self.settings);
         let (timeout, batching) = (settings.timeout, settings.batching);
-        Box::pin(batch::check(link, call, timeout, batching))
+        batch::check(link, call, timeout, batching)
     }
 
     fn is_cluster(&self) -> bool {
@@ -147,12 +146,7 @@ impl AdminStore for RedisStore {
         let call = self.op_call(op, &subject, set, cost);
         let (link, settings) = (Arc::clone(&self.link), &self.settings);
         if Op::Run(op).entry().is_batch() {
-            return Box::pin(batch::check(
-                link,
-                call,
-                settings.timeout,
-                settings.batching,
-            ));
+            return batch::check(link, call, settings.timeout, settings.batching);
         }
         Box::pin(one(link, call, settings.timeout))
     }
