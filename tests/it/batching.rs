@@ -499,3 +499,58 @@ async fn outcomes_too_wide_to_pack_are_exact() {
         }
     }
 }
+
+/// A runtime that goes away with checks queued on a store that outlives it (the
+/// check in flight and every queued one dropped with it) leaves the store's place
+/// free: the store decides on another runtime at once, whether the checks were
+/// dropped on their runtime as it shut down or after it, with no runtime at all.
+#[test]
+fn checks_queued_on_a_runtime_that_goes_away_leave_the_store_working() {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let server = RedisServer::start();
+    let kept = runtime();
+    let limiter = std::sync::Arc::new(Limiter::new(store(&server), fixed(1_000)));
+    // The connection's reader runs on the runtime that stays.
+    kept.block_on(limiter.check("warm", 1)).unwrap();
+    for dropped_on_its_runtime in [true, false] {
+        let gone = runtime();
+        let checks = gone.block_on(async {
+            let mut checks: Vec<_> = (0..64)
+                .map(|i| Box::pin(limiter.check(format!("q{i}"), 1)))
+                .collect();
+            // Each polled once: the first takes the one place and is sent, the
+            // others queue behind it.
+            for check in &mut checks {
+                std::future::poll_fn(|cx| {
+                    assert!(check.as_mut().poll(cx).is_pending(), "no reply yet");
+                    Poll::Ready(())
+                })
+                .await;
+            }
+            checks
+        });
+        if dropped_on_its_runtime {
+            gone.spawn(async move {
+                let _checks = checks;
+                std::future::pending::<()>().await;
+            });
+            gone.block_on(tokio::task::yield_now());
+            drop(gone);
+        } else {
+            drop(gone);
+            drop(checks);
+        }
+        let after = kept.block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), limiter.check("after", 1)).await
+        });
+        let decision = after
+            .expect("decided at once, not queued behind a place never given up")
+            .expect("a decision");
+        assert!(decision.is_allowed(), "{dropped_on_its_runtime}");
+    }
+}
