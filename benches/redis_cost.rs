@@ -155,13 +155,13 @@ fn cases() -> Vec<Case> {
             label: "sliding window",
             policies: vec![p(Policy::sliding_window("p", 1_000_000, WINDOW))],
             kind: Kind::Check,
-            target: Some(1.2),
+            target: Some(1.0),
         },
         Case {
             label: "sliding log (limit 100)",
             policies: vec![p(Policy::sliding_log("p", 100, WINDOW))],
             kind: Kind::Check,
-            target: Some(1.2),
+            target: Some(1.0),
         },
         Case {
             label: "sliding window + token bucket",
