@@ -460,8 +460,8 @@ mod tests {
     /// path awaits inline (a redirect, a load) is paid in copies by every call. 9,400
     /// bytes with the cluster's redirects inline cost about 8% of the requests/s of
     /// an HTTP app at 1,024 connections. A check that may queue holds no round trip
-    /// (its box fits the allocator's per-thread cache, 1,032 bytes in glibc); one
-    /// that cannot (a cluster's) is its round trip.
+    /// (what a burst holds while it waits: BENCHMARKS.md); one that cannot (a
+    /// cluster's) is its round trip.
     #[tokio::test]
     async fn a_check_s_future_stays_small() {
         let set = PolicySet::new(policies().to_vec());

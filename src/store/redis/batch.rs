@@ -6,9 +6,9 @@
 //! flight ends, the queue (up to `max_batch` checks) goes as one `FCALL` of the
 //! library's batch function, sent by a task of its own so the caller whose call
 //! ended is not held up, once the runtime has run what was ready (the checks of
-//! requests that arrived meanwhile join the batch). Redis pays the call itself, its parsing and its reply once
-//! per batch instead of once per check: what a one-call-per-check design cannot
-//! shed.
+//! requests that arrived meanwhile join the batch). Redis pays the call itself, its
+//! parsing and its reply once per batch instead of once per check: what a
+//! one-call-per-check design cannot shed.
 //!
 //! Each check of a batch is decided as its own call would be (all or nothing
 //! across its own policies, exact), in the order the checks queued; a denial never
@@ -279,9 +279,9 @@ fn next_batch(link: &Link) -> Option<Vec<Waiting>> {
 /// Sends the queued checks, a batch at a time, while checks keep queuing. Before each
 /// batch it lets the runtime run what is ready (one yield): the tasks its last reply
 /// woke, the requests that arrived meanwhile, whose checks then join this batch
-/// instead of the next. Under HTTP load that is a fifth fewer calls, and a fifth
-/// less Redis CPU a request (BENCHMARKS.md); a check that finds a place free never
-/// waits for it.
+/// instead of the next. Under HTTP load that is a fifth fewer calls, and about a
+/// tenth less Redis CPU a request (BENCHMARKS.md); a check that finds a place free
+/// never waits for it.
 async fn send_batches(mut sending: Sending) {
     let Some(link) = sending.link.clone() else {
         return;

@@ -120,7 +120,8 @@ impl RedisStore {
 }
 
 impl Backend for RedisStore {
-    /// One box per call: nothing beside a network round trip.
+    /// One box per check (a second, for its round trip, when it goes at once):
+    /// nothing beside a network round trip.
     type Future = batch::CheckFuture;
 
     /// A plain check goes at once while few calls are pipelined, else in the next
