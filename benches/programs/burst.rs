@@ -30,13 +30,16 @@
 //! loops per core (`BUSY`, 2) that this program starts and stops (`sh -c 'while :; do :; done'`);
 //! `smallest` sends its one-policy script per check at the same depth.
 
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Child, Command, ExitCode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redlimit::redis::{self, aio::MultiplexedConnection};
 use redlimit::{Limiter, Policy, RedisStore};
 use tokio::task::JoinSet;
+
+mod redis_server;
+use redis_server::{BoxError, Server};
 
 /// Counts live heap bytes: what a burst leaves allocated.
 #[path = "../../tests/it/support/counting_alloc.rs"]
@@ -48,8 +51,6 @@ static ALLOCATOR: Counting = Counting;
 
 const TIMEOUT: Duration = Duration::from_millis(50);
 const SMALLEST: &str = include_str!("../reference/smallest_fixed_window.lua");
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 fn main() -> ExitCode {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -242,65 +243,6 @@ async fn smallest_burst(
         unchecked += usize::from(failed.unwrap_or(true));
     }
     unchecked
-}
-
-/// A `redis-server` on a free loopback port, stopped on drop.
-struct Server {
-    port: u16,
-    child: Child,
-}
-
-impl Server {
-    fn start() -> Result<Self, BoxError> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot run redis-server: {e}"))?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if Instant::now() > deadline {
-                return Err("redis-server did not start within 10 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Ok(Self { port, child })
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    fn version(&self) -> String {
-        let out = Command::new("redis-server").arg("--version").output();
-        out.map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .split_whitespace()
-                .nth(2)
-                .unwrap_or("?")
-                .to_owned()
-        })
-        .unwrap_or_default()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Busy loops in processes of their own, killed on drop.

@@ -133,15 +133,22 @@ async fn batched(
 
 /// One check as its own call, holding `slot` (a place among the calls pipelined)
 /// until it ends or its caller goes away: the slot then goes to the checks queued
-/// meanwhile.
-async fn alone(
+/// meanwhile. An `async` block, not an `async fn`: one keeps its arguments twice
+/// (as given, and as the body's own), and this future is boxed for every such check.
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice"
+)]
+fn alone(
     slot: Option<Place>,
     link: Arc<Link>,
     call: Call<Run>,
     timeout: Duration,
-) -> Result<Decision, StoreError> {
-    let _slot = slot;
-    one(&link, &call, timeout, None).await
+) -> impl std::future::Future<Output = Result<Decision, StoreError>> + Send {
+    async move {
+        let _held = &slot;
+        one(&link, &call, timeout, None).await
+    }
 }
 
 /// When a check goes: now, alone, or in the next batch.
@@ -176,15 +183,21 @@ fn enqueue(link: &Link, call: Call<Run>, timeout: Duration, batching: Batching) 
     Turn::Queued(decided)
 }
 
-/// One check as its own call.
-async fn one(
-    link: &Arc<Link>,
-    call: &Call<Run>,
+/// One check as its own call (an `async` block, as [`alone`] says why).
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice"
+)]
+fn one<'a>(
+    link: &'a Arc<Link>,
+    call: &'a Call<Run>,
     timeout: Duration,
     since: Option<Since>,
-) -> Result<Decision, StoreError> {
-    let reply: Reply = decode(link.exchange(call, timeout, since, 1).await?)?;
-    reply.decision_of(call.op(), &call.policies, call.cost)
+) -> impl std::future::Future<Output = Result<Decision, StoreError>> + Send + 'a {
+    async move {
+        let reply: Reply = decode(link.exchange(call, timeout, since, 1).await?)?;
+        reply.decision_of(call.op(), &call.policies, call.cost)
+    }
 }
 
 /// A place among the calls pipelined, held by a check that went at once: when it is

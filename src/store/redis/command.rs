@@ -4,15 +4,15 @@
 //! [`contract`](super::contract)'s layout names, so the Lua finds each where it
 //! reads it.
 
-use std::fmt::Write as _;
+use std::io::Write;
 use std::sync::Arc;
 
-use deadpool_redis::redis::{Cmd, FromRedisValue};
+use deadpool_redis::redis::{Cmd, FromRedisValue, RedisWrite};
 use smallvec::SmallVec;
 
 use super::contract::reply::{BatchReply, Checked, LeaseReply, Reply};
 use super::contract::*;
-use super::keys::{lease_key_of, push_policy_suffix};
+use super::keys::{lease_key_of, policy_suffix, push_policy_suffix};
 use super::script::{Library, Shape, ShapeScript, Via};
 use crate::algorithm::calendar;
 use crate::clock::{Clock, SystemClock};
@@ -125,24 +125,32 @@ impl Request for Plain {
     }
 }
 
-/// The start of a command: the library's function, or the script by hash or source.
-fn start(via: Via, entry: Entry, script: impl FnOnce() -> &'static ShapeScript) -> Cmd {
-    match via {
-        Via::Function => {
-            let mut cmd = deadpool_redis::redis::cmd("FCALL");
-            cmd.arg(Library::get().function(entry));
-            cmd
-        }
-        Via::Script => {
-            let mut cmd = deadpool_redis::redis::cmd("EVALSHA");
-            cmd.arg(script().sha1());
-            cmd
-        }
-        Via::ScriptSource => {
-            let mut cmd = deadpool_redis::redis::cmd("EVAL");
-            cmd.arg(script().source());
-            cmd
-        }
+/// The start of a command: the library's function, or the script by hash or source;
+/// with room for `args` arguments more of `bytes` bytes in all, so that the command
+/// is allocated once rather than grown as it is written (each growth a copy).
+fn start(
+    via: Via,
+    entry: Entry,
+    script: impl FnOnce() -> &'static ShapeScript,
+    args: usize,
+    bytes: usize,
+) -> Cmd {
+    let (name, body) = match via {
+        Via::Function => ("FCALL", Library::get().function(entry)),
+        Via::Script => ("EVALSHA", script().sha1()),
+        Via::ScriptSource => ("EVAL", script().source()),
+    };
+    let mut cmd = Cmd::with_capacity(args + 2, name.len() + body.len() + bytes);
+    cmd.arg(name).arg(body);
+    cmd
+}
+
+/// Writes `parts` as the command's next argument, with no string of its own.
+fn arg_of(cmd: &mut Cmd, parts: &[&str]) {
+    let mut arg = cmd.writer_for_next_arg();
+    for part in parts {
+        // Writing into the command's own buffer (a `Vec`) cannot fail.
+        let _ = arg.write_all(part.as_bytes());
     }
 }
 
@@ -159,16 +167,24 @@ impl<S: CallShape> Request for Call<S> {
                 return encode_batch(std::slice::from_ref(self), |_| op, via);
             }
         }
-        let mut cmd = start(via, entry, || Shape::of(&self.policies, entry).script());
+        let keys = self.policies.len();
+        let bytes = keys * (self.key_base.len() + 24) + SET_DEFINITION_BYTES * keys + 64;
+        let mut cmd = start(
+            via,
+            entry,
+            || Shape::of(&self.policies, entry).script(),
+            keys + 6,
+            bytes,
+        );
         let lease_key = op.names_lease_key();
-        cmd.arg(self.policies.len() + usize::from(lease_key));
+        cmd.arg(keys + usize::from(lease_key));
         for key in keys_of(self).iter() {
             cmd.arg(key.as_str());
         }
         if lease_key {
             cmd.arg(lease_key_of(&self.key_base));
         }
-        cmd.arg(set_definition(&self.policies, self.now_ms).as_bytes());
+        write_set_definition(&mut cmd.writer_for_next_arg(), &self.policies, self.now_ms);
         cmd.arg(self.cost);
         self.shape.push_head(&mut cmd);
         // Without a client clock the Lua reads Redis `TIME`.
@@ -195,14 +211,18 @@ fn keys_of<S>(call: &Call<S>) -> SmallVec<[String; 2]> {
         .collect()
 }
 
-/// A policy set as the Lua reads it (lua/decide.lua): per policy its algorithm's
-/// code, its flags ([`FLAG_REQUESTS`], [`FLAG_SHADOW`]), its limit and the one
-/// duration its algorithm reads, and an in-flight policy's holder in 12 hex digits.
-/// A calendar quota's duration is the end of the period that `now_ms` (the client's
-/// clock), else the system clock, is in: the Lua has no zone database
+/// About the most bytes a policy's definition takes (code, flags, limit, duration; an
+/// in-flight policy's holder is 13 more), for sizing a command.
+const SET_DEFINITION_BYTES: usize = 40;
+
+/// Writes a policy set as the Lua reads it (lua/decide.lua) into `out`: per policy its
+/// algorithm's code, its flags ([`FLAG_REQUESTS`], [`FLAG_SHADOW`]), its limit and the
+/// one duration its algorithm reads, and an in-flight policy's holder in 12 hex
+/// digits. A calendar quota's duration is the end of the period that `now_ms` (the
+/// client's clock), else the system clock, is in: the Lua has no zone database
 /// (lua/calendar.lua says what it makes of a now past that end).
-pub(crate) fn set_definition(policies: &[Policy], now_ms: Option<u64>) -> String {
-    let mut def = String::with_capacity(24 * policies.len());
+pub(crate) fn write_set_definition(out: &mut impl Write, policies: &[Policy], now_ms: Option<u64>) {
+    let mut digits = itoa::Buffer::new();
     for policy in policies {
         let algorithm = policy.algorithm();
         let n = match algorithm {
@@ -213,21 +233,24 @@ pub(crate) fn set_definition(policies: &[Policy], now_ms: Option<u64>) -> String
             }
             _ => policy.window_ms(),
         };
-        def.push_str(code(algorithm));
-        if policy.unit() == Unit::Requests && algorithm != Algorithm::InFlight {
-            def.push_str(FLAG_REQUESTS);
+        let requests = policy.unit() == Unit::Requests && algorithm != Algorithm::InFlight;
+        // Writing into a command's buffer or a `Vec` cannot fail.
+        let _ = out.write_all(code(algorithm).as_bytes());
+        if requests {
+            let _ = out.write_all(FLAG_REQUESTS.as_bytes());
         }
         if policy.is_shadow() {
-            def.push_str(FLAG_SHADOW);
+            let _ = out.write_all(FLAG_SHADOW.as_bytes());
         }
-        // Writing to a String cannot fail.
-        let _ = write!(def, ":{}:{}", policy.limit(), n);
+        let _ = out.write_all(b":");
+        let _ = out.write_all(digits.format(policy.limit()).as_bytes());
+        let _ = out.write_all(b":");
+        let _ = out.write_all(digits.format(n).as_bytes());
         if algorithm == Algorithm::InFlight {
-            let _ = write!(def, ":{:012x}", policy.holder());
+            let _ = write!(out, ":{:012x}", policy.holder());
         }
-        def.push(';');
+        let _ = out.write_all(b";");
     }
-    def
 }
 
 /// Where the key slots of the record after `calls` start: the slots `calls` named.
@@ -325,11 +348,25 @@ fn encode_batch<S>(calls: &[Call<S>], op_of: impl Fn(&Call<S>) -> Operation, via
     let ops = calls.iter().any(|c| op_of(c) != Operation::Check);
     let costs = calls.iter().any(|c| c.cost != 1);
     let entry = if ops { Entry::Admin } else { Entry::Check };
-    let mut cmd = start(via, entry, || {
-        Shape::of_many(calls.iter().map(|c| &*c.policies), entry).script()
-    });
+    let per_call = usize::from(costs) + usize::from(client_clock);
+    let bytes = new_keys
+        .iter()
+        .map(|&(i, _)| calls[i].key_base.len() + 24)
+        .sum::<usize>()
+        + sets
+            .iter()
+            .map(|set| SET_DEFINITION_BYTES * set.len())
+            .sum::<usize>()
+        + calls.len() * (3 + 20 * per_call)
+        + 16;
+    let mut cmd = start(
+        via,
+        entry,
+        || Shape::of_many(calls.iter().map(|c| &*c.policies), entry).script(),
+        2 + new_keys.len() + sets.len() + per_call * calls.len(),
+        bytes,
+    );
     cmd.arg(new_keys.len());
-    let mut key = String::new();
     for &(i, p) in &new_keys {
         let call = &calls[i];
         match &call.own_keys {
@@ -337,10 +374,8 @@ fn encode_batch<S>(calls: &[Call<S>], op_of: impl Fn(&Call<S>) -> Operation, via
                 cmd.arg(own[p].as_str());
             }
             None => {
-                key.clear();
-                key.push_str(&call.key_base);
-                push_policy_suffix(&mut key, &call.policies[p]);
-                cmd.arg(key.as_str());
+                let [name, colon, code] = policy_suffix(&call.policies[p]);
+                arg_of(&mut cmd, &[&call.key_base, name, colon, code]);
             }
         }
     }
@@ -364,13 +399,13 @@ fn encode_batch<S>(calls: &[Call<S>], op_of: impl Fn(&Call<S>) -> Operation, via
     // as at the period's last millisecond). The head goes before the first.
     let first_now = calls.first().and_then(|c| c.now_ms);
     for (i, set) in sets.iter().enumerate() {
-        let definition = set_definition(set, first_now);
+        let mut arg = cmd.writer_for_next_arg();
         if i == 0 {
             let head = [clock, flags, u8::try_from(sets.len()).unwrap_or(u8::MAX)];
-            cmd.arg([&head[..], definition.as_bytes()].concat());
-        } else {
-            cmd.arg(definition.as_bytes());
+            // Writing into the command's own buffer cannot fail.
+            let _ = arg.write_all(&head);
         }
+        write_set_definition(&mut arg, set, first_now);
     }
     // Checks of one set, each naming its own keys, need no records: the Lua counts
     // them from the keys.

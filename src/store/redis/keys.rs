@@ -54,11 +54,16 @@ pub(super) fn lease_key_of(key_base: &str) -> String {
     key
 }
 
-/// Appends `<policy name>:<algorithm code>` to a key base.
+/// What follows a key base in a policy's key: `<policy name>:<algorithm code>`.
+pub(super) fn policy_suffix(policy: &Policy) -> [&str; 3] {
+    [policy.name(), ":", code(policy.algorithm())]
+}
+
+/// Appends [`policy_suffix`] to a key base.
 pub(super) fn push_policy_suffix(key: &mut String, policy: &Policy) {
-    key.push_str(policy.name());
-    key.push(':');
-    key.push_str(code(policy.algorithm()));
+    for part in policy_suffix(policy) {
+        key.push_str(part);
+    }
 }
 
 /// The key of each policy of a scoped set for a check of `subject` (narrowed to the

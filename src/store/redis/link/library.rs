@@ -21,31 +21,44 @@ impl Link {
         lent: &mut Lent,
         call: &R,
     ) -> RedisResult<Value> {
-        if self.functions.load(Ordering::Relaxed) {
-            match lent.conn.query(&call.command(Via::Function)).await {
-                Err(e) if server_says(&e, "Function not found") => {
-                    // This call goes as the script in full, which runs it whatever the
-                    // server forgets meanwhile, and its reply is its answer at once:
-                    // waiting for the library's load too would let the timeout report
-                    // a call that ran as one that failed. The library is loaded in the
-                    // background for the calls to come (a failed load only means the
-                    // next call tries again).
-                    let reply = lent.conn.query(&call.command(Via::ScriptSource)).await;
-                    self.load_library_later(&lent.conn);
-                    return reply;
+        let mut via = if self.functions.load(Ordering::Relaxed) {
+            Via::Function
+        } else {
+            Via::Script
+        };
+        let mut reload = false;
+        // One send in a loop, not one per way: each would give this future (moved and
+        // boxed with every call) room of its own.
+        loop {
+            let reply = lent.conn.query(&call.command(via)).await;
+            via = match (via, reply) {
+                (Via::Function, Err(e)) if server_says(&e, "Function not found") => {
+                    // This call goes again as the script in full, which runs it
+                    // whatever the server forgets meanwhile, and its reply is its
+                    // answer at once: waiting for the library's load too would let the
+                    // timeout report a call that ran as one that failed. The library
+                    // is loaded in the background for the calls to come (a failed load
+                    // only means the next call tries again).
+                    reload = true;
+                    Via::ScriptSource
                 }
-                Err(e) if server_says(&e, "unknown command") => {
+                (Via::Function, Err(e)) if server_says(&e, "unknown command") => {
                     tracing::info!("Redis has no functions (before 7.0): calling scripts");
                     self.functions.store(false, Ordering::Relaxed);
+                    Via::Script
                 }
-                other => return other,
-            }
-        }
-        match lent.conn.query(&call.command(Via::Script)).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                lent.conn.query(&call.command(Via::ScriptSource)).await
-            }
-            other => other,
+                (Via::Script, Err(e))
+                    if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
+                {
+                    Via::ScriptSource
+                }
+                (_, other) => {
+                    if reload {
+                        self.load_library_later(&lent.conn);
+                    }
+                    return other;
+                }
+            };
         }
     }
 

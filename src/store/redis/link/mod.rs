@@ -49,39 +49,46 @@ fn stall_ms(lent: &Lent) -> u64 {
 impl Link {
     /// One round trip on the connection within `timeout` from `since` (see
     /// [`RedisStore::timeout`](super::RedisStore::timeout); `None`: from now), carrying `checks` checks: every check
-    /// that ends without a reply is counted.
-    pub(in crate::store::redis) async fn exchange<R: Request + ?Sized>(
-        self: &Arc<Self>,
-        request: &R,
+    /// that ends without a reply is counted. An `async` block, not an `async fn`
+    /// (which keeps its arguments twice): every check's future carries this one.
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice"
+    )]
+    pub(in crate::store::redis) fn exchange<'a, R: Request + ?Sized>(
+        self: &'a Arc<Self>,
+        request: &'a R,
         timeout: Duration,
         since: Option<Since>,
         checks: u64,
-    ) -> Result<Value, StoreError> {
-        // While connected, the connection is lent at once: no timer for that.
-        let mut lent = match self.current() {
-            Some(lent) => lent,
-            None => {
-                let lent = match tokio::time::Instant::now().checked_add(timeout) {
-                    Some(deadline) => tokio::time::timeout_at(deadline, self.lend())
-                        .await
-                        .unwrap_or_else(|_| Err(StoreError::timeout())),
-                    None => self.lend().await,
-                };
-                match lent {
-                    Ok(lent) => lent,
-                    Err(error) => {
-                        self.count_failures(&error, checks);
-                        return Err(error);
+    ) -> impl Future<Output = Result<Value, StoreError>> + Send + 'a {
+        async move {
+            // While connected, the connection is lent at once: no timer for that.
+            let mut lent = match self.current() {
+                Some(lent) => lent,
+                None => {
+                    let lent = match tokio::time::Instant::now().checked_add(timeout) {
+                        Some(deadline) => tokio::time::timeout_at(deadline, self.lend())
+                            .await
+                            .unwrap_or_else(|_| Err(StoreError::timeout())),
+                        None => self.lend().await,
+                    };
+                    match lent {
+                        Ok(lent) => lent,
+                        Err(error) => {
+                            self.count_failures(&error, checks);
+                            return Err(error);
+                        }
                     }
                 }
+            };
+            let since = since.unwrap_or_else(|| self.since());
+            let reply = self.eval_within(&mut lent, request, timeout, since).await;
+            if let Err(error) = &reply {
+                self.count_failures(error, checks);
             }
-        };
-        let since = since.unwrap_or_else(|| self.since());
-        let reply = self.eval_within(&mut lent, request, timeout, since).await;
-        if let Err(error) = &reply {
-            self.count_failures(error, checks);
+            reply
         }
-        reply
     }
 
     pub(super) fn new(source: Source) -> Self {
@@ -162,46 +169,56 @@ impl Link {
     /// that had to write its own request, or found bytes waiting, was held up by the
     /// app, not by Redis, and waits on. A `timeout` too large to add to the clock
     /// (`Duration::MAX`) means no timeout.
-    pub(super) async fn eval_within<R: Request + ?Sized>(
-        self: &Arc<Self>,
-        lent: &mut Lent,
-        call: &R,
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice"
+    )]
+    pub(super) fn eval_within<'a, R: Request + ?Sized>(
+        self: &'a Arc<Self>,
+        lent: &'a mut Lent,
+        call: &'a R,
         timeout: Duration,
         since: Since,
-    ) -> Result<Value, StoreError> {
-        let timeout = timeout.max(MIN_TIMEOUT);
-        let (Some(mut deadline), Some(bound)) = (
-            since.at.checked_add(timeout),
-            tokio::time::Instant::now().checked_add(timeout.max(MAX_WAIT)),
-        ) else {
-            return self.eval(lent, call).await;
-        };
-        let (generation, stall) = (lent.generation, stall_ms(lent));
-        let repairs_itself = lent.conn.repairs_itself();
-        let mut heard = since.heard;
-        let mut eval = pin!(self.eval(lent, call));
-        loop {
-            if let Ok(reply) = tokio::time::timeout_at(deadline, eval.as_mut()).await {
-                return reply;
+    ) -> impl Future<Output = Result<Value, StoreError>> + Send + 'a {
+        // An `async` block, not an `async fn`, as `exchange`'s.
+        async move {
+            let timeout = timeout.max(MIN_TIMEOUT);
+            let limits = since
+                .at
+                .checked_add(timeout)
+                .zip(tokio::time::Instant::now().checked_add(timeout.max(MAX_WAIT)));
+            let (generation, stall) = (lent.generation, stall_ms(lent));
+            let repairs_itself = lent.conn.repairs_itself();
+            let mut heard = since.heard;
+            // One call's future for either way below: this future would carry a second
+            // one's room beside it (hundreds of bytes, moved and boxed with every call).
+            let mut eval = pin!(self.eval(lent, call));
+            let Some((mut deadline, bound)) = limits else {
+                return eval.await;
+            };
+            loop {
+                if let Ok(reply) = tokio::time::timeout_at(deadline, eval.as_mut()).await {
+                    return reply;
+                }
+                // The timer may run before the connection's reads (a busy runtime wakes
+                // both at once; a starved host runs either late): read what arrived,
+                // then look for this call's reply once more.
+                tokio::task::yield_now().await;
+                let silent = self.heard_nothing(generation, heard);
+                let polled = std::future::poll_fn(|cx| Poll::Ready(eval.as_mut().poll(cx))).await;
+                if let Poll::Ready(reply) = polled {
+                    return reply;
+                }
+                let now = tokio::time::Instant::now();
+                // A cluster connection multiplexes several nodes: one node's replies say
+                // nothing of another's, so there the timeout runs from `since` alone.
+                if silent || now >= bound || repairs_itself {
+                    self.timed_out(generation, stall);
+                    return Err(self.silent_error(timeout));
+                }
+                heard = self.activity.heard();
+                deadline = (now + timeout).min(bound);
             }
-            // The timer may run before the connection's reads (a busy runtime wakes
-            // both at once; a starved host runs either late): read what arrived,
-            // then look for this call's reply once more.
-            tokio::task::yield_now().await;
-            let silent = self.heard_nothing(generation, heard);
-            let polled = std::future::poll_fn(|cx| Poll::Ready(eval.as_mut().poll(cx))).await;
-            if let Poll::Ready(reply) = polled {
-                return reply;
-            }
-            let now = tokio::time::Instant::now();
-            // A cluster connection multiplexes several nodes: one node's replies say
-            // nothing of another's, so there the timeout runs from `since` alone.
-            if silent || now >= bound || repairs_itself {
-                self.timed_out(generation, stall);
-                return Err(self.silent_error(timeout));
-            }
-            heard = self.activity.heard();
-            deadline = (now + timeout).min(bound);
         }
     }
 
