@@ -280,18 +280,6 @@ const INLINE_VALUE: usize = 256;
 /// remaining units, `;t=` and the seconds (15 digits each at most).
 const ITEM_REST_MAX: usize = 2 + 15 + 3 + 15;
 
-/// "00" to "99", two bytes each: the decimal digits of `n < 100` at `2 * n`.
-const DIGIT_PAIRS: [u8; 200] = {
-    let mut pairs = [0u8; 200];
-    let mut n = 0;
-    while n < 100 {
-        pairs[2 * n] = b'0' + (n / 10) as u8;
-        pairs[2 * n + 1] = b'0' + (n % 10) as u8;
-        n += 1;
-    }
-    pairs
-};
-
 /// Where a `RateLimit` value is written: `buf` up to `at`. A write past the end of
 /// `buf` (which its length rules out) spoils the value instead of panicking.
 struct Cursor<'a> {
@@ -324,43 +312,10 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    /// `n` in decimal, two digits at a time from the last.
+    /// `n` in decimal.
     #[inline]
     fn decimal(&mut self, n: u64) {
-        // Seconds until a reset mostly, and small counts: one or two digits, no loop.
-        if n < 10 {
-            return self.put(&[b'0' + n as u8]);
-        }
-        if n < 100 {
-            let pair = n as usize * 2;
-            return self.put(&DIGIT_PAIRS[pair..pair + 2]);
-        }
-        self.long_decimal(n);
-    }
-
-    /// [`decimal`](Self::decimal) of 100 and more.
-    fn long_decimal(&mut self, n: u64) {
-        let len = n.checked_ilog10().map_or(1, |digits| digits as usize + 1);
-        let end = self.at.saturating_add(len);
-        let Some(place) = self.buf.get_mut(self.at..end) else {
-            self.at = usize::MAX;
-            return;
-        };
-        let mut n = n;
-        let mut i = len;
-        while n >= 100 {
-            let pair = (n % 100) as usize * 2;
-            n /= 100;
-            i -= 2;
-            place[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
-        }
-        if n >= 10 {
-            let pair = n as usize * 2;
-            place[..2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
-        } else {
-            place[0] = b'0' + n as u8;
-        }
-        self.at = end;
+        self.put(itoa::Buffer::new().format(n).as_bytes());
     }
 
     /// What was written, unless a write went past the end.
