@@ -19,6 +19,7 @@
 //!     --toggle-collect='client_cost::timed' target/release/examples/client_cost
 //! done   # instructions collected / CALLS (20,000): the client's per call
 //! LIMIT=1000000000 CONTENDER=limiter valgrind ...   # the same, with the wide reply
+//! TASKS=64 CONTENDER=limiter valgrind ...            # 64 tasks: checks in batches
 //! cargo run --release -p redlimit-bench --example client_cost   # wall time, no valgrind
 //! ```
 //!
@@ -30,12 +31,14 @@
 //! loopback port.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redlimit::internals::{LimiterInternals, Operation, RedisStoreInternals};
 use redlimit::redis::{self, aio::MultiplexedConnection, Value};
 use redlimit::{Limiter, Policy, RedisStore, Subject};
 use tokio::runtime::Runtime;
+use tokio::task::JoinSet;
 
 mod redis_server;
 use redis_server::{BoxError, Server};
@@ -83,9 +86,22 @@ fn run() -> Result<(), BoxError> {
             .map_err(|_| format!("LIMIT={v:?} is not a number"))?,
         Err(_) => LIMIT,
     };
+    let tasks = match std::env::var("TASKS") {
+        Ok(v) => match v.parse() {
+            Ok(n) if n >= 1 && calls % n == 0 => n,
+            _ => {
+                return Err(
+                    format!("TASKS={v:?}: a number of at least 1 that divides CALLS").into(),
+                )
+            }
+        },
+        Err(_) => 1,
+    };
     let only = std::env::var("CONTENDER").ok();
-    let contenders: Vec<&str> = match only.as_deref() {
-        Some(c @ ("limiter" | "smallest" | "bare")) => vec![c],
+    let contenders: Vec<&'static str> = match only.as_deref() {
+        Some("limiter") => vec!["limiter"],
+        Some("smallest") => vec!["smallest"],
+        Some("bare") => vec!["bare"],
         Some(other) => return Err(format!("CONTENDER={other:?}: limiter, smallest or bare").into()),
         None => vec!["limiter", "smallest", "bare"],
     };
@@ -98,13 +114,13 @@ fn run() -> Result<(), BoxError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let setup = runtime.block_on(setup(&server, limit))?;
+    let setup = Arc::new(runtime.block_on(setup(&server, limit))?);
     for contender in contenders {
         // Warm-up: the same calls on other subjects.
-        runtime.block_on(calls_of(&setup, contender, SUBJECTS / 2, 1_000))?;
-        let took = timed(&runtime, &setup, contender, calls)?;
+        runtime.block_on(calls_of(Arc::clone(&setup), contender, SUBJECTS / 2, 1_000))?;
+        let took = timed(&runtime, &setup, contender, calls, tasks)?;
         println!(
-            "{contender:<9} {:>8.1} µs a call (wall time, {calls} calls)",
+            "{contender:<9} {:>8.1} µs a call (wall time, {calls} calls, {tasks} tasks)",
             took.as_secs_f64() * 1e6 / calls as f64
         );
     }
@@ -147,51 +163,95 @@ async fn setup(server: &Server, limit: u32) -> Result<Setup, BoxError> {
     })
 }
 
-/// The timed calls, on the runtime's thread: what callgrind collects.
+/// The timed calls, `tasks` tasks sharing them out, on the runtime's thread: what
+/// callgrind collects.
 #[inline(never)]
 fn timed(
     runtime: &Runtime,
-    setup: &Setup,
-    contender: &str,
+    setup: &Arc<Setup>,
+    contender: &'static str,
     calls: usize,
+    tasks: usize,
 ) -> Result<Duration, BoxError> {
     let start = Instant::now();
-    runtime.block_on(calls_of(setup, contender, 0, calls))?;
+    runtime.block_on(async {
+        let mut running = JoinSet::new();
+        for t in 0..tasks {
+            let first = t * SUBJECTS / tasks;
+            running.spawn(calls_of(Arc::clone(setup), contender, first, calls / tasks));
+        }
+        while let Some(done) = running.join_next().await {
+            done??;
+        }
+        Ok::<_, BoxError>(())
+    })?;
     Ok(start.elapsed())
 }
 
-/// `calls` calls of `contender`, one at a time, from subject `first` on.
+/// `calls` calls of `contender`, one at a time, from subject `first` on. Each
+/// contender's loop is a function of its own, so that one's future never sizes
+/// another's.
 async fn calls_of(
-    setup: &Setup,
-    contender: &str,
+    setup: Arc<Setup>,
+    contender: &'static str,
     first: usize,
     calls: usize,
 ) -> Result<(), BoxError> {
-    let mut conn = setup.conn.clone();
-    for i in (first..first + calls).map(|i| i % SUBJECTS) {
-        let admitted = match contender {
-            "limiter" => setup
-                .limiter
-                .check(setup.subjects[i].clone(), 1)
-                .await?
-                .is_allowed(),
-            "smallest" => {
-                let count: u64 = setup
-                    .script
-                    .key(&setup.keys[i])
-                    .arg(WINDOW_MS)
-                    .invoke_async(&mut conn)
-                    .await?;
-                count <= u64::from(setup.limit)
-            }
-            _ => !matches!(
-                setup.commands[i].query_async::<Value>(&mut conn).await?,
-                Value::ServerError(_)
-            ),
-        };
-        if !admitted {
-            return Err(format!("{contender}: a call was denied, or failed").into());
-        }
+    let subjects = (first..first + calls).map(|i| i % SUBJECTS);
+    let admitted = match contender {
+        "limiter" => limiter_calls(&setup, subjects).await?,
+        "smallest" => smallest_calls(&setup, subjects).await?,
+        _ => bare_calls(&setup, subjects).await?,
+    };
+    if admitted {
+        Ok(())
+    } else {
+        Err(format!("{contender}: a call was denied, or failed").into())
     }
-    Ok(())
+}
+
+/// `Limiter::check` of each subject: whether every one was admitted.
+async fn limiter_calls(
+    setup: &Setup,
+    subjects: impl Iterator<Item = usize>,
+) -> Result<bool, BoxError> {
+    let mut admitted = true;
+    for i in subjects {
+        let decision = setup.limiter.check(setup.subjects[i].clone(), 1).await?;
+        admitted &= decision.is_allowed();
+    }
+    Ok(admitted)
+}
+
+/// The smallest script on each subject's key, invoked as an application writes it.
+async fn smallest_calls(
+    setup: &Setup,
+    subjects: impl Iterator<Item = usize>,
+) -> Result<bool, BoxError> {
+    let mut conn = setup.conn.clone();
+    let mut admitted = true;
+    for i in subjects {
+        let count: u64 = setup
+            .script
+            .key(&setup.keys[i])
+            .arg(WINDOW_MS)
+            .invoke_async(&mut conn)
+            .await?;
+        admitted &= count <= u64::from(setup.limit);
+    }
+    Ok(admitted)
+}
+
+/// The store's prebuilt command for each subject, sent bare.
+async fn bare_calls(
+    setup: &Setup,
+    subjects: impl Iterator<Item = usize>,
+) -> Result<bool, BoxError> {
+    let mut conn = setup.conn.clone();
+    let mut admitted = true;
+    for i in subjects {
+        let reply: Value = setup.commands[i].query_async(&mut conn).await?;
+        admitted &= !matches!(reply, Value::ServerError(_));
+    }
+    Ok(admitted)
 }
