@@ -222,7 +222,7 @@ const SET_DEFINITION_BYTES: usize = 40;
 /// digits. A calendar quota's duration is the end of the period that `now_ms` (the
 /// client's clock), else the system clock, is in: the Lua has no zone database
 /// (lua/calendar.lua says what it makes of a now past that end).
-pub(crate) fn write_set_definition(out: &mut impl Write, policies: &[Policy], now_ms: Option<u64>) {
+fn write_set_definition(out: &mut impl Write, policies: &[Policy], now_ms: Option<u64>) {
     let mut digits = itoa::Buffer::new();
     for policy in policies {
         let algorithm = policy.algorithm();

@@ -34,7 +34,7 @@
 //! ```
 //!
 //! A set's definition is `<code><flags>:<limit>:<n>[:<holder>];` per policy
-//! ([`set_definition`](super::command)); the Lua reads it once into its own table,
+//! ([`write_set_definition`](super::command)); the Lua reads it once into its own table,
 //! SET_FIELDS a policy (SET_READ, SET_STEP, SET_WRITE, SET_LIMIT, SET_N, SET_SHADOW,
 //! SET_CODE, SET_ARG), and keeps it for the calls after (SETS_KEPT at most). Every
 //! algorithm is three functions, registered by its code (lua/common.lua says what
