@@ -1,5 +1,6 @@
-//! The client's instructions for a lone check: one task sends one call and awaits
-//! its answer before the next, on a current-thread runtime (the task, the
+//! The client's instructions for a check, alone or in batches: each task sends one
+//! call and awaits its answer before the next (one task by default: lone checks;
+//! `TASKS=64`: the store's checks queue into batches), on a current-thread runtime (the task, the
 //! connection's driver and the reactor on one thread), over 100,000 subjects in turn,
 //! so that every call starts its subject's window, as in the tables bench's latency
 //! section. Contenders:
@@ -19,7 +20,7 @@
 //!     --toggle-collect='client_cost::timed' target/release/examples/client_cost
 //! done   # instructions collected / CALLS (20,000): the client's per call
 //! LIMIT=1000000000 CONTENDER=limiter valgrind ...   # the same, with the wide reply
-//! TASKS=64 CONTENDER=limiter valgrind ...            # 64 tasks: checks in batches
+//! TASKS=64 CALLS=19200 CONTENDER=limiter valgrind ... # 64 tasks: checks in batches
 //! cargo run --release -p redlimit-bench --example client_cost   # wall time, no valgrind
 //! ```
 //!
