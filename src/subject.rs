@@ -273,17 +273,14 @@ pub(crate) fn write_key_part_of(bytes: &[u8], out: &mut String) {
                     break;
                 };
                 out.push('%');
-                push_hex(out, b, b"0123456789ABCDEF");
+                push_hex_digits(out, b, b"0123456789ABCDEF");
                 rest = after;
             }
         }
         b'g' if value.is_empty() => out.push('~'),
         other => {
             out.push(if other == SECRET { '$' } else { '#' });
-            out.reserve(2 * value.len());
-            for &b in value {
-                push_hex(out, b, b"0123456789abcdef");
-            }
+            push_hex(out, value);
         }
     }
 }
@@ -293,8 +290,16 @@ fn shown_as_is(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'=' | b':' | b'/' | b'@' | b'-')
 }
 
+/// Appends `bytes` in lowercase hex, two digits a byte.
+pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
+    out.reserve(2 * bytes.len());
+    for &b in bytes {
+        push_hex_digits(out, b, b"0123456789abcdef");
+    }
+}
+
 /// Appends `b` as two hex digits of `digits`.
-fn push_hex(out: &mut String, b: u8, digits: &[u8; 16]) {
+fn push_hex_digits(out: &mut String, b: u8, digits: &[u8; 16]) {
     out.push(char::from(digits[usize::from(b >> 4)]));
     out.push(char::from(digits[usize::from(b & 0x0f)]));
 }

@@ -50,13 +50,10 @@ impl<S: LimitStore> LimitStore for Arc<S> {
 /// `:`, the bytes in hex. Names never hold `:`; a secret subject's bytes are already
 /// a keyed hash, so no raw API key reaches the store.
 pub(crate) fn field(policy: &str, subject: &[u8]) -> String {
-    use std::fmt::Write as _;
     let mut field = String::with_capacity(policy.len() + 1 + 2 * subject.len());
     field.push_str(policy);
     field.push(':');
-    for b in subject {
-        let _ = write!(field, "{b:02x}");
-    }
+    crate::subject::push_hex(&mut field, subject);
     field
 }
 
