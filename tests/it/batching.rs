@@ -554,3 +554,72 @@ fn checks_queued_on_a_runtime_that_goes_away_leave_the_store_working() {
         assert!(decision.is_allowed(), "{dropped_on_its_runtime}");
     }
 }
+
+/// A check queued on a runtime that stays, behind the check in flight on one that
+/// goes away: the task that was to send its batch goes with that runtime, so it gets
+/// an error of its own (not a decision, not a denial, at once rather than at its
+/// timeout), and it is counted in `calls_failed` like every call that ends without a
+/// decision, whether the check in flight was dropped on its runtime as it shut down
+/// or after it, with no runtime at all.
+#[test]
+fn a_check_whose_batch_goes_with_another_runtime_fails_and_is_counted() {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let server = RedisServer::start();
+    let kept = runtime();
+    let limiter = std::sync::Arc::new(Limiter::new(store(&server), fixed(1_000)));
+    kept.block_on(limiter.check("warm", 1)).unwrap();
+    for dropped_on_its_runtime in [true, false] {
+        let gone = runtime();
+        // Sent at once: it holds the store's one place until it is dropped.
+        let mut in_flight = Box::pin(limiter.check("in flight", 1));
+        gone.block_on(std::future::poll_fn(|cx| {
+            assert!(in_flight.as_mut().poll(cx).is_pending(), "no reply yet");
+            Poll::Ready(())
+        }));
+        let failed = limiter.store().calls_failed();
+        let mut queued = Box::pin(limiter.check("queued", 1));
+        kept.block_on(std::future::poll_fn(|cx| {
+            assert!(
+                queued.as_mut().poll(cx).is_pending(),
+                "queued behind the place"
+            );
+            Poll::Ready(())
+        }));
+        if dropped_on_its_runtime {
+            gone.spawn(async move {
+                let _in_flight = in_flight;
+                std::future::pending::<()>().await;
+            });
+            gone.block_on(tokio::task::yield_now());
+            drop(gone);
+        } else {
+            drop(gone);
+            drop(in_flight);
+        }
+        let answer = kept
+            .block_on(async { tokio::time::timeout(Duration::from_secs(2), queued).await })
+            .expect("answered at once, not at the store's 5 s timeout");
+        match answer {
+            Err(Error::Store(e)) => {
+                assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+                assert!(e.to_string().contains("runtime shut down"), "{e}");
+            }
+            other => panic!("{dropped_on_its_runtime}: {other:?}"),
+        }
+        assert_eq!(
+            limiter.store().calls_failed(),
+            failed + 1,
+            "{dropped_on_its_runtime}: the queued check counted"
+        );
+        // And the store's place is free again.
+        let after = kept
+            .block_on(limiter.check("after", 1))
+            .expect("a decision");
+        assert!(after.is_allowed());
+    }
+}

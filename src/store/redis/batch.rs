@@ -106,6 +106,7 @@ async fn batched(
 ) -> Result<Decision, StoreError> {
     match enqueue(&link, call, timeout, batching) {
         Turn::Queued(decided) => decided.await.unwrap_or_else(|_| {
+            link.count_dropped_batch();
             Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 "the batch of this check was dropped (its runtime shut down)",

@@ -281,6 +281,13 @@ impl Link {
         }
     }
 
+    /// Counts a queued check whose batch went with the runtime that was to send it:
+    /// it ended without a decision, but Redis was never asked, so no spell of
+    /// failure begins (its end would be logged as Redis answering again).
+    pub(super) fn count_dropped_batch(&self) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counts `checks` calls (or checks of a batch) that ended without a decision.
     pub(super) fn count_failures(&self, error: &StoreError, checks: u64) {
         self.failures.fetch_add(checks, Ordering::Relaxed);
