@@ -5,8 +5,10 @@
 
 use crate::support::{check_at_once, RedisServer};
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -74,6 +76,54 @@ async fn a_burst_is_decided_while_redis_answers_and_the_queue_gives_its_memory_b
             store.queue_capacity()
         );
     }
+}
+
+/// The queue's memory is back by the time the burst's last answer is. On one
+/// thread, with the checks awaited in the test's own task: the task that sent the
+/// last batch yields before it looks at the queue again, and the test, woken by
+/// that batch's answers, runs first. A queue given back at that next look, as
+/// before, was still full when the caller looked (the multi-thread test above saw
+/// it too, beside busy loops).
+#[tokio::test(flavor = "current_thread")]
+async fn a_burst_s_queue_gives_its_memory_back_by_its_last_answer() {
+    const CHECKS: usize = 4_000;
+    let server = RedisServer::start();
+    // One call in flight: with two, one sending task's look at the empty queue came
+    // while the other's last batch was out, and hid the order that matters here.
+    let store = RedisStore::from_url(&server.url())
+        .unwrap()
+        .max_pipelined(1);
+    store.connect().await.unwrap();
+    let limiter = Limiter::new(store.clone(), policy());
+    let mut checks: Vec<_> = (0..CHECKS)
+        .map(|i| Some(Box::pin(limiter.check(format!("one thread:{i}"), 1))))
+        .collect();
+    let mut allowed = 0;
+    std::future::poll_fn(|cx| {
+        let mut waiting = false;
+        for slot in &mut checks {
+            let Some(check) = slot else { continue };
+            match check.as_mut().poll(cx) {
+                Poll::Ready(decided) => {
+                    allowed += usize::from(decided.expect("a decision").is_allowed());
+                    *slot = None;
+                }
+                Poll::Pending => waiting = true,
+            }
+        }
+        if waiting {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    assert_eq!(allowed, CHECKS);
+    assert!(
+        store.queue_capacity() <= 1_024,
+        "the queue kept room for {} checks",
+        store.queue_capacity()
+    );
 }
 
 /// Clients that keep Redis busy with `DEBUG SLEEP`s of `ms` (wall time, whatever

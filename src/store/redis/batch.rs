@@ -279,12 +279,15 @@ fn next_batch(link: &Link) -> Option<Vec<Waiting>> {
         decisions += policies;
         batch.extend(state.waiting.pop_front());
     }
+    // After a burst, the memory it queued in goes back, as soon as the last batch
+    // takes the last check (before any of them is answered, so a caller that saw
+    // every answer sees the memory back too: beside busy loops, the sending task's
+    // next look at the empty queue came after them).
+    if state.waiting.is_empty() && state.waiting.capacity() > KEEP_CAPACITY {
+        state.waiting = VecDeque::new();
+    }
     if batch.is_empty() {
         state.in_flight = state.in_flight.saturating_sub(1);
-        // After a burst, the memory it queued in goes back.
-        if state.waiting.capacity() > KEEP_CAPACITY {
-            state.waiting = VecDeque::new();
-        }
         return None;
     }
     Some(batch)
