@@ -500,25 +500,43 @@ async fn outcomes_too_wide_to_pack_are_exact() {
     }
 }
 
+/// A runtime of one thread: the tests where one goes away make two.
+fn one_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Drops `held` with the runtime `gone`: on it as it shuts down (a task of it holds
+/// `held`), or after it, with no runtime at all.
+fn drop_with<T: Send + 'static>(gone: tokio::runtime::Runtime, held: T, on_its_runtime: bool) {
+    if on_its_runtime {
+        gone.spawn(async move {
+            let _held = held;
+            std::future::pending::<()>().await;
+        });
+        gone.block_on(tokio::task::yield_now());
+        drop(gone);
+    } else {
+        drop(gone);
+        drop(held);
+    }
+}
+
 /// A runtime that goes away with checks queued on a store that outlives it (the
 /// check in flight and every queued one dropped with it) leaves the store's place
 /// free: the store decides on another runtime at once, whether the checks were
 /// dropped on their runtime as it shut down or after it, with no runtime at all.
 #[test]
 fn checks_queued_on_a_runtime_that_goes_away_leave_the_store_working() {
-    let runtime = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    };
     let server = RedisServer::start();
-    let kept = runtime();
+    let kept = one_thread();
     let limiter = std::sync::Arc::new(Limiter::new(store(&server), fixed(1_000)));
     // The connection's reader runs on the runtime that stays.
     kept.block_on(limiter.check("warm", 1)).unwrap();
     for dropped_on_its_runtime in [true, false] {
-        let gone = runtime();
+        let gone = one_thread();
         let checks = gone.block_on(async {
             let mut checks: Vec<_> = (0..64)
                 .map(|i| Box::pin(limiter.check(format!("q{i}"), 1)))
@@ -534,17 +552,7 @@ fn checks_queued_on_a_runtime_that_goes_away_leave_the_store_working() {
             }
             checks
         });
-        if dropped_on_its_runtime {
-            gone.spawn(async move {
-                let _checks = checks;
-                std::future::pending::<()>().await;
-            });
-            gone.block_on(tokio::task::yield_now());
-            drop(gone);
-        } else {
-            drop(gone);
-            drop(checks);
-        }
+        drop_with(gone, checks, dropped_on_its_runtime);
         let after = kept.block_on(async {
             tokio::time::timeout(Duration::from_secs(5), limiter.check("after", 1)).await
         });
@@ -563,18 +571,12 @@ fn checks_queued_on_a_runtime_that_goes_away_leave_the_store_working() {
 /// or after it, with no runtime at all.
 #[test]
 fn a_check_whose_batch_goes_with_another_runtime_fails_and_is_counted() {
-    let runtime = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    };
     let server = RedisServer::start();
-    let kept = runtime();
+    let kept = one_thread();
     let limiter = std::sync::Arc::new(Limiter::new(store(&server), fixed(1_000)));
     kept.block_on(limiter.check("warm", 1)).unwrap();
     for dropped_on_its_runtime in [true, false] {
-        let gone = runtime();
+        let gone = one_thread();
         // Sent at once: it holds the store's one place until it is dropped.
         let mut in_flight = Box::pin(limiter.check("in flight", 1));
         gone.block_on(std::future::poll_fn(|cx| {
@@ -590,17 +592,7 @@ fn a_check_whose_batch_goes_with_another_runtime_fails_and_is_counted() {
             );
             Poll::Ready(())
         }));
-        if dropped_on_its_runtime {
-            gone.spawn(async move {
-                let _in_flight = in_flight;
-                std::future::pending::<()>().await;
-            });
-            gone.block_on(tokio::task::yield_now());
-            drop(gone);
-        } else {
-            drop(gone);
-            drop(in_flight);
-        }
+        drop_with(gone, in_flight, dropped_on_its_runtime);
         let answer = kept
             .block_on(async { tokio::time::timeout(Duration::from_secs(2), queued).await })
             .expect("answered at once, not at the store's 5 s timeout");
