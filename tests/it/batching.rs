@@ -508,6 +508,17 @@ fn one_thread() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A runtime that stays, and a limiter on [`store`] whose connection it made (the
+/// connection's reader runs there).
+fn connected_on_a_runtime_that_stays(
+    server: &RedisServer,
+) -> (tokio::runtime::Runtime, std::sync::Arc<Limiter<RedisStore>>) {
+    let kept = one_thread();
+    let limiter = std::sync::Arc::new(Limiter::new(store(server), fixed(1_000)));
+    kept.block_on(limiter.check("warm", 1)).unwrap();
+    (kept, limiter)
+}
+
 /// Drops `held` with the runtime `gone`: on it as it shuts down (a task of it holds
 /// `held`), or after it, with no runtime at all.
 fn drop_with<T: Send + 'static>(gone: tokio::runtime::Runtime, held: T, on_its_runtime: bool) {
@@ -531,10 +542,7 @@ fn drop_with<T: Send + 'static>(gone: tokio::runtime::Runtime, held: T, on_its_r
 #[test]
 fn checks_queued_on_a_runtime_that_goes_away_leave_the_store_working() {
     let server = RedisServer::start();
-    let kept = one_thread();
-    let limiter = std::sync::Arc::new(Limiter::new(store(&server), fixed(1_000)));
-    // The connection's reader runs on the runtime that stays.
-    kept.block_on(limiter.check("warm", 1)).unwrap();
+    let (kept, limiter) = connected_on_a_runtime_that_stays(&server);
     for dropped_on_its_runtime in [true, false] {
         let gone = one_thread();
         let checks = gone.block_on(async {
@@ -572,9 +580,7 @@ fn checks_queued_on_a_runtime_that_goes_away_leave_the_store_working() {
 #[test]
 fn a_check_whose_batch_goes_with_another_runtime_fails_and_is_counted() {
     let server = RedisServer::start();
-    let kept = one_thread();
-    let limiter = std::sync::Arc::new(Limiter::new(store(&server), fixed(1_000)));
-    kept.block_on(limiter.check("warm", 1)).unwrap();
+    let (kept, limiter) = connected_on_a_runtime_that_stays(&server);
     for dropped_on_its_runtime in [true, false] {
         let gone = one_thread();
         // Sent at once: it holds the store's one place until it is dropped.

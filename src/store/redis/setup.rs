@@ -327,9 +327,10 @@ impl RedisStore {
     /// How many calls of this store and its clones ended without a decision: timed
     /// out, refused by the server, or failed on the connection (or found it being
     /// replaced), or queued for a batch that went with the runtime that was to send
-    /// it; a batch that failed counts each of its checks. Each went to the limiter's fallback or the layer's failure mode, so
-    /// an operator can watch this (beside [`RedisStore::calls_sent`]) without a log
-    /// subscriber; the `metrics` feature counts the same by kind.
+    /// it; a batch that failed counts each of its checks. Each went to the limiter's
+    /// fallback or the layer's failure mode, so an operator can watch this (beside
+    /// [`RedisStore::calls_sent`]) without a log subscriber; the `metrics` feature
+    /// counts the same by kind.
     pub fn calls_failed(&self) -> u64 {
         self.link.failures.load(Ordering::Relaxed)
     }
