@@ -9,7 +9,7 @@ use crate::support;
 use redlimit::store::StoreErrorKind;
 
 use std::future::Future;
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -519,6 +519,16 @@ fn connected_on_a_runtime_that_stays(
     (kept, limiter)
 }
 
+/// Polls `check` once, on the task (and so the runtime) that awaits this: a check
+/// sent, or queued, and not answered yet.
+async fn polled_once_and_pending<F: Future + Unpin>(check: &mut F, why: &str) {
+    std::future::poll_fn(|cx| {
+        assert!(Pin::new(&mut *check).poll(cx).is_pending(), "{why}");
+        Poll::Ready(())
+    })
+    .await
+}
+
 /// Drops `held` with the runtime `gone`: on it as it shuts down (a task of it holds
 /// `held`), or after it, with no runtime at all.
 fn drop_with<T: Send + 'static>(gone: tokio::runtime::Runtime, held: T, on_its_runtime: bool) {
@@ -552,11 +562,7 @@ fn checks_queued_on_a_runtime_that_goes_away_leave_the_store_working() {
             // Each polled once: the first takes the one place and is sent, the
             // others queue behind it.
             for check in &mut checks {
-                std::future::poll_fn(|cx| {
-                    assert!(check.as_mut().poll(cx).is_pending(), "no reply yet");
-                    Poll::Ready(())
-                })
-                .await;
+                polled_once_and_pending(check, "no reply yet").await;
             }
             checks
         });
@@ -585,19 +591,13 @@ fn a_check_whose_batch_goes_with_another_runtime_fails_and_is_counted() {
         let gone = one_thread();
         // Sent at once: it holds the store's one place until it is dropped.
         let mut in_flight = Box::pin(limiter.check("in flight", 1));
-        gone.block_on(std::future::poll_fn(|cx| {
-            assert!(in_flight.as_mut().poll(cx).is_pending(), "no reply yet");
-            Poll::Ready(())
-        }));
+        gone.block_on(polled_once_and_pending(&mut in_flight, "no reply yet"));
         let failed = limiter.store().calls_failed();
         let mut queued = Box::pin(limiter.check("queued", 1));
-        kept.block_on(std::future::poll_fn(|cx| {
-            assert!(
-                queued.as_mut().poll(cx).is_pending(),
-                "queued behind the place"
-            );
-            Poll::Ready(())
-        }));
+        kept.block_on(polled_once_and_pending(
+            &mut queued,
+            "queued behind the place",
+        ));
         drop_with(gone, in_flight, dropped_on_its_runtime);
         let answer = kept
             .block_on(async { tokio::time::timeout(Duration::from_secs(2), queued).await })
