@@ -486,12 +486,13 @@ impl Row {
             .map(|a| a.replace("__rand_int__", PROBE))
             .collect();
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = server.cli(&refs);
-        let fields: Vec<i64> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        let out = server.cli_bytes(&refs);
         if self.args[0] != "FCALL" {
             // The smallest script's reply: its count.
-            return out.trim().to_owned();
+            return String::from_utf8_lossy(&out).trim().to_owned();
         }
+        let fields = reply_integers(&out);
+        let out = format!("{fields:?}");
         let outcomes = unpack(&fields);
         if let Some((policy, remaining)) = self.expect {
             assert_eq!(
@@ -527,6 +528,20 @@ impl Row {
             std::thread::sleep(HOUR - into + Duration::from_millis(200));
         }
     }
+}
+
+/// The integers of a store's reply as `redis-cli` prints it: one integer as text, or
+/// more packed into one string of big-endian doubles (src/store/redis/contract),
+/// printed raw and followed by a newline.
+fn reply_integers(out: &[u8]) -> Vec<i64> {
+    let out = out.strip_suffix(b"\n").unwrap_or(out);
+    if let Some(n) = std::str::from_utf8(out).ok().and_then(|s| s.trim().parse().ok()) {
+        return vec![n];
+    }
+    assert!(out.len() % 8 == 0, "a packed reply: {out:?}");
+    out.chunks_exact(8)
+        .map(|c| f64::from_be_bytes(c.try_into().expect("8 bytes")) as i64)
+        .collect()
 }
 
 /// A reply's packed outcomes, as (allowed, remaining, reset ms). Each is one integer,

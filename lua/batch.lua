@@ -26,8 +26,9 @@
 -- KEYS      the keys the records name
 --
 -- Every set, record, cost, time and key is checked before anything is written.
--- Reply: each record's policies' outcomes (common.lua's put), record after record;
--- a lone check of one policy whose outcome is one integer gets that integer alone.
+-- Reply: each record's policies' outcomes (common.lua's put), record after record,
+-- packed into one string (common.lua's packed); a lone check of one policy whose
+-- outcome is one integer gets that integer alone.
 
 if not call then
   init()
@@ -50,21 +51,21 @@ if nargs == 1 and flags == FLAGS_BASE and nsets == 1 and clock == HEAD_REDIS_CLO
   local now = time_ms()
   if nkeys == 1 then
     -- One check of one policy: its outcome alone, one integer when it packs into
-    -- one (Redis turns a table into a reply at a cost of its own), and no new table.
+    -- one (the cheapest reply there is), and no new table.
     ONE_RAW[1] = call("GET", KEYS[1])
     local r = check_once(set, 0, 1, now, ONE_REPLY, 0, ONE_RAW, KEYS, true)
     if r == 1 then
       return ONE_REPLY[1]
     end
-    return { unpacked(ONE_REPLY, 1, r) }
+    return packed(ONE_REPLY, r)
   end
   -- Every state in one read. The reply sized for a few checks (a table grown from
-  -- empty is rebuilt at 1, 2, 4 and 8 items); Redis reads it up to its first nil.
+  -- empty is rebuilt at 1, 2, 4 and 8 items); its first r items are the reply.
   local raws, reply, r = call("MGET", unpacked(KEYS)), { nil, nil, nil, nil, nil, nil, nil, nil }, 0
   for k0 = 0, nkeys - p, p do
     r = check_once(set, k0, 1, now, reply, r, raws, KEYS, true)
   end
-  return reply
+  return packed(reply, r)
 end
 local timed = clock == HEAD_CLIENT_CLOCK
 if not (nsets and nsets >= 1 and (timed or clock == HEAD_REDIS_CLOCK) and flags >= FLAGS_BASE
@@ -136,7 +137,7 @@ if size == 0 then
     local cost, at = cost_and_time(j)
     r = check_once(set, j * p, cost, at, reply, r, raws, KEYS, not timed)
   end
-  return reply
+  return packed(reply, r)
 end
 -- The records' bytes, read out once (string.byte is a call a byte).
 local rec = { byte(records, 1, size) }
@@ -187,7 +188,7 @@ if not map then
     end
     k0, pos = k0 + p, pos + 1
   end
-  return reply
+  return packed(reply, r)
 end
 -- Records that name their keys' slots or their operations: decided on the states
 -- read once, each key written once at the end, so a record found wrong on the way
@@ -236,4 +237,4 @@ if (per > 0 and j ~= n) or (not map and k0 ~= nkeys) then
   return redis.error_reply(fmt("ERR redlimit: the batch's records (%d) take %d keys and their costs and times, got %d keys and %d arguments", j, map and nkeys or k0, nkeys, nargs))
 end
 write_all(KEYS, 1, nkeys)
-return reply
+return packed(reply, r)

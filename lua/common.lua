@@ -132,3 +132,29 @@ local function put(reply, r, allowed, remaining, reset, retry)
   reply[r + 2], reply[r + 3], reply[r + 4] = remaining, reset, retry
   return r + 4
 end
+
+-- The reply's first r integers as one string of big-endian doubles, 8 bytes each
+-- (exact: every integer of a reply is below 2^53). Redis turns a table into a reply
+-- at a cost per table and per item (8 outcomes: about 8,800 instructions, this
+-- 2,900), and the client reads one string where it parsed r integers. Packed 32 at
+-- a time: a format of its own per count, and no more values unpacked onto the stack.
+local PACKED = {}
+local function packed_run(reply, i, j)
+  local count = j - i + 1
+  local format = PACKED[count]
+  if not format then
+    format = ">" .. rep("d", count)
+    PACKED[count] = format
+  end
+  return pack(format, unpacked(reply, i, j))
+end
+local function packed(reply, r)
+  if r <= 32 then
+    return packed_run(reply, 1, r)
+  end
+  local runs = {}
+  for i = 1, r, 32 do
+    runs[#runs + 1] = packed_run(reply, i, min(i + 31, r))
+  end
+  return table.concat(runs)
+end

@@ -26,7 +26,7 @@ end
 -- Fewer than a batch beyond the cost denies the check, nothing written, until the
 -- cost and a batch fit: a unit at a time would cost a call a unit. Writes each
 -- policy's outcome to reply, then the LEASE_FIELDS integers (main.lua), and
--- the lease generation at keys[n + 1]: made by the first grant, kept as long as the
+-- returns how many the reply holds; writes the lease generation at keys[n + 1]: made by the first grant, kept as long as the
 -- states this grant writes (give-backs apply only while it stands).
 local function lease(keys, set, now, cost, want, batch, reply, raws, keeps)
   local n = set.n
@@ -128,4 +128,5 @@ local function lease(keys, set, now, cost, want, batch, reply, raws, keeps)
   reply[r + LEASE_AGAIN] = again
   reply[r + LEASE_WINDOW_END] = window_left > 0 and now + window_left or 0
   reply[r + LEASE_EPOCH] = epoch
+  return r + LEASE_FIELDS
 end

@@ -9,8 +9,8 @@
 --       a leasing check's units wanted (ARG_WANT) and batch (ARG_BATCH), or a
 --       give-back's end of its lease's window (ARG_BEFORE) and lease generation
 --       (ARG_EPOCH); then optionally the client's clock in ms (else Redis TIME)
--- reply each policy's outcome (decide.lua's put); a leasing check adds the
---       LEASE_FIELDS integers
+-- reply each policy's outcome (common.lua's put); a leasing check adds the
+--       LEASE_FIELDS integers; packed into one string (common.lua's packed)
 --
 -- A reset deletes the keys (the lease generation too) and answers as a peek on
 -- fresh state. A leasing check admits only if the cost and `batch` more units fit
@@ -50,8 +50,7 @@ end
 local reply = {}
 if op == OP_RESET then
   call("DEL", unpacked(KEYS))
-  run(OP_PEEK, set, nil, 0, cost, now, reply, 0, {}, false)
-  return reply
+  return packed(reply, run(OP_PEEK, set, nil, 0, cost, now, reply, 0, {}, false))
 end
 local raws = call("MGET", unpacked(KEYS, 1, n))
 if op == OP_LEASE then
@@ -59,8 +58,7 @@ if op == OP_LEASE then
   if not (want and batch) then
     return redis.error_reply("ERR redlimit: a leasing check takes the units wanted and the batch")
   end
-  lease(KEYS, set, now, cost, want, batch, reply, raws, keeps)
-  return reply
+  return packed(reply, lease(KEYS, set, now, cost, want, batch, reply, raws, keeps))
 end
 local before, epoch = tonum(ARGV[ARG_BEFORE]), ARGV[ARG_EPOCH]
 if not (before and find(epoch, "^%d+$")) then
@@ -69,6 +67,6 @@ if not (before and find(epoch, "^%d+$")) then
     sub(ARGV[ARG_BEFORE], 1, 24), sub(epoch, 1, 24)))
 end
 local refund = now < before and call("GET", KEYS[n + 1]) == epoch
-run(refund and OP_REFUND or OP_PEEK, set, nil, 0, cost, now, reply, 0, raws, keeps)
+local r = run(refund and OP_REFUND or OP_PEEK, set, nil, 0, cost, now, reply, 0, raws, keeps)
 write_all(KEYS, 1, n)
-return reply
+return packed(reply, r)

@@ -86,12 +86,17 @@ impl Server {
 
     /// One `redis-cli` command; its output.
     pub fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
+        String::from_utf8_lossy(&self.cli_bytes(args)).into_owned()
+    }
+
+    /// One `redis-cli` command; its output as bytes (a reply string is printed raw).
+    pub fn cli_bytes(&self, args: &[&str]) -> Vec<u8> {
+        Command::new("redis-cli")
             .args(["-p", &self.port.to_string()])
             .args(args)
             .output()
-            .expect("redis-cli must be installed (Debian: redis-tools)");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+            .expect("redis-cli must be installed (Debian: redis-tools)")
+            .stdout
     }
 
     /// The instructions the server executed while `work` ran, and what `work` returned.

@@ -358,20 +358,29 @@ pub(crate) fn subject(i: usize) -> Subject {
     Subject::new(format!("{i:012}"))
 }
 
-/// A script reply's first integer: 1 admitted, 0 denied.
-/// Whether the store's reply admits its first policy: a packed outcome (its lowest
+/// Whether a reply admits its first policy: the store's, a packed outcome (its lowest
 /// bit) or the marker of an admission too wide to pack (-2), as
-/// src/store/redis/contract packs them (a lone outcome of one integer comes alone).
+/// src/store/redis/contract packs them (a lone outcome of one integer comes alone,
+/// more as one string of big-endian doubles); a reference script's array, whose
+/// first integer is 1 or 0.
 pub(crate) fn admitted(reply: &Value) -> bool {
     let first = match reply {
-        Value::Array(items) => items.first(),
-        one @ Value::Int(_) => Some(one),
+        Value::Array(items) => match items.first() {
+            Some(Value::Int(n)) => *n,
+            other => panic!("unexpected reference reply {other:?}"),
+        },
+        Value::BulkString(bytes) if bytes.len() >= 8 => {
+            let mut be = [0u8; 8];
+            be.copy_from_slice(&bytes[..8]);
+            f64::from_be_bytes(be) as i64
+        }
+        Value::Int(n) => *n,
         other => panic!("unexpected script reply {other:?}"),
     };
-    match first {
-        Some(Value::Int(n)) if *n >= 0 => n & 1 == 1,
-        Some(Value::Int(n)) => *n == -2,
-        other => panic!("unexpected outcome {other:?}"),
+    if first >= 0 {
+        first & 1 == 1
+    } else {
+        first == -2
     }
 }
 

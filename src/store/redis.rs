@@ -480,11 +480,8 @@ mod tests {
         let packed = |allowed: i64, remaining: i64, reset: i64| {
             (reset << (1 + contract::PACK_REMAINING_BITS)) | (remaining << 1) | allowed
         };
-        let reply = Value::Array(
-            [packed(1, 2, 500), packed(0, 0, 400), 30]
-                .map(Value::Int)
-                .to_vec(),
-        );
+        let reply =
+            super::contract::reply::packed(&[packed(1, 2, 500), packed(0, 0, 400), 30]);
         let d = decision(&policies, reply).unwrap();
         assert!(!d.is_allowed());
         assert_eq!(d.denied_by(), Some("b"));
@@ -497,9 +494,9 @@ mod tests {
         let policies = policies();
         let bad = [
             Value::Nil,
-            Value::Array(vec![Value::Int(1); 3]),
-            Value::Array([0].map(Value::Int).to_vec()),
-            Value::Array([1, -5].map(Value::Int).to_vec()),
+            super::contract::reply::packed(&[1; 3]),
+            super::contract::reply::packed(&[0]),
+            super::contract::reply::packed(&[1, -5]),
             Value::Array(vec![Value::Okay; 2]),
         ];
         for reply in bad {

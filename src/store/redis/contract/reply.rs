@@ -36,53 +36,70 @@ impl PolicyReply {
     }
 }
 
-/// A non-negative integer of the reply.
-fn number(value: &Value) -> Option<u64> {
+/// The largest integer a reply may hold, and every smaller one: a double's exact
+/// integers (2^53).
+const EXACT: f64 = 9_007_199_254_740_992.0;
+
+/// A reply's integers: one alone (a lone outcome that packs into one integer), or
+/// the string the Lua packs them into (lua/common.lua's `packed`: big-endian doubles,
+/// 8 bytes each, every one an integer below 2^53 in magnitude).
+fn integers<C: Default + Extend<i64>>(value: Value) -> Result<C, ParsingError> {
+    let mut ints = C::default();
     match value {
-        Value::Int(n) => u64::try_from(*n).ok(),
-        _ => None,
+        Value::Int(n) => ints.extend([n]),
+        Value::BulkString(bytes) if bytes.len() % 8 == 0 => {
+            for chunk in bytes.chunks_exact(8) {
+                let mut be = [0u8; 8];
+                be.copy_from_slice(chunk);
+                let x = f64::from_be_bytes(be);
+                if !(x.fract() == 0.0 && x.abs() < EXACT) {
+                    return Err(format!("expected packed integers, got {x}").into());
+                }
+                ints.extend([x as i64]);
+            }
+        }
+        other => return Err(format!("expected packed integers, got {other:?}").into()),
     }
+    Ok(ints)
 }
 
-/// The reply's items, or what it was instead of an array: a lone outcome that packs
-/// into one integer comes as that integer alone.
-fn items(value: Value) -> Result<Vec<Value>, ParsingError> {
-    match value {
-        Value::Array(items) => Ok(items),
-        Value::Int(n) => Ok(vec![Value::Int(n)]),
-        other => Err(format!("expected an array, got {other:?}").into()),
-    }
+/// `ints` as the Lua packs a reply of more than one integer (lua/common.lua's
+/// `packed`), for tests that hand the decoder a reply.
+#[cfg(test)]
+pub(crate) fn packed(ints: &[i64]) -> Value {
+    Value::BulkString(ints.iter().flat_map(|&n| (n as f64).to_be_bytes()).collect())
 }
 
-/// The packed outcomes in `items`, every one of them (see [`PACK_REMAINING_BITS`]).
-fn policies_of<C: Default + Extend<PolicyReply>>(items: &[Value]) -> Result<C, ParsingError> {
+/// The packed outcomes in `ints`, every one of them (see [`PACK_REMAINING_BITS`]).
+fn policies_of<C: Default + Extend<PolicyReply>>(ints: &[i64]) -> Result<C, ParsingError> {
     const REMAINING_MASK: u64 = (1 << PACK_REMAINING_BITS) - 1;
     let mut replies = C::default();
-    let mut rest = items.iter();
+    let mut rest = ints.iter().copied();
     while let Some(first) = rest.next() {
         let mut next = || {
-            rest.next().and_then(number).ok_or_else(|| {
-                ParsingError::from(format!("a packed outcome ends early after {first:?}"))
-            })
+            rest.next()
+                .and_then(|n| u64::try_from(n).ok())
+                .ok_or_else(|| {
+                    ParsingError::from(format!("a packed outcome ends early after {first}"))
+                })
         };
-        let reply = match first {
-            Value::Int(n) if *n >= 0 => {
-                let n = *n as u64;
-                let allowed = n & 1 == 1;
-                PolicyReply {
-                    allowed,
-                    remaining: (n >> 1) & REMAINING_MASK,
-                    reset_after_ms: n >> (1 + PACK_REMAINING_BITS),
-                    retry_after_ms: if allowed { 0 } else { next()? },
-                }
+        let reply = if let Ok(n) = u64::try_from(first) {
+            let allowed = n & 1 == 1;
+            PolicyReply {
+                allowed,
+                remaining: (n >> 1) & REMAINING_MASK,
+                reset_after_ms: n >> (1 + PACK_REMAINING_BITS),
+                retry_after_ms: if allowed { 0 } else { next()? },
             }
-            Value::Int(n) if *n == PACK_WIDE_ALLOWED || *n == PACK_WIDE_DENIED => PolicyReply {
-                allowed: *n == PACK_WIDE_ALLOWED,
+        } else if first == PACK_WIDE_ALLOWED || first == PACK_WIDE_DENIED {
+            PolicyReply {
+                allowed: first == PACK_WIDE_ALLOWED,
                 remaining: next()?,
                 reset_after_ms: next()?,
                 retry_after_ms: next()?,
-            },
-            other => return Err(format!("expected a packed outcome, got {other:?}").into()),
+            }
+        } else {
+            return Err(format!("expected a packed outcome, got {first}").into());
         };
         replies.extend([reply]);
     }
@@ -96,7 +113,8 @@ pub(crate) struct Reply(pub(crate) SmallVec<[PolicyReply; 4]>);
 
 impl FromRedisValue for Reply {
     fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
-        Ok(Self(policies_of(&items(value)?)?))
+        let ints: SmallVec<[i64; 8]> = integers(value)?;
+        Ok(Self(policies_of(&ints)?))
     }
 }
 
@@ -164,16 +182,16 @@ pub(crate) struct LeaseReply {
 
 impl FromRedisValue for LeaseReply {
     fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
-        let items = items(value)?;
-        let Some(split) = items.len().checked_sub(LEASE_FIELDS) else {
+        let ints: SmallVec<[i64; 16]> = integers(value)?;
+        let Some(split) = ints.len().checked_sub(LEASE_FIELDS) else {
             return Err(format!(
                 "expected {LEASE_FIELDS} lease integers after the policies', got {}",
-                items.len()
+                ints.len()
             )
             .into());
         };
-        let (per_policy, lease) = items.split_at(split);
-        let field = |at: usize| number(&lease[at - 1]);
+        let (per_policy, lease) = ints.split_at(split);
+        let field = |at: usize| u64::try_from(lease[at - 1]).ok();
         let (Some(units), Some(window_left), Some(again), Some(window_end), Some(epoch)) = (
             field(LEASE_GRANT),
             field(LEASE_WINDOW_LEFT),
@@ -181,7 +199,7 @@ impl FromRedisValue for LeaseReply {
             field(LEASE_WINDOW_END),
             field(LEASE_EPOCH),
         ) else {
-            return Err(format!("expected {LEASE_FIELDS} integers, got {lease:?}").into());
+            return Err(format!("expected {LEASE_FIELDS} non-negative integers, got {lease:?}").into());
         };
         Ok(Self {
             policies: Reply(policies_of(per_policy)?),
@@ -221,7 +239,8 @@ pub(crate) struct BatchReply(pub(crate) Vec<PolicyReply>);
 
 impl FromRedisValue for BatchReply {
     fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
-        Ok(Self(policies_of(&items(value)?)?))
+        let ints: Vec<i64> = integers(value)?;
+        Ok(Self(policies_of(&ints)?))
     }
 }
 

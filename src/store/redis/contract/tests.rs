@@ -328,7 +328,8 @@ async fn a_batch_round_trips() {
 
 #[test]
 fn malformed_replies_are_protocol_errors_of_every_shape() {
-    let ints = |n: &[i64]| Value::Array(n.iter().map(|&i| Value::Int(i)).collect());
+    let ints = super::reply::packed;
+    let doubles = |x: &[f64]| Value::BulkString(x.iter().flat_map(|x| x.to_be_bytes()).collect());
     fn kind<T: FromRedisValue>(value: Value) -> Option<StoreErrorKind> {
         decode::<T>(value).err().map(|e| e.kind())
     }
@@ -343,6 +344,16 @@ fn malformed_replies_are_protocol_errors_of_every_shape() {
         ints(&[-3]),
         ints(&[PACK_WIDE_ALLOWED, 1, 2]),
         Value::Array(vec![Value::Okay]),
+        // Integers, but not as the Lua sends them: an array, or a string of another
+        // length than 8 bytes an integer.
+        Value::Array(vec![Value::Int(1)]),
+        Value::BulkString(vec![0; 7]),
+        Value::BulkString(vec![0; 9]),
+        // Packed, but not integers below 2^53.
+        doubles(&[0.5]),
+        doubles(&[1.0, f64::NAN]),
+        doubles(&[9_007_199_254_740_992.0]),
+        doubles(&[f64::INFINITY]),
     ] {
         assert_eq!(kind::<Reply>(bad.clone()), protocol, "{bad:?}");
         assert_eq!(kind::<BatchReply>(bad.clone()), protocol, "{bad:?}");
@@ -356,6 +367,13 @@ fn malformed_replies_are_protocol_errors_of_every_shape() {
             outcome(false, 1 << 40, 2, 3)
         ]
     );
+    // The largest integer a double holds exactly, and a lone integer (a lone outcome
+    // that packs into one) as Redis sends it, unpacked.
+    let widest = (1 << 53) - 1;
+    let wide = decode::<Reply>(ints(&[PACK_WIDE_ALLOWED, widest, widest, 0])).unwrap();
+    assert_eq!(wide.0.as_slice(), [outcome(true, widest as u64, widest as u64, 0)]);
+    let lone = decode::<Reply>(Value::Int(1)).unwrap();
+    assert_eq!(lone.0.as_slice(), [outcome(true, 0, 0, 0)]);
     for bad in [
         ints(&[1, 2, 3, 4]),
         ints(&[-3, 0, 0, 0, 5, 0, 0, 0]),
