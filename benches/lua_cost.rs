@@ -535,10 +535,13 @@ impl Row {
 /// printed raw and followed by a newline.
 fn reply_integers(out: &[u8]) -> Vec<i64> {
     let out = out.strip_suffix(b"\n").unwrap_or(out);
-    if let Some(n) = std::str::from_utf8(out).ok().and_then(|s| s.trim().parse().ok()) {
+    if let Some(n) = std::str::from_utf8(out)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+    {
         return vec![n];
     }
-    assert!(out.len() % 8 == 0, "a packed reply: {out:?}");
+    assert!(out.len().is_multiple_of(8), "a packed reply: {out:?}");
     out.chunks_exact(8)
         .map(|c| f64::from_be_bytes(c.try_into().expect("8 bytes")) as i64)
         .collect()

@@ -480,8 +480,7 @@ mod tests {
         let packed = |allowed: i64, remaining: i64, reset: i64| {
             (reset << (1 + contract::PACK_REMAINING_BITS)) | (remaining << 1) | allowed
         };
-        let reply =
-            super::contract::reply::packed(&[packed(1, 2, 500), packed(0, 0, 400), 30]);
+        let reply = super::contract::reply::packed(&[packed(1, 2, 500), packed(0, 0, 400), 30]);
         let d = decision(&policies, reply).unwrap();
         assert!(!d.is_allowed());
         assert_eq!(d.denied_by(), Some("b"));

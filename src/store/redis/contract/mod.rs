@@ -19,7 +19,9 @@
 //!       FLAG_MAP, FLAG_OPS, FLAG_COSTS; the number of policy sets), each set's
 //!       definition, the records (per record: [its operation's letter] its set's
 //!       number [a key slot per policy]), then the costs and the times the flags ask
-//! reply each record's outcomes, a packed outcome per policy
+//! reply each record's outcomes, a packed outcome per policy, as one string of
+//!       big-endian doubles (8 bytes an integer); a lone outcome of one integer as
+//!       that integer
 //! ```
 //!
 //! A single call (lua/main.lua: a reset, a leasing check, a give-back) of `n`
@@ -30,7 +32,8 @@
 //! ARGV  ARG_SET the set's definition, ARG_COST the cost, then the shape's own
 //!       arguments (leasing check: ARG_WANT, ARG_BATCH; give-back: ARG_BEFORE,
 //!       ARG_EPOCH), then optionally the client's clock in ms (else Redis TIME)
-//! reply a packed outcome per policy; a leasing check adds LEASE_FIELDS (LEASE_*)
+//! reply a packed outcome per policy; a leasing check adds LEASE_FIELDS (LEASE_*);
+//!       one string of big-endian doubles, as a batch's
 //! ```
 //!
 //! A set's definition is `<code><flags>:<limit>:<n>[:<holder>];` per policy

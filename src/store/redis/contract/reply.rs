@@ -67,7 +67,11 @@ fn integers<C: Default + Extend<i64>>(value: Value) -> Result<C, ParsingError> {
 /// `packed`), for tests that hand the decoder a reply.
 #[cfg(test)]
 pub(crate) fn packed(ints: &[i64]) -> Value {
-    Value::BulkString(ints.iter().flat_map(|&n| (n as f64).to_be_bytes()).collect())
+    Value::BulkString(
+        ints.iter()
+            .flat_map(|&n| (n as f64).to_be_bytes())
+            .collect(),
+    )
 }
 
 /// The packed outcomes in `ints`, every one of them (see [`PACK_REMAINING_BITS`]).
@@ -199,7 +203,9 @@ impl FromRedisValue for LeaseReply {
             field(LEASE_WINDOW_END),
             field(LEASE_EPOCH),
         ) else {
-            return Err(format!("expected {LEASE_FIELDS} non-negative integers, got {lease:?}").into());
+            return Err(
+                format!("expected {LEASE_FIELDS} non-negative integers, got {lease:?}").into(),
+            );
         };
         Ok(Self {
             policies: Reply(policies_of(per_policy)?),

@@ -371,7 +371,10 @@ fn malformed_replies_are_protocol_errors_of_every_shape() {
     // that packs into one) as Redis sends it, unpacked.
     let widest = (1 << 53) - 1;
     let wide = decode::<Reply>(ints(&[PACK_WIDE_ALLOWED, widest, widest, 0])).unwrap();
-    assert_eq!(wide.0.as_slice(), [outcome(true, widest as u64, widest as u64, 0)]);
+    assert_eq!(
+        wide.0.as_slice(),
+        [outcome(true, widest as u64, widest as u64, 0)]
+    );
     let lone = decode::<Reply>(Value::Int(1)).unwrap();
     assert_eq!(lone.0.as_slice(), [outcome(true, 0, 0, 0)]);
     for bad in [
