@@ -283,6 +283,31 @@ async fn a_leasing_check_and_its_give_back_round_trip() {
     }
 }
 
+/// A reply longer than one packed run (32 integers) comes back whole and in order:
+/// 40 checks of one subject, 2 policies each, the first 10 admitted.
+#[tokio::test]
+async fn a_long_batch_reply_round_trips() {
+    let server = Server::start();
+    let mut conn = server.conn().await;
+    let p = policies();
+    for via in VIAS {
+        let base = format!("rt:{{long-{via:?}}}:t:");
+        let batch = Batch {
+            calls: (0..40).map(|_| call(&base, &p, 1, CHECK)).collect(),
+        };
+        let reply: BatchReply = round_trip(&mut conn, &batch, via).await;
+        // An outcome a policy: 80, from 140 integers (one an admitted outcome, two a
+        // denied one: its retry too), five runs of 32 or fewer.
+        assert_eq!(reply.0.len(), 80, "{via:?}");
+        let decisions = reply.decisions(&batch.calls).unwrap();
+        let remaining: Vec<u64> = decisions.iter().map(|d| d.remaining()).collect();
+        let expected: Vec<u64> = (0..40).map(|i| 9u64.saturating_sub(i)).collect();
+        assert_eq!(remaining, expected, "{via:?}");
+        assert!(decisions[..10].iter().all(|d| d.is_allowed()), "{via:?}");
+        assert!(decisions[10..].iter().all(|d| !d.is_allowed()), "{via:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_batch_round_trips() {
     let server = Server::start();
