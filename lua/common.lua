@@ -135,9 +135,10 @@ end
 
 -- The reply's first r integers as one string of big-endian doubles, 8 bytes each
 -- (exact: every integer of a reply is below 2^53). Redis turns a table into a reply
--- at a cost per table and per item (8 outcomes: about 8,800 instructions, this
--- 2,900), and the client reads one string where it parsed r integers. Packed 32 at
--- a time: a format of its own per count, and no more values unpacked onto the stack.
+-- at a cost per table and per item, and the client parses a reply integer by integer
+-- (about 1,700 instructions each) where it reads one string at once (BENCHMARKS.md).
+-- Packed 32 at a time: a format of its own per count, and no more values unpacked
+-- onto the stack.
 local PACKED = {}
 local function packed_run(reply, i, j)
   local count = j - i + 1

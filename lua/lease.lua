@@ -26,8 +26,9 @@ end
 -- Fewer than a batch beyond the cost denies the check, nothing written, until the
 -- cost and a batch fit: a unit at a time would cost a call a unit. Writes each
 -- policy's outcome to reply, then the LEASE_FIELDS integers (main.lua), and
--- returns how many the reply holds; writes the lease generation at keys[n + 1]: made by the first grant, kept as long as the
--- states this grant writes (give-backs apply only while it stands).
+-- returns how many the reply holds. Writes the lease generation at keys[n + 1]:
+-- made by the first grant, kept as long as the states this grant writes
+-- (give-backs apply only while it stands).
 local function lease(keys, set, now, cost, want, batch, reply, raws, keeps)
   local n = set.n
   load(set, nil, 0, raws, keeps)
