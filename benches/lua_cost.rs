@@ -530,21 +530,16 @@ impl Row {
     }
 }
 
-/// The integers of a store's reply as `redis-cli` prints it: one integer as text, or
-/// more packed into one string of big-endian doubles (src/store/redis/contract),
-/// printed raw and followed by a newline.
+/// The integers of a store's reply as `redis-cli` prints it (raw, then a newline): one
+/// integer as text, or more packed into one string, read as the store reads them.
 fn reply_integers(out: &[u8]) -> Vec<i64> {
     let out = out.strip_suffix(b"\n").unwrap_or(out);
-    if let Some(n) = std::str::from_utf8(out)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-    {
-        return vec![n];
-    }
-    assert!(out.len().is_multiple_of(8), "a packed reply: {out:?}");
-    out.chunks_exact(8)
-        .map(|c| f64::from_be_bytes(c.try_into().expect("8 bytes")) as i64)
-        .collect()
+    let reply = match std::str::from_utf8(out).ok().and_then(|s| s.parse().ok()) {
+        Some(n) => redlimit::redis::Value::Int(n),
+        None => redlimit::redis::Value::BulkString(out.to_vec()),
+    };
+    <RedisStore as RedisStoreInternals>::reply_integers(reply)
+        .unwrap_or_else(|| panic!("a store's reply: {out:?}"))
 }
 
 /// A reply's packed outcomes, as (allowed, remaining, reset ms). Each is one integer,

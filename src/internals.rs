@@ -94,6 +94,9 @@ pub trait RedisStoreInternals {
     /// How many checks the store's batch queue holds without allocating: what it
     /// keeps of its memory after a burst.
     fn queue_capacity(&self) -> usize;
+    /// The integers of a reply of the store's Lua (one alone, or several packed into
+    /// one string), as the store reads them; `None` for a reply of any other shape.
+    fn reply_integers(reply: deadpool_redis::redis::Value) -> Option<Vec<i64>>;
 }
 
 #[cfg(feature = "redis")]
@@ -132,6 +135,10 @@ impl RedisStoreInternals for crate::RedisStore {
 
     fn queue_capacity(&self) -> usize {
         crate::RedisStore::queue_capacity(self)
+    }
+
+    fn reply_integers(reply: deadpool_redis::redis::Value) -> Option<Vec<i64>> {
+        crate::RedisStore::reply_integers(reply)
     }
 }
 

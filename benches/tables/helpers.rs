@@ -3,6 +3,7 @@
 pub(crate) use std::time::Duration;
 
 use crate::support::RedisServer;
+use redlimit::internals::RedisStoreInternals;
 pub(crate) use redlimit::redis::{self, aio::MultiplexedConnection, Value};
 pub(crate) use redlimit::{Algorithm, Policy, RedisStore, Subject};
 pub(crate) use std::time::Instant;
@@ -369,13 +370,12 @@ pub(crate) fn admitted(reply: &Value) -> bool {
             Some(Value::Int(n)) => *n,
             other => panic!("unexpected reference reply {other:?}"),
         },
-        Value::BulkString(bytes) if bytes.len() >= 8 => {
-            let mut be = [0u8; 8];
-            be.copy_from_slice(&bytes[..8]);
-            f64::from_be_bytes(be) as i64
+        store => {
+            match <RedisStore as RedisStoreInternals>::reply_integers(store.clone()).as_deref() {
+                Some([first, ..]) => *first,
+                _ => panic!("unexpected script reply {store:?}"),
+            }
         }
-        Value::Int(n) => *n,
-        other => panic!("unexpected script reply {other:?}"),
     };
     if first >= 0 {
         first & 1 == 1

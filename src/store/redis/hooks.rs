@@ -43,4 +43,9 @@ impl RedisStore {
     pub(crate) fn queue_capacity(&self) -> usize {
         self.link.queue.capacity()
     }
+
+    /// The integers of a reply of the store's Lua, as its decoder reads them.
+    pub(crate) fn reply_integers(reply: deadpool_redis::redis::Value) -> Option<Vec<i64>> {
+        super::contract::reply::integers(reply).ok()
+    }
 }

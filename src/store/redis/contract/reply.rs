@@ -43,7 +43,7 @@ const EXACT: f64 = 9_007_199_254_740_992.0;
 /// A reply's integers: one alone (a lone outcome that packs into one integer), or
 /// the string the Lua packs them into (lua/common.lua's `packed`: big-endian doubles,
 /// 8 bytes each, every one an integer below 2^53 in magnitude).
-fn integers<C: Default + Extend<i64>>(value: Value) -> Result<C, ParsingError> {
+pub(crate) fn integers<C: Default + Extend<i64>>(value: Value) -> Result<C, ParsingError> {
     let mut ints = C::default();
     match value {
         Value::Int(n) => ints.extend([n]),
