@@ -28,7 +28,7 @@ const BENCH: BenchRun = BenchRun {
     pipeline: 16,
 };
 const BENCH_ROUNDS: u32 = 3;
-/// Decisions/s of every algorithm against the smallest fixed-window script (issue 31).
+/// Decisions/s of every algorithm against the smallest fixed-window script (BENCHMARKS.md's target).
 const THROUGHPUT_TARGET: f64 = 1.2;
 
 /// The smallest script that makes a case's decision.
