@@ -44,9 +44,9 @@ if nargs == 1 and flags == FLAGS_BASE and nsets == 1 and clock == HEAD_REDIS_CLO
   if not set then
     return redis.error_reply(bad)
   end
-  local p = set.n
+  local p = set.keys
   if nkeys == 0 or nkeys % p ~= 0 then
-    return redis.error_reply(fmt("ERR redlimit: checks of %d policies each take their keys, got %d", p, nkeys))
+    return redis.error_reply(fmt("ERR redlimit: checks of %d policies each take their keys, got %d", set.n, nkeys))
   end
   local now = time_ms()
   if nkeys == 1 then
@@ -121,7 +121,7 @@ if size == 0 then
   -- No records: checks of the one set, as many as the keys make, each naming its own
   -- keys: written at once, so every cost and time is checked first.
   local set = sets[1]
-  local p = set.n
+  local p = set.keys
   if nsets ~= 1 or map or ops or nkeys % p ~= 0 or (per > 0 and n ~= nkeys / p) then
     return redis.error_reply("ERR redlimit: a batch without records has one set, no operations or slots, and as many keys as its checks take")
   end
@@ -161,7 +161,7 @@ if not map then
     if not (set and fine) then
       return redis.error_reply(fmt(bad_record, j + 1, "names no set, or has no cost or clock"))
     end
-    needed, j, pos = needed + set.n, j + 1, pos + 1
+    needed, j, pos = needed + set.keys, j + 1, pos + 1
   end
   if needed ~= nkeys or (per > 0 and j ~= n) then
     return redis.error_reply(fmt("ERR redlimit: the batch's records (%d) take %d keys, got %d", j, needed, nkeys))
@@ -179,7 +179,7 @@ if not map then
     if per > 0 then
       cost, at = cost_and_time(i)
     end
-    local p = set.n
+    local p = set.keys
     if op == OP_CHECK then
       r = check_once(set, k0, cost, at, reply, r, raws, KEYS, not timed)
     else
@@ -215,7 +215,7 @@ while pos <= size do
   if not (set and fine) then
     return redis.error_reply(fmt(bad_record, j + 1, "names no set, or has no cost or clock"))
   end
-  local p = set.n
+  local p = set.keys
   if map then
     for i = 1, p do
       local k = rec[pos + i]
@@ -223,7 +223,7 @@ while pos <= size do
         return redis.error_reply(fmt(bad_record, j + 1, "names a key it has not"))
       end
     end
-    if p == 1 and op == OP_CHECK then
+    if set.n == 1 and op == OP_CHECK then
       r = check_slot(set, rec[pos + 1], cost, at, reply, r, raws, keeps)
     else
       r = run(op, set, rec, pos + 1, cost, at, reply, r, raws, keeps)

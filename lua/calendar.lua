@@ -44,19 +44,15 @@ local function calendar_step(limit, e, now, cost, ending, count)
 end
 
 -- Kept to the period's end: a state written in the stored period keeps its TTL.
-local function calendar_write(key, e, now, ending, count, _, keep)
+local function calendar_encode(e, now, ending, count, _, keep)
   local raw
   if ending < WIDE_AT and count < WIDE_AT then
     raw = pack(">I6I6", ending, count)
   else
     raw = pack(">I7I7", ending, count)
   end
-  if keep == true or keep == ending then
-    call("SET", key, raw, "KEEPTTL")
-  else
-    call("SET", key, raw, "PX", ttl_text(ending - min(now, ending - 1)))
-  end
+  return raw, ending - min(now, ending - 1), keep == true or keep == ending
 end
 
-READ[ALG_CALENDAR], STEP[ALG_CALENDAR], WRITE[ALG_CALENDAR] =
-  calendar_read, calendar_step, calendar_write
+READ[ALG_CALENDAR], STEP[ALG_CALENDAR], ENCODE[ALG_CALENDAR] =
+  calendar_read, calendar_step, calendar_encode

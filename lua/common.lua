@@ -16,18 +16,20 @@
 --   READ[code](raw) -> a, b, c, keep
 --       its state as numbers (or the string the algorithm works on), nil for no
 --       state or bytes it did not write; `keep` names the stored state's TTL (see
---       WRITE), false when a write must set its own.
+--       ENCODE), false when a write must set its own.
 --   STEP[code](limit, n, now, cost, a, b, c, peek) -> allowed, remaining, reset, retry, a, b, c
 --       the decision at `now` (ms) for `cost` on a state read or left by an earlier
 --       decision of the same call, and the state after it: a pure function of its
 --       arguments, so a subject's state is parsed once however many checks of one
 --       call decide on it. `peek`: nothing will be written (in flight and the
 --       sliding log then build no new state).
---   WRITE[code](key, n, now, a, b, c, keep)
---       writes the state with the TTL it needs; keep == true (a refund: the state
---       only shrank) or keep equal to the new state's own (the stored state's TTL
---       already runs to where this one's must) keeps the key's TTL, which costs
---       Redis less than setting one.
+--   ENCODE[code](n, now, a, b, c, keep) -> raw, ttl, kept
+--       the state as the bytes to store (nil: no state, the key goes), the TTL in
+--       ms it needs from `now`, and whether the key's TTL may be kept: keep == true
+--       (a refund: the state only shrank) or keep equal to the new state's own (the
+--       stored state's TTL already runs to where this one's must). Keeping costs
+--       Redis less than setting one. `store` writes what it returns; a joint set's
+--       writer joins its policies' (decide.lua).
 -- `n` is the policy's window in ms (a token bucket: its emission interval in us;
 -- a calendar quota: the end of its period in ms; in flight: the slot lifetime),
 -- `limit` positive. The refund and charge files register REFUND[code] and
@@ -36,7 +38,7 @@
 -- Lua numbers are doubles: every integer below stays under 2^53 (the policies
 -- are checked for that), where doubles are exact.
 
-local READ, STEP, WRITE = {}, {}, {}
+local READ, STEP, ENCODE = {}, {}, {}
 
 -- The library functions the code calls, as upvalues: a function library cannot
 -- reach the standard libraries while it loads, and an upvalue costs less than a
@@ -106,6 +108,17 @@ local function ttl_text(ms)
   end
   TTL_B, TTL_B_TEXT, TTL_A, TTL_A_TEXT = TTL_A, TTL_A_TEXT, ms, int(ms)
   return TTL_A_TEXT
+end
+
+-- Writes what an ENCODE returned to `key`.
+local function store(key, raw, ttl, kept)
+  if not raw then
+    call("DEL", key)
+  elseif kept then
+    call("SET", key, raw, "KEEPTTL")
+  else
+    call("SET", key, raw, "PX", ttl_text(ttl))
+  end
 end
 
 -- Redis TIME in ms: its two fields are always digits.

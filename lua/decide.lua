@@ -4,11 +4,14 @@
 
 -- A policy set is sent as its definition, one "<code><flags>:<limit>:<n>[:<holder>];"
 -- per policy (flags: FLAG_REQUESTS for a policy counting requests, FLAG_SHADOW for
--- a shadow policy; an in-flight policy's holder in 12 hex digits), and read here
--- once into a flat table, SET_FIELDS a policy (its READ, STEP and WRITE functions,
+-- a shadow policy; an in-flight policy's holder in 12 hex digits), after
+-- SET_JOINT for a joint set (its policies' states in one key, see split and
+-- write_joint), and read here once into a flat table, SET_FIELDS a policy (its
+-- READ, STEP and ENCODE functions,
 -- limit, n, shadow flag, algorithm code, and its ARG: the holder's 6 bytes for an
 -- in-flight policy, true for one counting requests, else false), beside `n`, the
--- number of policies. The function library keeps what it read, by definition, for
+-- number of policies, `keys`, the number of keys a subject's record names (1 for
+-- a joint set, else n), and `joint`. The function library keeps what it read, by definition, for
 -- the calls after (a definition is the whole policy, so a set read is never stale);
 -- at SETS_KEPT definitions it starts over.
 local SETS, SETS_N = {}, 0
@@ -21,7 +24,8 @@ local function read_set(arg, from)
     return set
   end
   local def = from > 1 and sub(arg, from) or arg
-  set = { n = 0 }
+  local joint = sub(def, 1, #SET_JOINT) == SET_JOINT
+  set = { n = 0, joint = joint }
   for code, flags, limit, n, holder in gmatch(def, "(%a%a)(%a*):(%d+):(%d+):?(%x*);") do
     local read = READ[code]
     limit, n = tonum(limit), tonum(n)
@@ -39,6 +43,10 @@ local function read_set(arg, from)
     elseif holder ~= "" then
       read = nil
     end
+    if joint and code == ALG_IN_FLIGHT then
+      -- An in-flight state goes when its last holder does: it keeps a key of its own.
+      read = nil
+    end
     if not (read and limit and n and limit >= 1 and n >= 1 and limit < 9007199254740992 and n < 9007199254740992) then
       local known = {}
       for c in pairs(READ) do
@@ -50,14 +58,15 @@ local function read_set(arg, from)
         set.n + 1, table.concat(known, ", "), sub(def, 1, 64))
     end
     local b = SET_FIELDS * set.n
-    set[b + SET_READ], set[b + SET_STEP], set[b + SET_WRITE] = read, STEP[code], WRITE[code]
+    set[b + SET_READ], set[b + SET_STEP], set[b + SET_ENCODE] = read, STEP[code], ENCODE[code]
     set[b + SET_LIMIT], set[b + SET_N], set[b + SET_SHADOW], set[b + SET_CODE], set[b + SET_ARG] =
       limit, n, shadow, code, arg
     set.n = set.n + 1
   end
-  if set.n == 0 or SET_FIELDS * set.n ~= #set then
-    return nil, fmt("ERR redlimit: no policy set in %q (\"<code><flags>:<limit>:<n>;\" per policy)", sub(def, 1, 64))
+  if set.n == 0 or SET_FIELDS * set.n ~= #set or (joint and set.n < 2) then
+    return nil, fmt("ERR redlimit: no policy set in %q (\"<code><flags>:<limit>:<n>;\" per policy, two or more in a joint set)", sub(def, 1, 64))
   end
+  set.keys = joint and 1 or set.n
   if SETS_N >= SETS_KEPT then
     SETS, SETS_N = {}, 0
   end
@@ -74,20 +83,109 @@ end
 -- between calls. Made by scratch() the first time a call needs them: the function
 -- library keeps them, a script (run anew on every call) makes them only when a call
 -- of it uses them.
-local A, B, C, KEEP, SEEN, DIRTY, WMODE, WFN, WN, WNOW
+local A, B, C, KEEP, SEEN, DIRTY, WMODE, WENC, WN, WNOW
 -- The number of the call, and its keys.
 local CALL, CALL_KEYS = 0, nil
 -- A check's per-policy results until every policy is decided (all or nothing), and
 -- each policy's slot.
 local OK, NA, NB, NC, KEEPS, REMAINING, RESET, RETRY, SLOT
+-- A joint set's key: the call that split it (by slot), and the set it holds; each
+-- state's bytes as read (by slot), each part's now and bytes to keep as they were,
+-- and the parts as split or as joined.
+local JOINED, JSET, JRAW, JNOW, JSAME, PARTS
 
 -- What a call of one set, one key or one outcome uses in place of a new table (the
 -- function library keeps them; a script makes them on every call).
 local ONE_SET, ONE_RAW, ONE_REPLY = {}, {}, {}
 
 local function scratch()
-  A, B, C, KEEP, SEEN, DIRTY, WMODE, WFN, WN, WNOW = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+  A, B, C, KEEP, SEEN, DIRTY, WMODE, WENC, WN, WNOW = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
   OK, NA, NB, NC, KEEPS, REMAINING, RESET, RETRY, SLOT = {}, {}, {}, {}, {}, {}, {}, {}, {}
+  JOINED, JSET, JRAW, JNOW, JSAME, PARTS = {}, {}, {}, {}, {}, {}
+end
+
+-- A joint set keeps its n policies' states in one key: for each of the first n - 1,
+-- its length (one byte below 255, else 255 and four bytes big-endian), then the
+-- states in order, the last taking the rest; an empty state is no state. One read
+-- and one write a subject, where a key a policy costs Redis one of each a policy.
+
+-- Splits `raw` into PARTS[1..n] (false: no state). Bytes that are no such layout
+-- are no state at all, as each READ reads bytes it did not write.
+local function split(raw, n)
+  local pos, size = 1, raw and #raw or 0
+  for i = 1, n - 1 do
+    local len = raw and byte(raw, pos)
+    if len == 255 then
+      len = pos + 4 <= size and sunpack(">I4", raw, pos + 1) or nil
+      pos = pos + 4
+    end
+    if not len or pos + len > size then
+      for j = 1, n do
+        PARTS[j] = false
+      end
+      return
+    end
+    PARTS[i] = len > 0 and sub(raw, pos + 1, pos + len) or false
+    pos = pos + 1 + len
+  end
+  PARTS[n] = pos <= size and sub(raw, pos) or false
+end
+
+-- Writes a joint set's states to `key`: each changed one's NA, NB, NC encoded at
+-- JNOW[i] with KEEPS[i] (see ENCODE), each other one's bytes JSAME[i] as they were
+-- (false: none). One key, so one TTL: kept when every changed state may keep it,
+-- else the longest any changed state needs, and never shorter than the key's own
+-- while it holds a state that did not change or only shrank (the key's TTL runs as
+-- far as such a state needs).
+local function write_joint(key, set)
+  local n, ttl, kept, any, same = set.n, 0, true, false, false
+  for i = 1, n do
+    local raw = ""
+    if NA[i] then
+      local b = SET_FIELDS * (i - 1)
+      local t, k
+      raw, t, k = set[b + SET_ENCODE](set[b + SET_N], JNOW[i], NA[i], NB[i], NC[i], KEEPS[i])
+      -- A refund's state only shrank: as one that did not change.
+      any, kept, same = true, kept and k, same or KEEPS[i] == true
+      if t > ttl then
+        ttl = t
+      end
+    elseif JSAME[i] then
+      raw, same = JSAME[i], true
+    end
+    PARTS[i] = raw
+  end
+  if not any then
+    -- Nothing changed (a caller writes only what did).
+    return
+  end
+  if same and not kept then
+    local left = call("PTTL", key)
+    if left > ttl then
+      ttl = left
+    end
+  end
+  for i = 1, n - 1 do
+    local len = #PARTS[i]
+    PARTS[i] = (len < 255 and char(len) or "\255" .. pack(">I4", len)) .. PARTS[i]
+  end
+  store(key, table.concat(PARTS, "", 1, n), ttl, kept)
+end
+
+-- Policy i's slot in a joint set whose key is at slot k: k itself for the first,
+-- past the call's keys for the others, so each has slots of its own. The first
+-- time the call meets the key, its parts go into raws at those slots.
+local function joint_slots(set, k, raws)
+  local stride = #CALL_KEYS
+  if JOINED[k] ~= CALL then
+    JOINED[k], JSET[k] = CALL, set
+    split(raws[k], set.n)
+    for i = 1, set.n do
+      local v = k + (i - 1) * stride
+      raws[v], JRAW[v] = PARTS[i], PARTS[i]
+    end
+  end
+  return stride
 end
 
 -- Marks slot k for writing with `mode` at `now`, by the policy at b of set.
@@ -97,7 +195,7 @@ local function mark(k, mode, set, b, now)
   elseif mode > WMODE[k] then
     WMODE[k] = mode
   end
-  WFN[k], WN[k], WNOW[k] = set[b + SET_WRITE], set[b + SET_N], now
+  WENC[k], WN[k], WNOW[k] = set[b + SET_ENCODE], set[b + SET_N], now
 end
 
 -- Reads the state of each policy of `set` whose slot (as in run) the call has not
@@ -107,8 +205,13 @@ local function load(set, map, at, raws, keeps)
   if not A then
     scratch()
   end
+  local joint, stride = set.joint and (map and map[at] or at + 1), 0
+  if joint then
+    stride = joint_slots(set, joint, raws)
+  end
   for i = 1, set.n do
-    local k = map and map[at + i - 1] or at + i
+    local k = joint and joint + (i - 1) * stride or map and map[at + i - 1] or at + i
+    SLOT[i] = k
     if SEEN[k] ~= CALL then
       SEEN[k] = CALL
       -- Never nil in these tables: Lua 5.1 makes a key for a nil it stores, and drops
@@ -147,7 +250,7 @@ local function check_slot(set, k, cost, now, reply, r, raws, keeps)
   elseif WMODE[k] < WRITE_CHECK then
     WMODE[k] = WRITE_CHECK
   end
-  WFN[k], WN[k], WNOW[k] = set[SET_WRITE], w, now
+  WENC[k], WN[k], WNOW[k] = set[SET_ENCODE], w, now
   if remaining < PACK_REMAINING_LIMIT and reset < PACK_RESET_LIMIT then
     reply[r + 1] = (reset * PACK_REMAINING_LIMIT + remaining) * 2 + 1
     return r + 1
@@ -196,7 +299,7 @@ local function run(op, set, map, at, cost, now, reply, r, raws, keeps)
         mark(k, WRITE_TTL, set, 0, now)
       else
         -- No other record of the call names the key: written now.
-        set[SET_WRITE](CALL_KEYS[k], w, now, held, false)
+        store(CALL_KEYS[k], set[SET_ENCODE](w, now, held, false))
       end
     end
     local allowed, remaining, reset, retry = set[SET_STEP](set[SET_LIMIT], w, now, holder, held, false, false, true)
@@ -208,8 +311,12 @@ local function run(op, set, map, at, cost, now, reply, r, raws, keeps)
   end
   -- Each policy's slot, its state read the first time the call meets it (load, in
   -- place).
+  local joint, stride = set.joint and (map and map[at] or at + 1), 0
+  if joint then
+    stride = joint_slots(set, joint, raws)
+  end
   for i = 1, n do
-    local k = map and map[at + i - 1] or at + i
+    local k = joint and joint + (i - 1) * stride or map and map[at + i - 1] or at + i
     SLOT[i] = k
     if SEEN[k] ~= CALL then
       SEEN[k] = CALL
@@ -294,7 +401,7 @@ local function run(op, set, map, at, cost, now, reply, r, raws, keeps)
         elseif WMODE[k] < WRITE_CHECK then
           WMODE[k] = WRITE_CHECK
         end
-        WFN[k], WN[k], WNOW[k] = set[b + SET_WRITE], set[b + SET_N], now
+        WENC[k], WN[k], WNOW[k] = set[b + SET_ENCODE], set[b + SET_N], now
       end
     end
   end
@@ -315,7 +422,7 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
     local allowed, remaining, reset, retry
     allowed, remaining, reset, retry, a, b, c = set[SET_STEP](set[SET_LIMIT], w, now, cost, a, b, c, false)
     if allowed then
-      set[SET_WRITE](keys[at + 1], w, now, a, b, c, keeps and keep)
+      store(keys[at + 1], set[SET_ENCODE](w, now, a, b, c, keeps and keep))
       -- put's common case, in place: the one call a decision saves is a visible share.
       if remaining < PACK_REMAINING_LIMIT and reset < PACK_RESET_LIMIT then
         reply[r + 1] = (reset * PACK_REMAINING_LIMIT + remaining) * 2 + 1
@@ -327,10 +434,14 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
   if not NA then
     scratch()
   end
+  local joint = set.joint
+  if joint then
+    split(raws[at + 1], n)
+  end
   local all = true
   for i = 1, n do
     local b = SET_FIELDS * (i - 1)
-    local a, bb, c, keep = set[b + SET_READ](raws[at + i])
+    local a, bb, c, keep = set[b + SET_READ](joint and PARTS[i] or raws[at + i])
     local arg, units = set[b + SET_ARG], cost
     if arg then
       units = arg == true and 1 or arg
@@ -353,13 +464,19 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
         end
       end
     end
+    if joint then
+      -- A denied (shadow) state stays in the joint key as it was.
+      JNOW[i], JSAME[i] = now, not NA[i] and PARTS[i]
+    end
   end
-  if all then
+  if all and joint then
+    write_joint(keys[at + 1], set)
+  elseif all then
     for i = 1, n do
       -- Every admitted policy's new state is a value (a denied one's is false).
       if NA[i] then
         local b = SET_FIELDS * (i - 1)
-        set[b + SET_WRITE](keys[at + i], set[b + SET_N], now, NA[i], NB[i], NC[i], KEEPS[i])
+        store(keys[at + i], set[b + SET_ENCODE](set[b + SET_N], now, NA[i], NB[i], NC[i], KEEPS[i]))
       end
     end
   end
@@ -370,14 +487,41 @@ end
 -- last change.
 local function write_all(keys, from, to)
   for k = from, to do
-    if DIRTY[k] == CALL then
+    if JOINED[k] == CALL then
+      -- A joint set's key: written whole when a state in it changed, each state
+      -- unchanged written as it was, its TTL kept (the key's runs as far).
+      local set = JSET[k]
+      local n, stride, dirty = set.n, #CALL_KEYS, false
+      for i = 1, n do
+        if DIRTY[k + (i - 1) * stride] == CALL then
+          dirty = true
+        end
+      end
+      if dirty then
+        for i = 1, n do
+          local v = k + (i - 1) * stride
+          if DIRTY[v] == CALL then
+            local mode, keep = WMODE[v], true
+            if mode == WRITE_CHECK then
+              keep = KEEP[v]
+            elseif mode ~= WRITE_KEEP then
+              keep = nil
+            end
+            NA[i], NB[i], NC[i], KEEPS[i], JNOW[i], JSAME[i] = A[v], B[v], C[v], keep, WNOW[v], false
+          else
+            NA[i], JSAME[i] = false, JRAW[v]
+          end
+        end
+        write_joint(keys[k], set)
+      end
+    elseif DIRTY[k] == CALL then
       local mode, keep = WMODE[k], nil
       if mode == WRITE_KEEP then
         keep = true
       elseif mode == WRITE_CHECK then
         keep = KEEP[k]
       end
-      WFN[k](keys[k], WN[k], WNOW[k], A[k], B[k], C[k], keep)
+      store(keys[k], WENC[k](WN[k], WNOW[k], A[k], B[k], C[k], keep))
     end
   end
 end

@@ -42,20 +42,15 @@ local function fixed_window_step(limit, w, now, cost, idx, count)
 end
 
 -- Kept to the window's end: a state written in the stored window keeps its TTL.
-local function fixed_window_write(key, w, now, idx, count, _, keep)
+local function fixed_window_encode(w, now, idx, count, _, keep)
   local raw
   if idx < WIDE_AT and count < WIDE_AT then
     raw = pack(">I6I6", idx, count)
   else
     raw = pack(">I7I7", idx, count)
   end
-  if keep == true or keep == idx then
-    call("SET", key, raw, "KEEPTTL")
-  else
-    local ttl = (idx + 1) * w - now
-    call("SET", key, raw, "PX", ttl_text(ttl))
-  end
+  return raw, (idx + 1) * w - now, keep == true or keep == idx
 end
 
-READ[ALG_FIXED_WINDOW], STEP[ALG_FIXED_WINDOW], WRITE[ALG_FIXED_WINDOW] =
-  fixed_window_read, fixed_window_step, fixed_window_write
+READ[ALG_FIXED_WINDOW], STEP[ALG_FIXED_WINDOW], ENCODE[ALG_FIXED_WINDOW] =
+  fixed_window_read, fixed_window_step, fixed_window_encode

@@ -202,17 +202,16 @@ end
 
 -- Kept until its last entry stops counting (`latest`, when the step that made the
 -- state knew it); no entry left, no key.
-local function in_flight_write(key, _, now, raw, latest)
+local function in_flight_encode(_, now, raw, latest)
   if not raw then
-    call("DEL", key)
-    return
+    return nil
   end
   if not latest then
     local _
     _, _, latest = in_flight_header(raw)
   end
-  call("SET", key, raw, "PX", ttl_text(latest - now))
+  return raw, latest - now, false
 end
 
-READ[ALG_IN_FLIGHT], STEP[ALG_IN_FLIGHT], WRITE[ALG_IN_FLIGHT] =
-  in_flight_read, in_flight_step, in_flight_write
+READ[ALG_IN_FLIGHT], STEP[ALG_IN_FLIGHT], ENCODE[ALG_IN_FLIGHT] =
+  in_flight_read, in_flight_step, in_flight_encode

@@ -2,7 +2,7 @@
 -- leases (the leasing check's scripts, the library). Translation of
 -- decide_leasing in src/algorithm/mod.rs (see src/lease).
 
--- The longest wait, over the enforced policies of the set (states at slots 1..n),
+-- The longest wait, over the enforced policies of the set (states at SLOT[i], as load left them),
 -- until `asked` fits. (The crate keeps cost + batch within what every enforced
 -- policy admits at once.)
 local function lease_wait(set, now, asked)
@@ -10,7 +10,7 @@ local function lease_wait(set, now, asked)
   for i = 1, set.n do
     local b = SET_FIELDS * (i - 1)
     if not set[b + SET_SHADOW] then
-      local _, _, _, retry = set[b + SET_STEP](set[b + SET_LIMIT], set[b + SET_N], now, asked, A[i], B[i], C[i], true)
+      local _, _, _, retry = set[b + SET_STEP](set[b + SET_LIMIT], set[b + SET_N], now, asked, A[SLOT[i]], B[SLOT[i]], C[SLOT[i]], true)
       if retry > longest then
         longest = retry
       end
@@ -19,8 +19,8 @@ local function lease_wait(set, now, asked)
   return longest
 end
 
--- A check of `cost` on one subject's policies (their keys at slots 1..n, read in
--- raws), with a lease of up to `want` units beyond the cost, taken from every
+-- A check of `cost` on one subject's policies (their keys at slots 1..set.keys,
+-- read in raws), with a lease of up to `want` units beyond the cost, taken from every
 -- policy, at most what each admits now and at least `batch`; none while a shadow
 -- policy would deny (the cost alone, so shadow reports stay those of checks).
 -- Fewer than a batch beyond the cost denies the check, nothing written, until the
@@ -41,7 +41,7 @@ local function lease(keys, set, now, cost, want, batch, reply, raws, keeps)
       units = arg == true and 1 or arg
     end
     local allowed, remaining, reset, retry, a, bb, c =
-      set[b + SET_STEP](set[b + SET_LIMIT], set[b + SET_N], now, units, A[i], B[i], C[i], false)
+      set[b + SET_STEP](set[b + SET_LIMIT], set[b + SET_N], now, units, A[SLOT[i]], B[SLOT[i]], C[SLOT[i]], false)
     OK[i], NA[i], NB[i], NC[i] = allowed, a, bb, c
     REMAINING[i], RESET[i], RETRY[i] = remaining, reset, retry
     if not allowed and not set[b + SET_SHADOW] then
@@ -77,7 +77,7 @@ local function lease(keys, set, now, cost, want, batch, reply, raws, keeps)
       if grant > 0 then
         -- The same decision for cost + grant: admitted, since grant fits every policy.
         local _, remaining, reset, _, a, bb, c =
-          set[b + SET_STEP](set[b + SET_LIMIT], w, now, cost + grant, A[i], B[i], C[i], false)
+          set[b + SET_STEP](set[b + SET_LIMIT], w, now, cost + grant, A[SLOT[i]], B[SLOT[i]], C[SLOT[i]], false)
         REMAINING[i], RESET[i], NA[i], NB[i], NC[i] = remaining, reset, a, bb, c
       end
       local code = set[b + SET_CODE]
@@ -105,16 +105,17 @@ local function lease(keys, set, now, cost, want, batch, reply, raws, keeps)
     local keep = 1
     for i = 1, n do
       if OK[i] then
-        A[i], B[i], C[i] = NA[i], NB[i], NC[i]
-        mark(i, WRITE_CHECK, set, SET_FIELDS * (i - 1), now)
+        local k = SLOT[i]
+        A[k], B[k], C[k] = NA[i], NB[i] or false, NC[i] or false
+        mark(k, WRITE_CHECK, set, SET_FIELDS * (i - 1), now)
         if RESET[i] > keep then
           keep = RESET[i]
         end
       end
     end
-    write_all(keys, 1, n)
+    write_all(keys, 1, set.keys)
     if grant > 0 then
-      local lease_key = keys[n + 1]
+      local lease_key = keys[set.keys + 1]
       local current = call("GET", lease_key)
       if not current then
         local t = call("TIME")

@@ -29,11 +29,11 @@ local set, bad = read_set(ARGV[ARG_SET] or "", 1)
 if not set then
   return redis.error_reply(bad)
 end
-local n, nargs = set.n, #ARGV
+local n, nargs = set.keys, #ARGV
 local fixed = op == OP_RESET and ARG_COST or ARG_EPOCH
 if #KEYS ~= n + 1 or nargs < fixed or nargs > fixed + 1 then
   return redis.error_reply(fmt(
-    "ERR redlimit: expected a key per policy and the lease key (%d), then %d arguments and an optional clock, got %d keys and %d arguments",
+    "ERR redlimit: expected the set's keys and the lease key (%d), then %d arguments and an optional clock, got %d keys and %d arguments",
     n + 1, fixed, #KEYS, nargs))
 end
 local keeps, now = nargs == fixed, nil

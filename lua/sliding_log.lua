@@ -139,14 +139,14 @@ local function sliding_log_step(limit, w, now, cost, raw, _, _, peek)
   return allowed, max(limit - count, 0), reset, retry, nxt, newest
 end
 
--- Kept until the newest stamp leaves the window.
-local function sliding_log_write(key, w, now, raw, newest, _, keep)
+-- Kept until the newest stamp leaves the window (a refund's log, which only
+-- shrank, keeps its TTL: it has no newest stamp beside it).
+local function sliding_log_encode(w, now, raw, newest, _, keep)
   if keep == true then
-    call("SET", key, raw, "KEEPTTL")
-  else
-    call("SET", key, raw, "PX", ttl_text(newest + w - now))
+    return raw, 0, true
   end
+  return raw, newest + w - now, false
 end
 
-READ[ALG_SLIDING_LOG], STEP[ALG_SLIDING_LOG], WRITE[ALG_SLIDING_LOG] =
-  sliding_log_read, sliding_log_step, sliding_log_write
+READ[ALG_SLIDING_LOG], STEP[ALG_SLIDING_LOG], ENCODE[ALG_SLIDING_LOG] =
+  sliding_log_read, sliding_log_step, sliding_log_encode

@@ -89,20 +89,15 @@ end
 
 -- Kept to the end of the next window (its `prev` is this window's count): a state
 -- that counted in the stored window keeps its TTL.
-local function sliding_window_write(key, w, now, idx, prev, cur, keep)
+local function sliding_window_encode(w, now, idx, prev, cur, keep)
   local raw
   if idx < 4294967296 and prev < 4294967296 and cur < 4294967296 then
     raw = pack(">I4I4I4", idx, prev, cur)
   else
     raw = pack(">I7I7I7", idx, prev, cur)
   end
-  if keep == true or (keep == idx and cur > 0) then
-    call("SET", key, raw, "KEEPTTL")
-  else
-    local ttl = (idx + 2) * w - now
-    call("SET", key, raw, "PX", ttl_text(ttl))
-  end
+  return raw, (idx + 2) * w - now, keep == true or (keep == idx and cur > 0)
 end
 
-READ[ALG_SLIDING_WINDOW], STEP[ALG_SLIDING_WINDOW], WRITE[ALG_SLIDING_WINDOW] =
-  sliding_window_read, sliding_window_step, sliding_window_write
+READ[ALG_SLIDING_WINDOW], STEP[ALG_SLIDING_WINDOW], ENCODE[ALG_SLIDING_WINDOW] =
+  sliding_window_read, sliding_window_step, sliding_window_encode

@@ -55,21 +55,17 @@ local LAST_TAT, LAST_TAT_TEXT = -1, ""
 
 -- Kept until the TAT has passed. The TAT goes as decimal text, which Redis keeps as
 -- an integer ("%d" costs about half of the "%.17g" Redis formats a number with).
-local function token_bucket_write(key, _, now, tat, _, _, keep)
+local function token_bucket_encode(_, now, tat, _, _, keep)
   if tat ~= LAST_TAT then
     LAST_TAT, LAST_TAT_TEXT = tat, int(tat)
   end
-  if keep == true then
-    call("SET", key, LAST_TAT_TEXT, "KEEPTTL")
-  else
-    local ahead = tat - now * 1000
-    local ttl = (ahead - fmod(ahead, 1000)) / 1000
-    if ttl * 1000 < ahead then
-      ttl = ttl + 1
-    end
-    call("SET", key, LAST_TAT_TEXT, "PX", ttl_text(ttl))
+  local ahead = tat - now * 1000
+  local ttl = (ahead - fmod(ahead, 1000)) / 1000
+  if ttl * 1000 < ahead then
+    ttl = ttl + 1
   end
+  return LAST_TAT_TEXT, ttl, keep == true
 end
 
-READ[ALG_TOKEN_BUCKET], STEP[ALG_TOKEN_BUCKET], WRITE[ALG_TOKEN_BUCKET] =
-  token_bucket_read, token_bucket_step, token_bucket_write
+READ[ALG_TOKEN_BUCKET], STEP[ALG_TOKEN_BUCKET], ENCODE[ALG_TOKEN_BUCKET] =
+  token_bucket_read, token_bucket_step, token_bucket_encode

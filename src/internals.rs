@@ -86,11 +86,12 @@ pub trait RedisStoreInternals {
     /// The stamps a sliding log's state in Redis holds, oldest first; `None` for bytes
     /// that are not such a state.
     fn sliding_log_stamps(raw: &[u8], limit: u64) -> Option<Vec<u64>>;
-    /// The state `raw` holds for `policy` as text (`<window>:<count>`,
+    /// The state of `policy` of `set` as text (`<window>:<count>`,
     /// `<window>:<prev>:<cur>`, `<tat>`, `<end>:<count>`, stamps joined by `,`,
-    /// `<holder>:<count>:<expiry>;` per in-flight holder); `None` for bytes the Lua
-    /// would read as no state.
-    fn stored_state(policy: &Policy, raw: &[u8]) -> Option<String>;
+    /// `<holder>:<count>:<expiry>;` per in-flight holder), from `raw`, what its
+    /// [`key`](RedisStoreInternals::key) holds (a joint set's states all); `None` for
+    /// bytes the Lua would read as no state.
+    fn stored_state(set: &PolicySet, policy: &Policy, raw: &[u8]) -> Option<String>;
     /// How many checks the store's batch queue holds without allocating: what it
     /// keeps of its memory after a burst.
     fn queue_capacity(&self) -> usize;
@@ -129,8 +130,8 @@ impl RedisStoreInternals for crate::RedisStore {
         crate::algorithm::sliding_log_ring_stamps(raw, limit).map(Vec::from)
     }
 
-    fn stored_state(policy: &Policy, raw: &[u8]) -> Option<String> {
-        crate::RedisStore::stored_state(policy, raw)
+    fn stored_state(set: &PolicySet, policy: &Policy, raw: &[u8]) -> Option<String> {
+        crate::RedisStore::stored_state(set, policy, raw)
     }
 
     fn queue_capacity(&self) -> usize {

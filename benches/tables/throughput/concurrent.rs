@@ -109,7 +109,7 @@ impl Case {
         id: u64,
     ) -> redis::Cmd {
         let first = &self.policies[0];
-        let key = store.key(subject, set, first);
+        let key = reference_key(store, set, subject, first);
         match self.smallest {
             Smallest::FixedWindow => reference::smallest_fixed_window(&key, first.window_ms()),
             Smallest::Common(algorithm) => reference::command(algorithm, &key, "s", 1, first, id),
@@ -117,12 +117,28 @@ impl Case {
                 let second = &self.policies[1];
                 reference::sliding_window_token_bucket(
                     &key,
-                    &store.key(subject, set, second),
+                    &reference_key(store, set, subject, second),
                     first,
                     second,
                 )
             }
         }
+    }
+}
+
+/// A reference's key of `policy` for `subject`: the store's, and for a set of several
+/// policies (whose states the store keeps in one key) one a policy beside it.
+fn reference_key(
+    store: &RedisStore,
+    set: &PolicySet,
+    subject: &Subject,
+    policy: &Policy,
+) -> String {
+    let key = store.key(subject, set, policy);
+    if set.policies().len() > 1 {
+        format!("{key}{}", policy.name())
+    } else {
+        key
     }
 }
 
@@ -198,7 +214,11 @@ async fn setup(server: &RedisServer, case: &Case, subjects: &[Subject]) -> Setup
     let batch_keys = batched.then(|| {
         let keys = subjects
             .iter()
-            .flat_map(|s| case.policies.iter().map(|p| store.key(s, set, p)))
+            .flat_map(|s| {
+                case.policies
+                    .iter()
+                    .map(|p| reference_key(&store, set, s, p))
+            })
             .collect();
         Arc::new(keys)
     });

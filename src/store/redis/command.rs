@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 
 use super::contract::reply::{BatchReply, Checked, LeaseReply, Reply};
 use super::contract::*;
-use super::keys::{lease_key_of, policy_suffix, push_policy_suffix};
+use super::keys::{is_joint, lease_key_of, policy_suffix, push_policy_suffix, JOINT_SUFFIX};
 use super::script::{Library, Shape, ShapeScript, Via};
 use crate::algorithm::calendar;
 use crate::clock::{Clock, SystemClock};
@@ -42,6 +42,22 @@ pub(crate) struct Call<S> {
     pub(crate) cost: u64,
     pub(crate) policies: Arc<[Policy]>,
     pub(crate) shape: S,
+}
+
+impl<S> Call<S> {
+    /// Whether its policies' states share one key ([`is_joint`]).
+    fn joint(&self) -> bool {
+        is_joint(&self.policies, self.own_keys.is_some())
+    }
+
+    /// How many keys it names: one a policy, or one for a joint set.
+    fn key_count(&self) -> usize {
+        if self.joint() {
+            1
+        } else {
+            self.policies.len()
+        }
+    }
 }
 
 impl Checked for Call<Run> {
@@ -168,8 +184,9 @@ impl<S: CallShape> Request for Call<S> {
                 return encode_batch(std::slice::from_ref(self), |_| op, via);
             }
         }
-        let keys = self.policies.len();
-        let bytes = keys * (self.key_base.len() + 24) + SET_DEFINITION_BYTES * keys + 64;
+        let keys = self.key_count();
+        let bytes =
+            keys * (self.key_base.len() + 24) + SET_DEFINITION_BYTES * self.policies.len() + 64;
         let mut cmd = start(
             via,
             entry,
@@ -185,7 +202,12 @@ impl<S: CallShape> Request for Call<S> {
         if lease_key {
             cmd.arg(lease_key_of(&self.key_base));
         }
-        write_set_definition(&mut cmd.writer_for_next_arg(), &self.policies, self.now_ms);
+        write_set_definition(
+            &mut cmd.writer_for_next_arg(),
+            &self.policies,
+            self.joint(),
+            self.now_ms,
+        );
         cmd.arg(self.cost);
         self.shape.push_head(&mut cmd);
         // Without a client clock the Lua reads Redis `TIME`.
@@ -196,10 +218,16 @@ impl<S: CallShape> Request for Call<S> {
     }
 }
 
-/// The key of each policy of `call`, in order.
+/// The key of each policy of `call`, in order, or a joint set's one key.
 fn keys_of<S>(call: &Call<S>) -> SmallVec<[String; 2]> {
     if let Some(keys) = &call.own_keys {
         return keys.iter().cloned().collect();
+    }
+    if call.joint() {
+        let mut key = String::with_capacity(call.key_base.len() + JOINT_SUFFIX.len());
+        key.push_str(&call.key_base);
+        key.push_str(JOINT_SUFFIX);
+        return SmallVec::from_iter([key]);
     }
     call.policies
         .iter()
@@ -221,9 +249,19 @@ const SET_DEFINITION_BYTES: usize = 40;
 /// one duration its algorithm reads, and an in-flight policy's holder in 12 hex
 /// digits. A calendar quota's duration is the end of the period that `now_ms` (the
 /// client's clock), else the system clock, is in: the Lua has no zone database
-/// (lua/calendar.lua says what it makes of a now past that end).
-fn write_set_definition(out: &mut impl Write, policies: &[Policy], now_ms: Option<u64>) {
+/// (lua/calendar.lua says what it makes of a now past that end). A joint set's
+/// starts with [`SET_JOINT`].
+fn write_set_definition(
+    out: &mut impl Write,
+    policies: &[Policy],
+    joint: bool,
+    now_ms: Option<u64>,
+) {
     let mut digits = itoa::Buffer::new();
+    if joint {
+        // Writing into a command's buffer or a `Vec` cannot fail.
+        let _ = out.write_all(SET_JOINT.as_bytes());
+    }
     for policy in policies {
         let algorithm = policy.algorithm();
         let n = match algorithm {
@@ -256,7 +294,7 @@ fn write_set_definition(out: &mut impl Write, policies: &[Policy], now_ms: Optio
 
 /// Where the key slots of the record after `calls` start: the slots `calls` named.
 fn slots_of<S>(calls: &[Call<S>]) -> usize {
-    calls.iter().map(|c| c.policies.len()).sum()
+    calls.iter().map(Call::key_count).sum()
 }
 
 /// Records sent as one call of the library's batch function (`lua/batch.lua`): each
@@ -280,12 +318,16 @@ impl Request for Batch {
 /// many records name it.
 fn encode_batch<S>(calls: &[Call<S>], op_of: impl Fn(&Call<S>) -> Operation, via: Via) -> Cmd {
     // The batch's policy sets, by identity: a limiter's records share its set.
-    let mut sets: SmallVec<[&Arc<[Policy]>; 4]> = SmallVec::new();
+    // Each with whether it is joint (a set is scoped, or not, in every call).
+    type Set<'a> = (&'a Arc<[Policy]>, bool);
+    let mut sets: SmallVec<[Set<'_>; 4]> = SmallVec::new();
     let mut set_of: SmallVec<[u8; 64]> = SmallVec::new();
     for call in calls {
-        let found = sets.iter().position(|s| Arc::ptr_eq(s, &call.policies));
+        let found = sets
+            .iter()
+            .position(|(s, _)| Arc::ptr_eq(s, &call.policies));
         let index = found.unwrap_or_else(|| {
-            sets.push(&call.policies);
+            sets.push((&call.policies, call.joint()));
             sets.len() - 1
         });
         // A batch holds at most 255 records (`MAX_BATCH`), so at most 255 sets.
@@ -321,14 +363,12 @@ fn encode_batch<S>(calls: &[Call<S>], op_of: impl Fn(&Call<S>) -> Operation, via
                     Some(j) => {
                         map = true;
                         let at = slots_of(&calls[..j]);
-                        let first: SmallVec<[u8; 4]> = slots[at..at + call.policies.len()]
-                            .iter()
-                            .copied()
-                            .collect();
+                        let first: SmallVec<[u8; 4]> =
+                            slots[at..at + call.key_count()].iter().copied().collect();
                         slots.extend(first);
                     }
                     None => {
-                        for p in 0..call.policies.len() {
+                        for p in 0..call.key_count() {
                             new_keys.push((i, p));
                             slots.push(slot(new_keys.len()));
                         }
@@ -365,7 +405,7 @@ fn encode_batch<S>(calls: &[Call<S>], op_of: impl Fn(&Call<S>) -> Operation, via
         .sum::<usize>()
         + sets
             .iter()
-            .map(|set| SET_DEFINITION_BYTES * set.len())
+            .map(|(set, _)| SET_DEFINITION_BYTES * set.len())
             .sum::<usize>()
         + calls.len() * (3 + 20 * per_call)
         + 16;
@@ -383,6 +423,7 @@ fn encode_batch<S>(calls: &[Call<S>], op_of: impl Fn(&Call<S>) -> Operation, via
             Some(own) => {
                 cmd.arg(own[p].as_str());
             }
+            None if call.joint() => arg_of(&mut cmd, &[&call.key_base, JOINT_SUFFIX]),
             None => {
                 let [name, colon, code] = policy_suffix(&call.policies[p]);
                 arg_of(&mut cmd, &[&call.key_base, name, colon, code]);
@@ -408,14 +449,14 @@ fn encode_batch<S>(calls: &[Call<S>], op_of: impl Fn(&Call<S>) -> Operation, via
     // its first record's clock is in (the Lua decides a later record past its end
     // as at the period's last millisecond). The head goes before the first.
     let first_now = calls.first().and_then(|c| c.now_ms);
-    for (i, set) in sets.iter().enumerate() {
+    for (i, &(set, joint)) in sets.iter().enumerate() {
         let mut arg = cmd.writer_for_next_arg();
         if i == 0 {
             let head = [clock, flags, u8::try_from(sets.len()).unwrap_or(u8::MAX)];
             // Writing into the command's own buffer cannot fail.
             let _ = arg.write_all(&head);
         }
-        write_set_definition(&mut arg, set, first_now);
+        write_set_definition(&mut arg, set, joint, first_now);
     }
     // Checks of one set, each naming its own keys, need no records: the Lua counts
     // them from the keys.
@@ -428,9 +469,9 @@ fn encode_batch<S>(calls: &[Call<S>], op_of: impl Fn(&Call<S>) -> Operation, via
         }
         records.push(set);
         if map {
-            records.extend(slot.by_ref().take(call.policies.len()).copied());
+            records.extend(slot.by_ref().take(call.key_count()).copied());
         } else {
-            slot.by_ref().take(call.policies.len()).for_each(drop);
+            slot.by_ref().take(call.key_count()).for_each(drop);
         }
     }
     // Checks of one set at cost 1 on Redis TIME need no records argument at all.

@@ -34,9 +34,16 @@ impl RedisStore {
         (script.source(), script.sha1())
     }
 
-    /// The state `raw` holds for `policy`, as text.
-    pub(crate) fn stored_state(policy: &Policy, raw: &[u8]) -> Option<String> {
-        super::contract::state::render(policy, raw)
+    /// The state of `policy` of `set`, as text, from what its key holds: the whole of
+    /// it, or its part of a joint set's.
+    pub(crate) fn stored_state(set: &PolicySet, policy: &Policy, raw: &[u8]) -> Option<String> {
+        let policies = set.policies();
+        if !super::keys::is_joint(policies, set.is_scoped()) {
+            return super::contract::state::render(policy, raw);
+        }
+        let at = policies.iter().position(|p| p.name() == policy.name())?;
+        let part = super::contract::state::joint_parts(raw, policies.len())[at]?;
+        super::contract::state::render(policy, part)
     }
 
     /// How many checks the batch queue holds without allocating.

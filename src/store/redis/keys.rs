@@ -1,6 +1,6 @@
 //! The Redis key layout (see [Keys](super#keys)): `<prefix>:{<subject>}:<set tag>:`
-//! then `<policy name>:<algorithm code>` per policy, or `~lease` for the subject's
-//! lease generation.
+//! then `<policy name>:<algorithm code>` per policy, or `~` for a joint set's one key
+//! (every policy's state in it), or `~lease` for the subject's lease generation.
 //!
 //! A scoped set (policies of several subjects) gives every key of a check one hash tag,
 //! so that they share a cluster slot: the subject of its [tag
@@ -16,12 +16,34 @@ use crate::policy::Policy;
 use crate::store::backend::PolicySet;
 use crate::subject::{write_key_part_of, Subject, GLOBAL};
 
-/// The Redis key that holds `subject`'s state for `policy` of `set`, under `prefix`.
+/// The Redis key that holds `subject`'s state for `policy` of `set`, under `prefix`
+/// (a joint set's one key for each of its policies).
 #[cfg(any(test, feature = "internals"))]
 pub(super) fn key(prefix: &str, subject: &Subject, set: &PolicySet, policy: &Policy) -> String {
     let mut key = key_base(prefix, subject, set);
-    push_policy_suffix(&mut key, policy);
+    if is_joint(set.policies(), set.is_scoped()) {
+        key.push_str(JOINT_SUFFIX);
+    } else {
+        push_policy_suffix(&mut key, policy);
+    }
     key
+}
+
+/// What follows the key base in a joint set's key: `~` is never in a policy name,
+/// and the lease generation's is `~lease`.
+pub(super) const JOINT_SUFFIX: &str = "~";
+
+/// Whether a set keeps its policies' states in one key (lua/decide.lua's split): every
+/// set of two or more policies of one subject, so a check reads and writes one key
+/// where it would one a policy. Not a scoped set (its keys are of several subjects,
+/// each counted by other sets too), nor one with an in-flight policy (its key goes
+/// with its last holder, and a release names it alone).
+pub(super) fn is_joint(policies: &[Policy], scoped: bool) -> bool {
+    !scoped
+        && policies.len() >= 2
+        && policies
+            .iter()
+            .all(|p| p.algorithm() != crate::policy::Algorithm::InFlight)
 }
 
 /// `prefix:{subject}:<set tag>:`, the start of every key of one subject under one

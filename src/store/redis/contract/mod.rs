@@ -36,9 +36,10 @@
 //!       one string of big-endian doubles, as a batch's
 //! ```
 //!
-//! A set's definition is `<code><flags>:<limit>:<n>[:<holder>];` per policy
+//! A set's definition is `<code><flags>:<limit>:<n>[:<holder>];` per policy, after
+//! [`SET_JOINT`] for a joint set, whose policies' states share one key
 //! ([`write_set_definition`](super::command)); the Lua reads it once into its own table,
-//! SET_FIELDS a policy (SET_READ, SET_STEP, SET_WRITE, SET_LIMIT, SET_N, SET_SHADOW,
+//! SET_FIELDS a policy (SET_READ, SET_STEP, SET_ENCODE, SET_LIMIT, SET_N, SET_SHADOW,
 //! SET_CODE, SET_ARG), and keeps it for the calls after (SETS_KEPT at most). Every
 //! algorithm is three functions, registered by its code (lua/common.lua says what
 //! each takes and returns):
@@ -46,7 +47,7 @@
 //! ```text
 //! READ[code](raw) -> a, b, c, keep
 //! STEP[code](limit, n, now_ms, cost, a, b, c, peek) -> allowed, remaining, reset_ms, retry_ms, a, b, c
-//! WRITE[code](key, n, now_ms, a, b, c, keep)
+//! ENCODE[code](n, now_ms, a, b, c, keep) -> raw, ttl_ms, kept
 //! ```
 //!
 //! `n` the policy's window (ms) or emission interval (us) (a calendar quota's: the
@@ -255,15 +256,19 @@ pub(super) const FLAG_REQUESTS: &str = "r";
 /// ...it is a shadow policy (decides, never denies).
 pub(super) const FLAG_SHADOW: &str = "s";
 
+/// Before a set's definition: its policies' states share one key, the key base's
+/// [`JOINT_SUFFIX`](super::keys::JOINT_SUFFIX) (see lua/decide.lua's split).
+pub(super) const SET_JOINT: &str = "=";
+
 /// Fields per policy in the Lua's own reading of a set's definition (read_set in
-/// lua/decide.lua), and their offsets (from 1): the algorithm's READ, STEP and WRITE
+/// lua/decide.lua), and their offsets (from 1): the algorithm's READ, STEP and ENCODE
 /// functions, the limit, the window or interval, the shadow flag, the algorithm's
 /// code, and the policy's unit argument (an in-flight holder's id, `true` for a
 /// policy counting requests).
 pub(super) const SET_FIELDS: usize = 8;
 pub(super) const SET_READ: usize = 1;
 pub(super) const SET_STEP: usize = 2;
-pub(super) const SET_WRITE: usize = 3;
+pub(super) const SET_ENCODE: usize = 3;
 pub(super) const SET_LIMIT: usize = 4;
 pub(super) const SET_N: usize = 5;
 pub(super) const SET_SHADOW: usize = 6;
@@ -338,7 +343,8 @@ const PREAMBLE: &[(&str, Lua)] = &[
     ("SET_FIELDS", at(SET_FIELDS)),
     ("SET_READ", at(SET_READ)),
     ("SET_STEP", at(SET_STEP)),
-    ("SET_WRITE", at(SET_WRITE)),
+    ("SET_ENCODE", at(SET_ENCODE)),
+    ("SET_JOINT", Lua::Str(SET_JOINT)),
     ("SET_LIMIT", at(SET_LIMIT)),
     ("SET_N", at(SET_N)),
     ("SET_SHADOW", at(SET_SHADOW)),

@@ -77,6 +77,36 @@ pub(crate) fn decode(policy: &Policy, raw: &[u8]) -> Option<State> {
     })
 }
 
+/// The states a joint set's key holds (lua/decide.lua's split), one per policy of its
+/// `n`: for each but the last, its length (one byte below 255, else 255 and four bytes
+/// big-endian) and its bytes; the last takes the rest. `None` for an empty one, and
+/// for all when `raw` is no such layout (the Lua reads it as no state).
+pub(crate) fn joint_parts(raw: &[u8], n: usize) -> Vec<Option<&[u8]>> {
+    let mut parts = Vec::with_capacity(n);
+    let mut rest = raw;
+    for _ in 1..n {
+        let Some((&first, tail)) = rest.split_first() else {
+            return vec![None; n];
+        };
+        let (len, tail) = if first == 255 {
+            let Some((len, tail)) = tail.split_first_chunk::<4>() else {
+                return vec![None; n];
+            };
+            (u32::from_be_bytes(*len) as usize, tail)
+        } else {
+            (usize::from(first), tail)
+        };
+        if tail.len() < len {
+            return vec![None; n];
+        }
+        let (part, tail) = tail.split_at(len);
+        parts.push((!part.is_empty()).then_some(part));
+        rest = tail;
+    }
+    parts.push((!rest.is_empty()).then_some(rest));
+    parts
+}
+
 /// The state `raw` holds for `policy` as text: `<window>:<count>`,
 /// `<window>:<prev>:<cur>`, `<tat>`, `<end>:<count>`, the stamps joined by `,`, or
 /// `<holder, 12 hex digits>:<count>:<expiry>;` per holder; `None` for bytes the Lua

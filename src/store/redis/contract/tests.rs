@@ -155,14 +155,17 @@ fn outcome(allowed: bool, remaining: u64, reset: u64, retry: u64) -> PolicyReply
 /// A plain check.
 const CHECK: Run = Run(Operation::Check);
 
-/// The fixed window's stored state (`<window>:<count>`) under `base`.
+/// The fixed window's stored state (`<window>:<count>`) under `base`: the first of
+/// the joint key's two.
 async fn fixed_state(conn: &mut MultiplexedConnection, base: &str) -> Option<String> {
     let raw: Option<Vec<u8>> = redis::cmd("GET")
-        .arg(format!("{base}fw:fw"))
+        .arg(format!("{base}~"))
         .query_async(conn)
         .await
         .unwrap();
-    raw.map(|raw| super::state::render(&policies()[0], &raw).expect("a fixed window's state"))
+    let raw = raw?;
+    let part = super::state::joint_parts(&raw, 2)[0]?;
+    Some(super::state::render(&policies()[0], part).expect("a fixed window's state"))
 }
 
 #[tokio::test]
@@ -225,8 +228,7 @@ async fn the_admin_operations_round_trip() {
             "{via:?}"
         );
         let left: u64 = redis::cmd("EXISTS")
-            .arg(format!("{base}fw:fw"))
-            .arg(format!("{base}tb:tb"))
+            .arg(format!("{base}~"))
             .arg(&lease_key)
             .query_async(&mut conn)
             .await
@@ -348,6 +350,120 @@ async fn a_batch_round_trips() {
             ),
         }
         assert_eq!(decisions[4].denied_by(), Some("sl"));
+    }
+}
+
+/// The joint key's TTL and bytes `base` holds.
+async fn joint_key(conn: &mut MultiplexedConnection, base: &str) -> (i64, Option<Vec<u8>>) {
+    let key = format!("{base}~");
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(conn)
+        .await
+        .unwrap();
+    let raw: Option<Vec<u8>> = redis::cmd("GET").arg(&key).query_async(conn).await.unwrap();
+    (pttl, raw)
+}
+
+#[tokio::test]
+async fn a_joint_key_lives_as_long_as_its_longest_lived_state() {
+    let server = Server::start();
+    let mut conn = server.conn().await;
+    // A bucket refilling in 100 ms beside a shadow hour's window of 1.
+    let p: Arc<[Policy]> = vec![
+        Policy::token_bucket("tb", 10, 10, Duration::from_secs(1)).unwrap(),
+        Policy::fixed_window("hour", 1, Duration::from_secs(3_600))
+            .unwrap()
+            .shadow(),
+    ]
+    .into();
+    let hour_left = 3_600_000 - NOW;
+    for via in VIAS {
+        let base = format!("rt:{{joint-ttl-{via:?}}}:t:");
+        round_trip(&mut conn, &call(&base, &p, 1, CHECK), via).await;
+        let (pttl, raw) = joint_key(&mut conn, &base).await;
+        assert!(pttl > hour_left as i64 - 1_000, "{via:?}: {pttl}");
+        // The hour denies (in shadow) and keeps its state as it was; the bucket's
+        // write needs 200 ms, and the key still lives the hour out.
+        let reply = round_trip(&mut conn, &call(&base, &p, 1, CHECK), via).await;
+        assert!(reply.0[0].allowed && !reply.0[1].allowed, "{via:?}");
+        let (pttl, after) = joint_key(&mut conn, &base).await;
+        assert!(pttl > hour_left as i64 - 1_000, "{via:?}: {pttl}");
+        let (before, after) = (raw.unwrap(), after.unwrap());
+        let [tb, hour] = super::state::joint_parts(&before, 2)[..] else {
+            unreachable!()
+        };
+        let now = super::state::joint_parts(&after, 2);
+        assert_eq!(now[1], hour, "{via:?}: the shadow window's state as it was");
+        assert_ne!(now[0], tb, "{via:?}: the bucket's state changed");
+        assert_eq!(
+            super::state::render(&p[1], now[1].unwrap()).as_deref(),
+            Some("0:1")
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_joint_key_of_bytes_it_did_not_write_is_no_state() {
+    let server = Server::start();
+    let mut conn = server.conn().await;
+    // A log of 60 first: its state outgrows a one-byte length.
+    let p: Arc<[Policy]> = vec![
+        Policy::sliding_log("sl", 60, Duration::from_secs(1)).unwrap(),
+        Policy::fixed_window("fw", 100, Duration::from_secs(1)).unwrap(),
+    ]
+    .into();
+    for via in VIAS {
+        let base = format!("rt:{{joint-foreign-{via:?}}}:t:");
+        for (what, raw) in [
+            ("a length past the end", b"\x05ab".to_vec()),
+            ("a long length cut short", b"\xff\x00\x00".to_vec()),
+            (
+                "a long length past the end",
+                b"\xff\x00\x00\x01\x00ab".to_vec(),
+            ),
+            ("nothing", Vec::new()),
+            ("a number", b"12".to_vec()),
+        ] {
+            let _: () = redis::cmd("SET")
+                .arg(format!("{base}~"))
+                .arg(&raw)
+                .arg("PX")
+                .arg(60_000)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let reply = round_trip(&mut conn, &call(&base, &p, 50, CHECK), via).await;
+            assert_eq!(
+                reply.0.as_slice(),
+                [outcome(true, 10, 1_000, 0), outcome(true, 50, 750, 0)],
+                "{via:?}: {what}"
+            );
+            let (pttl, raw) = joint_key(&mut conn, &base).await;
+            let raw = raw.unwrap();
+            // 50 stamps of 6 bytes and a head of 4 (a long length), then 12 bytes.
+            assert_eq!(raw.len(), 5 + 304 + 12, "{via:?}: {what}");
+            let parts = super::state::joint_parts(&raw, 2);
+            assert_eq!(
+                super::state::render(&p[1], parts[1].unwrap()).as_deref(),
+                Some("10:50"),
+                "{via:?}: {what}"
+            );
+            assert_eq!(
+                super::state::decode(&p[0], parts[0].unwrap()),
+                Some(State::SlidingLog {
+                    stamps: vec![NOW; 50].into()
+                }),
+                "{via:?}: {what}"
+            );
+            // Kept until the newest stamp leaves the log's window.
+            assert!(pttl > 0 && pttl <= 1_000, "{via:?}: {what}: {pttl}");
+            let _: () = redis::cmd("DEL")
+                .arg(format!("{base}~"))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
     }
 }
 
@@ -480,7 +596,11 @@ fn the_preamble_defines_what_the_lua_reads_once_each() {
     // Values are plain: nothing to escape in a Lua string.
     for (name, value) in constants() {
         if let Lua::Str(text) = value {
-            assert!(text.bytes().all(|b| b.is_ascii_alphanumeric()), "{name}");
+            assert!(
+                text.bytes()
+                    .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\'),
+                "{name}"
+            );
         }
     }
 }
@@ -522,6 +642,12 @@ async fn a_charge_round_trips_and_writes_the_model_s_state() {
             Policy::sliding_log("sl", 3, ms(1_000)).unwrap().shadow(),
         ]
         .into(),
+        // A joint key whose first state outgrows a one-byte length.
+        vec![
+            Policy::sliding_log("sl", 60, ms(1_000)).unwrap(),
+            Policy::fixed_window("fw", 6, ms(500)).unwrap(),
+        ]
+        .into(),
     ];
     // Days from 01:00 UTC: the steps cross into the next day at 3 600 000 ms, and the
     // clock that goes back after stays in it (the Lua given the earlier day's end).
@@ -554,14 +680,15 @@ async fn a_charge_round_trips_and_writes_the_model_s_state() {
     for via in VIAS {
         for (s, p) in sets.iter().enumerate() {
             let base = format!("rt:{{charge-{via:?}-{s}}}:t:");
-            let keys: Vec<String> = p
-                .iter()
-                .map(|policy| {
-                    let mut key = base.clone();
-                    crate::store::redis::keys::push_policy_suffix(&mut key, policy);
-                    key
-                })
-                .collect();
+            // A set of one policy keeps its key, a set of two their joint key.
+            let joint = p.len() > 1;
+            let keys: Vec<String> = if joint {
+                vec![format!("{base}~")]
+            } else {
+                let mut key = base.clone();
+                crate::store::redis::keys::push_policy_suffix(&mut key, &p[0]);
+                vec![key]
+            };
             let mut model: Vec<Option<State>> = vec![None; p.len()];
             for (i, &(at, op, cost)) in steps.iter().enumerate() {
                 let what = format!("{via:?} set {s} step {i} ({op:?} {cost} at {at})");
@@ -624,15 +751,16 @@ async fn a_charge_round_trips_and_writes_the_model_s_state() {
                     }
                 };
                 assert_eq!(reply.0.as_slice(), expected.as_slice(), "{what}");
-                for (j, key) in keys.iter().enumerate() {
+                for key in &keys {
                     if let Op::Charge = op {
-                        // Written with the model's TTL (Redis counts it in real time).
+                        // Written with the model's TTL (Redis counts it in real time):
+                        // a joint key's is the longest of its states'.
                         let pttl: i64 = redis::cmd("PTTL")
                             .arg(key)
                             .query_async(&mut conn)
                             .await
                             .unwrap();
-                        let ttl = i64::try_from(ttls[j]).unwrap();
+                        let ttl = i64::try_from(ttls.iter().copied().max().unwrap()).unwrap();
                         assert!(
                             pttl <= ttl && pttl > ttl - 1_000,
                             "{what}: {key}: {pttl} of {ttl}"
@@ -647,17 +775,22 @@ async fn a_charge_round_trips_and_writes_the_model_s_state() {
                         .await
                         .unwrap();
                 }
-                for (j, (policy, key)) in p.iter().zip(&keys).enumerate() {
-                    let raw: Option<Vec<u8>> = redis::cmd("GET")
-                        .arg(key)
-                        .query_async(&mut conn)
-                        .await
-                        .unwrap();
+                let key = &keys[0];
+                let raw: Option<Vec<u8>> = redis::cmd("GET")
+                    .arg(key)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                let parts = match (&raw, joint) {
+                    (Some(raw), true) => super::state::joint_parts(raw, p.len()),
+                    (raw, _) => vec![raw.as_deref()],
+                };
+                for (j, policy) in p.iter().enumerate() {
                     assert!(
-                        same_state(policy, model[j].as_ref(), raw.as_deref()),
+                        same_state(policy, model[j].as_ref(), parts[j]),
                         "{what}: {key}: the model's {:?}, Redis {:?}",
                         model[j],
-                        raw.map(|raw| String::from_utf8_lossy(&raw).into_owned())
+                        parts[j].map(String::from_utf8_lossy)
                     );
                 }
             }
