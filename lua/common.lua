@@ -28,8 +28,9 @@
 --       ms it needs from `now`, and whether the key's TTL may be kept: keep == true
 --       (a refund: the state only shrank) or keep equal to the new state's own (the
 --       stored state's TTL already runs to where this one's must). Keeping costs
---       Redis less than setting one. `store` writes what it returns; a joint set's
---       writer joins its policies' (decide.lua).
+--       Redis less than setting one. `store` writes what it returns (its body is
+--       in place where a decision writes); a joint set's writer joins its
+--       policies' (decide.lua).
 -- `n` is the policy's window in ms (a token bucket: its emission interval in us;
 -- a calendar quota: the end of its period in ms; in flight: the slot lifetime),
 -- `limit` positive. The refund and charge files register REFUND[code] and
@@ -45,14 +46,14 @@ local READ, STEP, ENCODE = {}, {}, {}
 -- global table's lookup on every use. Read by init(), at the start of every call
 -- that finds them unset (once per loaded library; every call of a script).
 local fmod, floor, min, max, fmt, byte, sub, find, rep, gmatch, char
-local pack, sunpack, call, tonum, unpacked
+local pack, sunpack, call, tonum, unpacked, concat
 -- The batchable operations by their letter's byte (a batch's records name them so).
 local OP_OF
 local function init()
   fmod, floor, min, max = math.fmod, math.floor, math.min, math.max
   fmt, byte, sub, find, rep = string.format, string.byte, string.sub, string.find, string.rep
   gmatch, char = string.gmatch, string.char
-  pack, sunpack, call, tonum, unpacked = struct.pack, struct.unpack, redis.call, tonumber, unpack
+  pack, sunpack, call, tonum, unpacked, concat = struct.pack, struct.unpack, redis.call, tonumber, unpack, table.concat
   OP_OF = {}
   for _, op in ipairs({ OP_CHECK, OP_PEEK, OP_REFUND, OP_CHARGE, OP_RELEASE, OP_RENEW }) do
     OP_OF[byte(op)] = op
@@ -170,5 +171,5 @@ local function packed(reply, r)
   for i = 1, r, 32 do
     runs[#runs + 1] = packed_run(reply, i, min(i + 31, r))
   end
-  return table.concat(runs)
+  return concat(runs)
 end

@@ -109,6 +109,22 @@ end
 -- states in order, the last taking the rest; an empty state is no state. One read
 -- and one write a subject, where a key a policy costs Redis one of each a policy.
 
+-- A state's length as the joint layout writes it before the state: its one-byte
+-- strings made once each.
+local LENGTHS = {}
+local function length_of(len)
+  local text = LENGTHS[len]
+  if text then
+    return text
+  end
+  if len < 255 then
+    text = char(len)
+    LENGTHS[len] = text
+    return text
+  end
+  return "\255" .. pack(">I4", len)
+end
+
 -- Splits `raw` into PARTS[1..n] (false: no state). Bytes that are no such layout
 -- are no state at all, as each READ reads bytes it did not write.
 local function split(raw, n)
@@ -165,11 +181,22 @@ local function write_joint(key, set)
       ttl = left
     end
   end
-  for i = 1, n - 1 do
-    local len = #PARTS[i]
-    PARTS[i] = (len < 255 and char(len) or "\255" .. pack(">I4", len)) .. PARTS[i]
+  local raw
+  if n == 2 then
+    -- The common set, joined in one concatenation (one new string).
+    local first = PARTS[1]
+    raw = length_of(#first) .. first .. PARTS[2]
+  else
+    for i = 1, n - 1 do
+      PARTS[i] = length_of(#PARTS[i]) .. PARTS[i]
+    end
+    raw = concat(PARTS, "", 1, n)
   end
-  store(key, table.concat(PARTS, "", 1, n), ttl, kept)
+  if kept then
+    call("SET", key, raw, "KEEPTTL")
+  else
+    call("SET", key, raw, "PX", ttl_text(ttl))
+  end
 end
 
 -- Policy i's slot in a joint set whose key is at slot k: k itself for the first,
@@ -299,7 +326,13 @@ local function run(op, set, map, at, cost, now, reply, r, raws, keeps)
         mark(k, WRITE_TTL, set, 0, now)
       else
         -- No other record of the call names the key: written now.
-        store(CALL_KEYS[k], set[SET_ENCODE](w, now, held, false))
+        -- store's body, in place: a release is one of every request's two records.
+        local raw, ttl = set[SET_ENCODE](w, now, held, false)
+        if raw then
+          call("SET", CALL_KEYS[k], raw, "PX", ttl_text(ttl))
+        else
+          call("DEL", CALL_KEYS[k])
+        end
       end
     end
     local allowed, remaining, reset, retry = set[SET_STEP](set[SET_LIMIT], w, now, holder, held, false, false, true)
@@ -422,7 +455,15 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
     local allowed, remaining, reset, retry
     allowed, remaining, reset, retry, a, b, c = set[SET_STEP](set[SET_LIMIT], w, now, cost, a, b, c, false)
     if allowed then
-      store(keys[at + 1], set[SET_ENCODE](w, now, a, b, c, keeps and keep))
+      -- store's body, in place: a call is a visible share of a decision.
+      local raw, ttl, kept = set[SET_ENCODE](w, now, a, b, c, keeps and keep)
+      if kept then
+        call("SET", keys[at + 1], raw, "KEEPTTL")
+      elseif raw then
+        call("SET", keys[at + 1], raw, "PX", ttl_text(ttl))
+      else
+        call("DEL", keys[at + 1])
+      end
       -- put's common case, in place: the one call a decision saves is a visible share.
       if remaining < PACK_REMAINING_LIMIT and reset < PACK_RESET_LIMIT then
         reply[r + 1] = (reset * PACK_REMAINING_LIMIT + remaining) * 2 + 1
@@ -476,7 +517,15 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
       -- Every admitted policy's new state is a value (a denied one's is false).
       if NA[i] then
         local b = SET_FIELDS * (i - 1)
-        store(keys[at + i], set[b + SET_ENCODE](set[b + SET_N], now, NA[i], NB[i], NC[i], KEEPS[i]))
+        -- store's body, in place, as above.
+        local raw, ttl, kept = set[b + SET_ENCODE](set[b + SET_N], now, NA[i], NB[i], NC[i], KEEPS[i])
+        if kept then
+          call("SET", keys[at + i], raw, "KEEPTTL")
+        elseif raw then
+          call("SET", keys[at + i], raw, "PX", ttl_text(ttl))
+        else
+          call("DEL", keys[at + i])
+        end
       end
     end
   end
