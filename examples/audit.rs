@@ -187,6 +187,8 @@ fn algorithm(key: &str) -> &'static str {
         Some("sw") => "sliding_window",
         Some("tb") => "token_bucket",
         Some("sl") => "sliding_log",
+        // A limiter of several policies: their states in one key.
+        Some("~") => "policy_set",
         // A leasing subject's lease generation.
         Some("~lease") => "lease_generation",
         _ => "other",

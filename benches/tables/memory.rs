@@ -45,17 +45,23 @@ struct Figure {
 /// Which layout is measured.
 #[derive(Clone, Copy, PartialEq)]
 enum Layout {
+    /// One limiter of every policy.
     Ours,
+    /// A limiter per policy: the store's states one key a policy, as it kept a set's
+    /// before a set's states shared a key (for comparison, not a reference).
+    OursApart,
+    /// The common layout of each policy, a key a policy.
     Common,
 }
 
-/// `subjects` subjects each spend `cost` under `policy`, `passes` times one window
-/// apart, on a client clock starting at a window boundary: every key lives at
-/// least a window in real time, so none expires while the figures are taken.
+/// `subjects` subjects each spend `cost` under `policies`, `passes` times one window
+/// (the first policy's) apart, on a client clock starting at a window boundary: every
+/// key lives at least a window in real time, so none expires while the figures are
+/// taken.
 async fn measure(
     server: &RedisServer,
     layout: Layout,
-    policy: &Policy,
+    policies: &[Policy],
     cost: u64,
     subjects: usize,
     passes: u64,
@@ -65,7 +71,19 @@ async fn measure(
     let store = RedisStore::new(server.pool())
         .timeout(Duration::from_secs(30))
         .client_clock(clock.clone());
-    let limiter = Limiter::new(store.clone(), policy.clone());
+    let limiter = policies
+        .iter()
+        .cloned()
+        .fold(Limiter::builder(store.clone()), |b, p| b.policy(p))
+        .build()
+        .expect("limiter");
+    let apart: Arc<Vec<Limiter<RedisStore>>> = Arc::new(
+        policies
+            .iter()
+            .map(|p| Limiter::new(store.clone(), p.clone()))
+            .collect(),
+    );
+    let policy = &policies[0];
     let common_conn = connect(server).await;
     // Open the store's connection before the baseline.
     limiter.check("warm-up", 1).await.expect("warm-up");
@@ -79,33 +97,53 @@ async fn measure(
         let mut tasks = JoinSet::new();
         for w in 0..WORKERS {
             let limiter = limiter.clone();
+            let apart = Arc::clone(&apart);
             let mut common_conn = common_conn.clone();
-            let policy = policy.clone();
+            let policies = policies.to_vec();
             let store = store.clone();
             let next_id = Arc::clone(&next_id);
             tasks.spawn(async move {
                 for i in (w..subjects).step_by(WORKERS) {
+                    let cost32 = u32::try_from(cost).expect("small cost");
                     let allowed = match layout {
                         Layout::Ours => limiter
-                            .check(subject(i), u32::try_from(cost).expect("small cost"))
+                            .check(subject(i), cost32)
                             .await
                             .expect("store call")
                             .is_allowed(),
+                        Layout::OursApart => {
+                            let mut all = true;
+                            for one in apart.iter() {
+                                let decision = one.check(subject(i), cost32).await;
+                                all &= decision.expect("store call").is_allowed();
+                            }
+                            all
+                        }
                         Layout::Common => {
-                            let id = next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let cmd = reference::command(
-                                policy.algorithm(),
-                                &store.key(&subject(i), limiter.policy_set(), &policy),
-                                &now.to_string(),
-                                cost,
-                                &policy,
-                                id,
-                            );
-                            let reply: Value = cmd
-                                .query_async(&mut common_conn)
-                                .await
-                                .expect("common call");
-                            admitted(&reply)
+                            let mut all = true;
+                            for policy in &policies {
+                                let id = next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                // A key a policy: the store's own name beside it when
+                                // the store keeps the set in one key.
+                                let mut key = store.key(&subject(i), limiter.policy_set(), policy);
+                                if policies.len() > 1 {
+                                    key.push_str(policy.name());
+                                }
+                                let cmd = reference::command(
+                                    policy.algorithm(),
+                                    &key,
+                                    &now.to_string(),
+                                    cost,
+                                    policy,
+                                    id,
+                                );
+                                let reply: Value = cmd
+                                    .query_async(&mut common_conn)
+                                    .await
+                                    .expect("common call");
+                                all &= admitted(&reply);
+                            }
+                            all
                         }
                     };
                     assert!(allowed, "every fill call is admitted");
@@ -158,8 +196,24 @@ pub(crate) async fn run(server: &RedisServer) {
             "sliding window, two consecutive windows",
         ),
     ] {
-        let ours = measure(server, Layout::Ours, policy, 1, SUBJECTS, 2).await;
-        let common = measure(server, Layout::Common, policy, 1, SUBJECTS, 2).await;
+        let ours = measure(
+            server,
+            Layout::Ours,
+            std::slice::from_ref(policy),
+            1,
+            SUBJECTS,
+            2,
+        )
+        .await;
+        let common = measure(
+            server,
+            Layout::Common,
+            std::slice::from_ref(policy),
+            1,
+            SUBJECTS,
+            2,
+        )
+        .await;
         let layout = reference::name(policy.algorithm());
         rows.push(Row {
             label: label_one,
@@ -183,8 +237,24 @@ pub(crate) async fn run(server: &RedisServer) {
         );
     }
     // An emptied bucket (cost 1000): its state lives the minute it takes to refill.
-    let ours = measure(server, Layout::Ours, &bucket, 1_000, SUBJECTS, 1).await;
-    let common = measure(server, Layout::Common, &bucket, 1_000, SUBJECTS, 1).await;
+    let ours = measure(
+        server,
+        Layout::Ours,
+        std::slice::from_ref(&bucket),
+        1_000,
+        SUBJECTS,
+        1,
+    )
+    .await;
+    let common = measure(
+        server,
+        Layout::Common,
+        std::slice::from_ref(&bucket),
+        1_000,
+        SUBJECTS,
+        1,
+    )
+    .await;
     rows.push(Row {
         label: "token bucket, emptied (cost 1000)",
         subjects: SUBJECTS,
@@ -198,12 +268,28 @@ pub(crate) async fn run(server: &RedisServer) {
         started.elapsed().as_secs_f64()
     );
     // A full log: 1 000 admitted requests in the window.
-    let ours = measure(server, Layout::Ours, &log, 1_000, LOG_SUBJECTS, 1).await;
+    let ours = measure(
+        server,
+        Layout::Ours,
+        std::slice::from_ref(&log),
+        1_000,
+        LOG_SUBJECTS,
+        1,
+    )
+    .await;
     eprintln!(
         "memory: our sliding log done at {:.0} s",
         started.elapsed().as_secs_f64()
     );
-    let common = measure(server, Layout::Common, &log, 1_000, COMMON_LOG_SUBJECTS, 1).await;
+    let common = measure(
+        server,
+        Layout::Common,
+        std::slice::from_ref(&log),
+        1_000,
+        COMMON_LOG_SUBJECTS,
+        1,
+    )
+    .await;
     rows.push(Row {
         label: "sliding log, full (1000 admitted in the window)",
         subjects: LOG_SUBJECTS,
@@ -219,7 +305,15 @@ pub(crate) async fn run(server: &RedisServer) {
     // In flight: each subject checked once and its slot left held (no `Permit` takes
     // it, no release comes), so its state holds one holder (this limiter) with one
     // slot until the slot lifetime (a minute) ends.
-    let ours = measure(server, Layout::Ours, &in_flight, 1, SUBJECTS, 1).await;
+    let ours = measure(
+        server,
+        Layout::Ours,
+        std::slice::from_ref(&in_flight),
+        1,
+        SUBJECTS,
+        1,
+    )
+    .await;
     rows.push(Row {
         label: "in-flight, 1 holder with 1 slot",
         subjects: SUBJECTS,
@@ -232,10 +326,34 @@ pub(crate) async fn run(server: &RedisServer) {
         "memory: in flight done at {:.0} s",
         started.elapsed().as_secs_f64()
     );
-    report(&rows);
+    // Two policies of one subject, their states in one key; beside them the same two
+    // policies a limiter each (a key a policy, as the store kept a set before), and the
+    // common layouts, a key a policy. A cost of 1000, as the bucket's row: a bucket
+    // state lives as long as it takes to refill, 60 ms after a cost of 1.
+    let pair = [
+        sliding.clone(),
+        Policy::token_bucket("burst", 1_000, 1_000, minute).expect("policy"),
+    ];
+    let ours = measure(server, Layout::Ours, &pair, 1_000, SUBJECTS, 1).await;
+    let apart = measure(server, Layout::OursApart, &pair, 1_000, SUBJECTS, 1).await;
+    let common = measure(server, Layout::Common, &pair, 1_000, SUBJECTS, 1).await;
+    rows.push(Row {
+        label: "sliding window + token bucket, both full (cost 1000)",
+        subjects: SUBJECTS,
+        common_subjects: SUBJECTS,
+        ours: ours[0],
+        common: Some(common[0]),
+        common_layout: "common two keys + common hash",
+    });
+    eprintln!(
+        "memory: two policies done at {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    report(&rows, apart[0]);
 }
 
-fn report(rows: &[Row]) {
+/// `apart`: the two-policy row's policies, a limiter each.
+fn report(rows: &[Row], apart: Figure) {
     println!();
     println!("## Redis memory per subject");
     println!();
@@ -278,11 +396,21 @@ fn report(rows: &[Row]) {
     let bucket = find("token bucket").ours.bytes;
     let log = find("sliding log").ours.bytes;
     let in_flight = find("in-flight").ours.bytes;
+    let pair = find("sliding window + token bucket").ours;
     println!();
     println!("### Targets");
     println!();
     // `used_memory` moves by a few bytes per 100 000 keys between identical runs.
     let jitter = 1.0;
+    println!(
+        "- two policies in one key {:.1} B ({:.2} keys a subject) < the same two a limiter each {:.1} B ({:.2} keys, the layout before one key a set): {} ({:.2}x)",
+        pair.bytes,
+        pair.keys,
+        apart.bytes,
+        apart.keys,
+        met(pair.bytes < apart.bytes),
+        pair.bytes / apart.bytes
+    );
     println!(
         "- token bucket {bucket:.1} B <= fixed window {fixed:.1} B (within {jitter} B of jitter): {}",
         met(bucket <= fixed + jitter)

@@ -229,7 +229,11 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 /// # Keys
 ///
 /// `<prefix>:{<subject>}:<set tag>:<policy name>:<algorithm code>` (`fw`, `sw`, `tb`,
-/// `sl`), one string per subject and policy. The set tag (12 hex digits) is a hash of
+/// `sl`), one string per subject and policy; a limiter of two or more policies of one
+/// subject (no named scope, no global counter, no in-flight policy) keeps them all
+/// in one string, `<prefix>:{<subject>}:<set tag>:~`: one read and one write a check
+/// where it would take one a policy, and one key's overhead in memory. Its TTL is
+/// the longest any of its states needs. The set tag (12 hex digits) is a hash of
 /// every policy of the limiter, names, algorithms and numbers: a policy changed under the same name (a rolling deploy that
 /// lengthens a window, a second service on the same Redis that also calls its policy
 /// "api") writes other keys, so no limiter ever reads state written under other
@@ -259,7 +263,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 ///
 /// With leases ([`crate::lease`]), a subject also has one more key,
 /// `<prefix>:{<subject>}:~lease`, its lease generation (`~` is never in a policy
-/// name, so it cannot be a policy's key): written by leasing checks that grant units
+/// name, so it cannot be a policy's key, nor a joint one's `~`): written by leasing checks that grant units
 /// (with the TTL of the states they write), read by give-backs, deleted by a reset.
 /// Plain checks never touch it.
 #[derive(Clone)]
