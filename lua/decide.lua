@@ -192,11 +192,7 @@ local function write_joint(key, set)
     end
     raw = concat(PARTS, "", 1, n)
   end
-  if kept then
-    call("SET", key, raw, "KEEPTTL")
-  else
-    call("SET", key, raw, "PX", ttl_text(ttl))
-  end
+  store(key, raw, ttl, kept)
 end
 
 -- Policy i's slot in a joint set whose key is at slot k: k itself for the first,
