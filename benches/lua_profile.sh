@@ -2,7 +2,7 @@
 # Where a batch of checks spends Redis's instructions: a redis-server built with
 # symbols under callgrind (the distribution's is stripped), the store's function
 # library loaded, then for each policy set 200 calls of the batch function of 28 new
-# subjects each (what a batch carries at 64 tasks), counted from a zero
+# subjects each (what a batch carries at 64 tasks; PER_CALL=1: lone checks), counted from a zero
 # (`callgrind_control --zero`) to a dump. Prints the instructions per decision, all of
 # them and those of the Lua VM's own loop (`luaV_execute`, exclusive).
 #
@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 
 SERVER=${REDLIMIT_REDIS_SERVER:-redis-server}
 CALLS=200
-PER_CALL=28
+PER_CALL=${PER_CALL:-28}
 for tool in "$SERVER" valgrind callgrind_annotate callgrind_control redis-cli python3; do
   command -v "$tool" >/dev/null || { echo "lua_profile.sh: $tool is missing" >&2; exit 1; }
 done
