@@ -946,3 +946,66 @@ async fn every_timeout_is_a_defined_meaning_never_a_panic() {
         }
     }
 }
+
+/// A limiter of two policies keeps both states in one key: a flushed Redis costs each
+/// policy at most its limit again, a policy changed under the same name starts in
+/// another key while the old one keeps its count, and a clock that went back keeps
+/// deciding on the stored state, never locked out for longer than the stored window.
+#[tokio::test]
+async fn a_joint_key_survives_a_flush_a_changed_policy_and_a_clock_gone_back() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let clock = FakeClock::new(1_767_225_600_000);
+    let store = store(&server).client_clock(clock.clone());
+    let second = Duration::from_secs(1);
+    let joint = |window: Duration| {
+        Limiter::builder(store.clone())
+            .policy(Policy::fixed_window("fw", 3, window).unwrap())
+            .policy(Policy::sliding_window("sw", 10, second * 10).unwrap())
+            .build()
+            .unwrap()
+    };
+    let limiter = joint(second);
+    for _ in 0..3 {
+        assert!(limiter.check("s", 1).await.unwrap().is_allowed());
+    }
+    assert!(!limiter.check("s", 1).await.unwrap().is_allowed());
+    assert_eq!(server.keys().await.len(), 1, "one key for both policies");
+
+    // Flushed: the subject starts afresh, its limit once more and no more.
+    redis::cmd("FLUSHALL")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let fresh = limiter.check("s", 1).await.unwrap();
+    assert!(fresh.is_allowed());
+    assert_eq!(fresh.remaining(), 2);
+    assert!(limiter.check("s", 2).await.unwrap().is_allowed());
+    assert!(!limiter.check("s", 1).await.unwrap().is_allowed());
+
+    // The window changed under the same name: another key, counted afresh; the old
+    // limiter's count stands.
+    let changed = joint(second * 2);
+    let subject = Subject::new("s");
+    assert_ne!(
+        store.key(&subject, changed.policy_set(), &changed.policies()[0]),
+        store.key(&subject, limiter.policy_set(), &limiter.policies()[0])
+    );
+    let other = changed.check("s", 1).await.unwrap();
+    assert!(other.is_allowed(), "{other:?}");
+    assert_eq!(other.remaining(), 2);
+    assert!(!limiter.check("s", 1).await.unwrap().is_allowed());
+
+    // The clock goes back half a window after the window turned: the stored window
+    // still counts (one more fits), and the wait never runs past its end.
+    clock.advance(Duration::from_millis(1_500));
+    assert!(limiter.check("s", 2).await.unwrap().is_allowed());
+    clock.set_ms(clock.now_ms() - 1_000);
+    let back = limiter.check("s", 1).await.unwrap();
+    assert!(back.is_allowed(), "{back:?}");
+    let denied = limiter.check("s", 1).await.unwrap();
+    assert!(!denied.is_allowed());
+    let wait = denied.retry_after().unwrap();
+    assert!(wait <= Duration::from_millis(1_500), "{wait:?}");
+    server.assert_every_key_expires().await;
+}
