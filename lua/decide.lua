@@ -172,7 +172,7 @@ local function write_joint(key, set)
     PARTS[i] = raw
   end
   if not any then
-    -- Nothing changed (a caller writes only what did).
+    -- Nothing changed: nothing to write (write_all asks for every joint key it read).
     return
   end
   if same and not kept then
@@ -528,45 +528,38 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
   return r
 end
 
+-- What a write of slot k may keep of the key's TTL (ENCODE's `keep`), by how the
+-- call changed it (WMODE).
+local function keep_of(k)
+  local mode = WMODE[k]
+  if mode == WRITE_KEEP then
+    return true
+  elseif mode == WRITE_CHECK then
+    return KEEP[k]
+  end
+  return nil
+end
+
 -- Writes every slot of from..to the call changed, each once, with the now of its
 -- last change.
 local function write_all(keys, from, to)
   for k = from, to do
     if JOINED[k] == CALL then
-      -- A joint set's key: written whole when a state in it changed, each state
-      -- unchanged written as it was, its TTL kept (the key's runs as far).
+      -- A joint set's key: each changed state as it was left, each other one's bytes
+      -- as read; write_joint writes it only if a state in it changed.
       local set = JSET[k]
-      local n, stride, dirty = set.n, #CALL_KEYS, false
-      for i = 1, n do
-        if DIRTY[k + (i - 1) * stride] == CALL then
-          dirty = true
+      local stride = #CALL_KEYS
+      for i = 1, set.n do
+        local v = k + (i - 1) * stride
+        if DIRTY[v] == CALL then
+          NA[i], NB[i], NC[i], KEEPS[i], JNOW[i], JSAME[i] = A[v], B[v], C[v], keep_of(v), WNOW[v], false
+        else
+          NA[i], JSAME[i] = false, JRAW[v]
         end
       end
-      if dirty then
-        for i = 1, n do
-          local v = k + (i - 1) * stride
-          if DIRTY[v] == CALL then
-            local mode, keep = WMODE[v], true
-            if mode == WRITE_CHECK then
-              keep = KEEP[v]
-            elseif mode ~= WRITE_KEEP then
-              keep = nil
-            end
-            NA[i], NB[i], NC[i], KEEPS[i], JNOW[i], JSAME[i] = A[v], B[v], C[v], keep, WNOW[v], false
-          else
-            NA[i], JSAME[i] = false, JRAW[v]
-          end
-        end
-        write_joint(keys[k], set)
-      end
+      write_joint(keys[k], set)
     elseif DIRTY[k] == CALL then
-      local mode, keep = WMODE[k], nil
-      if mode == WRITE_KEEP then
-        keep = true
-      elseif mode == WRITE_CHECK then
-        keep = KEEP[k]
-      end
-      store(keys[k], WENC[k](WN[k], WNOW[k], A[k], B[k], C[k], keep))
+      store(keys[k], WENC[k](WN[k], WNOW[k], A[k], B[k], C[k], keep_of(k)))
     end
   end
 end
