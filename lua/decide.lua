@@ -147,12 +147,40 @@ local function split(raw, n)
   PARTS[n] = pos <= size and sub(raw, pos) or false
 end
 
+-- Joins PARTS[1..n] (each a state's bytes, "" for none) into `key`, with the TTL
+-- `ttl` or, when `kept`, the key's own; `same`: a part did not change or only
+-- shrank, so the TTL is never set below the key's own (it runs as far as such a
+-- part needs).
+local function join_parts(key, n, ttl, kept, same)
+  if same and not kept then
+    local left = call("PTTL", key)
+    if left > ttl then
+      ttl = left
+    end
+  end
+  local raw
+  if n == 2 then
+    -- The common set, joined in one concatenation (one new string).
+    local first = PARTS[1]
+    raw = (LENGTHS[#first] or length_of(#first)) .. first .. PARTS[2]
+  else
+    for i = 1, n - 1 do
+      PARTS[i] = length_of(#PARTS[i]) .. PARTS[i]
+    end
+    raw = concat(PARTS, "", 1, n)
+  end
+  -- store's body, in place (a joint set's every write comes here).
+  if kept then
+    call("SET", key, raw, "KEEPTTL")
+  else
+    call("SET", key, raw, "PX", ttl_text(ttl))
+  end
+end
+
 -- Writes a joint set's states to `key`: each changed one's NA, NB, NC encoded at
 -- JNOW[i] with KEEPS[i] (see ENCODE), each other one's bytes JSAME[i] as they were
 -- (false: none). One key, so one TTL: kept when every changed state may keep it,
--- else the longest any changed state needs, and never shorter than the key's own
--- while it holds a state that did not change or only shrank (the key's TTL runs as
--- far as such a state needs).
+-- else the longest any changed state needs (join_parts).
 local function write_joint(key, set)
   local n, ttl, kept, any, same = set.n, 0, true, false, false
   for i = 1, n do
@@ -171,28 +199,10 @@ local function write_joint(key, set)
     end
     PARTS[i] = raw
   end
-  if not any then
-    -- Nothing changed: nothing to write (write_all asks for every joint key it read).
-    return
+  if any then
+    -- Else nothing changed: nothing to write (write_all asks for every joint key it read).
+    join_parts(key, n, ttl, kept, same)
   end
-  if same and not kept then
-    local left = call("PTTL", key)
-    if left > ttl then
-      ttl = left
-    end
-  end
-  local raw
-  if n == 2 then
-    -- The common set, joined in one concatenation (one new string).
-    local first = PARTS[1]
-    raw = length_of(#first) .. first .. PARTS[2]
-  else
-    for i = 1, n - 1 do
-      PARTS[i] = length_of(#PARTS[i]) .. PARTS[i]
-    end
-    raw = concat(PARTS, "", 1, n)
-  end
-  store(key, raw, ttl, kept)
 end
 
 -- Policy i's slot in a joint set whose key is at slot k: k itself for the first,
@@ -437,6 +447,59 @@ local function run(op, set, map, at, cost, now, reply, r, raws, keeps)
   return r
 end
 
+-- check_once's joint set, whose states are in one key (`raw` as read): each state
+-- decided in turn and, when admitted, encoded at once into PARTS (a denied state's
+-- bytes stay as split), so nothing is kept between the decisions and the write;
+-- the key is written when every enforced policy admits.
+local function check_joint(set, at, cost, now, reply, r, raw, key, keeps)
+  if not PARTS then
+    scratch()
+  end
+  local n = set.n
+  split(raw, n)
+  local all, any, ttl, kept, same = true, false, 0, true, false
+  for i = 1, n do
+    local b = SET_FIELDS * (i - 1)
+    local part = PARTS[i]
+    local a, bb, c, keep = set[b + SET_READ](part)
+    -- No in-flight policy is joint: ARG is true for a policy counting requests.
+    local units = cost
+    if set[b + SET_ARG] then
+      units = 1
+    end
+    local allowed, remaining, reset, retry
+    allowed, remaining, reset, retry, a, bb, c =
+      set[b + SET_STEP](set[b + SET_LIMIT], set[b + SET_N], now, units, a, bb, c, false)
+    if allowed and remaining < PACK_REMAINING_LIMIT and reset < PACK_RESET_LIMIT then
+      r = r + 1
+      reply[r] = (reset * PACK_REMAINING_LIMIT + remaining) * 2 + 1
+    else
+      r = put(reply, r, allowed, remaining, reset, retry)
+    end
+    if allowed then
+      -- Encoded only while the key may still be written.
+      if all then
+        local t, k
+        part, t, k = set[b + SET_ENCODE](set[b + SET_N], now, a, bb, c, keeps and keep)
+        any, kept = true, kept and k
+        if t > ttl then
+          ttl = t
+        end
+      end
+    elseif set[b + SET_SHADOW] then
+      -- A denied shadow state stays in the key as it was.
+      same = same or part ~= false
+    else
+      all = false
+    end
+    PARTS[i] = part or ""
+  end
+  if all and any then
+    join_parts(key, n, ttl, kept, same)
+  end
+  return r
+end
+
 -- A check of `cost` at `now` on the policies of `set` for one subject whose keys no
 -- other record of the call names (slots at + 1 ..): as run decides it, each state
 -- read, decided and written at once, with nothing kept for the records after.
@@ -468,17 +531,16 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
     end
     return put(reply, r, allowed, remaining, reset, retry)
   end
+  if set.joint then
+    return check_joint(set, at, cost, now, reply, r, raws[at + 1], keys[at + 1], keeps)
+  end
   if not NA then
     scratch()
-  end
-  local joint = set.joint
-  if joint then
-    split(raws[at + 1], n)
   end
   local all = true
   for i = 1, n do
     local b = SET_FIELDS * (i - 1)
-    local a, bb, c, keep = set[b + SET_READ](joint and PARTS[i] or raws[at + i])
+    local a, bb, c, keep = set[b + SET_READ](raws[at + i])
     local arg, units = set[b + SET_ARG], cost
     if arg then
       units = arg == true and 1 or arg
@@ -501,14 +563,8 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
         end
       end
     end
-    if joint then
-      -- A denied (shadow) state stays in the joint key as it was.
-      JNOW[i], JSAME[i] = now, not NA[i] and PARTS[i]
-    end
   end
-  if all and joint then
-    write_joint(keys[at + 1], set)
-  elseif all then
+  if all then
     for i = 1, n do
       -- Every admitted policy's new state is a value (a denied one's is false).
       if NA[i] then

@@ -6,7 +6,7 @@
 local function token_bucket_read(raw)
   if raw then
     local tat = tonum(raw)
-    if tat and tat >= 0 and tat < 9007199254740992 and tat == floor(tat) then
+    if tat and tat >= 0 and tat < 9007199254740992 and tat % 1 == 0 then
       return tat, nil, nil, false
     end
   end
