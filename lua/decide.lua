@@ -6,7 +6,7 @@
 -- per policy (flags: FLAG_REQUESTS for a policy counting requests, FLAG_SHADOW for
 -- a shadow policy; an in-flight policy's holder in 12 hex digits), after
 -- SET_JOINT for a joint set (its policies' states in one key, see split and
--- write_joint), and read here once into a flat table, SET_FIELDS a policy (its
+-- join_parts), and read here once into a flat table, SET_FIELDS a policy (its
 -- READ, STEP and ENCODE functions,
 -- limit, n, shadow flag, algorithm code, and its ARG: the holder's 6 bytes for an
 -- in-flight policy, true for one counting requests, else false), beside `n`, the
