@@ -57,7 +57,8 @@ local LAST_TAT, LAST_TAT_TEXT = -1, ""
 -- an integer ("%d" costs about half of the "%.17g" Redis formats a number with).
 local function token_bucket_encode(_, now, tat, _, _, keep)
   if tat ~= LAST_TAT then
-    LAST_TAT, LAST_TAT_TEXT = tat, int(tat)
+    -- int's common case in place, once int has found "%d" wide enough.
+    LAST_TAT, LAST_TAT_TEXT = tat, WIDE_LONG and fmt("%d", tat) or int(tat)
   end
   local ahead = tat - now * 1000
   local ttl = (ahead - fmod(ahead, 1000)) / 1000
