@@ -50,12 +50,18 @@ local function sliding_window_step(limit, w, asked, cost, idx, prev, cur)
     cur = cur + cost
   end
   -- A previous window charged past the limit (a debt) may weigh more than the
-  -- limit: no room.
-  local remaining = limit * w - weighted
-  if remaining < 0 then
-    remaining = 0
+  -- limit: no room. Without a previous count (a new subject's first windows), the
+  -- room is the limit's: no division.
+  local remaining
+  if weighted == 0 then
+    remaining = limit - cur
+  else
+    remaining = limit * w - weighted
+    if remaining < 0 then
+      remaining = 0
+    end
+    remaining = (remaining - fmod(remaining, w)) / w - cur
   end
-  remaining = (remaining - fmod(remaining, w)) / w - cur
   if remaining < 0 then
     remaining = 0
   end
