@@ -421,8 +421,10 @@ pub(super) fn preamble() -> String {
     lua
 }
 
-/// `lua` with every [`constants`] name replaced by its value: how the composed code
-/// (the library's and every script's) reads the constants.
+/// `lua` with every [`constants`] name replaced by its value where it is code: how the
+/// composed code (the library's and every script's) reads the constants. Comments and
+/// string literals are left as written, so the library Redis keeps still reads the
+/// names in its comments, and no text can be changed by a name it happens to hold.
 ///
 /// Read as locals they cost instructions on every call (callgrind, against the
 /// literals they replace): a script's chunk runs again on every call, and Lua 5.1
@@ -434,7 +436,20 @@ pub(super) fn preamble() -> String {
 pub(super) fn inline(lua: &str) -> String {
     let constants: Vec<(String, Lua)> = constants().collect();
     let mut out = String::with_capacity(lua.len());
-    let mut rest = lua;
+    for (is_code, text) in lua_spans(lua) {
+        if is_code {
+            inline_code(text, &constants, &mut out);
+        } else {
+            out.push_str(text);
+        }
+    }
+    out
+}
+
+/// `code` (Lua with no comment or string in it) with every name of `constants` replaced
+/// by its value, onto `out`.
+fn inline_code(code: &str, constants: &[(String, Lua)], out: &mut String) {
+    let mut rest = code;
     while let Some(start) = rest.find(|c: char| c.is_ascii_alphabetic() || c == '_') {
         out.push_str(&rest[..start]);
         let word = &rest[start..];
@@ -456,5 +471,83 @@ pub(super) fn inline(lua: &str) -> String {
         rest = after;
     }
     out.push_str(rest);
-    out
+}
+
+/// `lua` cut into its code (`true`) and its comments and string literals (`false`),
+/// in order: the pieces joined are `lua`. Lua 5.1's lexing of them: `--` to the end of
+/// the line, `--[[ ]]` and `[[ ]]` with any level of `=`, quotes with backslash
+/// escapes (an unclosed one ends at its line's end, as Lua refuses it anyway).
+pub(super) fn lua_spans(lua: &str) -> Vec<(bool, &str)> {
+    let bytes = lua.as_bytes();
+    let mut spans = Vec::new();
+    let (mut code_from, mut i) = (0, 0);
+    while i < bytes.len() {
+        let end = match bytes[i] {
+            b'-' if bytes.get(i + 1) == Some(&b'-') => {
+                Some(long_bracket_end(bytes, i + 2).unwrap_or_else(|| line_end(bytes, i)))
+            }
+            b'[' => long_bracket_end(bytes, i),
+            quote @ (b'"' | b'\'') => Some(quoted_end(bytes, i, quote)),
+            _ => None,
+        };
+        match end {
+            Some(end) => {
+                if code_from < i {
+                    spans.push((true, &lua[code_from..i]));
+                }
+                spans.push((false, &lua[i..end]));
+                (code_from, i) = (end, end);
+            }
+            None => i += 1,
+        }
+    }
+    if code_from < bytes.len() {
+        spans.push((true, &lua[code_from..]));
+    }
+    spans
+}
+
+/// Where the line holding `at` ends (at its newline, or the text's end).
+fn line_end(bytes: &[u8], at: usize) -> usize {
+    bytes[at..]
+        .iter()
+        .position(|&b| b == b'\n')
+        .map_or(bytes.len(), |n| at + n)
+}
+
+/// Past the long bracket that opens at `at` (`[[`, `[=[`, ...), `None` when none opens
+/// there; an unclosed one runs to the text's end.
+fn long_bracket_end(bytes: &[u8], at: usize) -> Option<usize> {
+    if bytes.get(at) != Some(&b'[') {
+        return None;
+    }
+    let level = bytes[at + 1..].iter().take_while(|&&b| b == b'=').count();
+    if bytes.get(at + 1 + level) != Some(&b'[') {
+        return None;
+    }
+    let close: Vec<u8> = std::iter::once(b']')
+        .chain(std::iter::repeat_n(b'=', level))
+        .chain(std::iter::once(b']'))
+        .collect();
+    let from = at + 2 + level;
+    Some(
+        bytes[from..]
+            .windows(close.len())
+            .position(|w| w == close.as_slice())
+            .map_or(bytes.len(), |n| from + n + close.len()),
+    )
+}
+
+/// Past the string literal that opens with `quote` at `at`.
+fn quoted_end(bytes: &[u8], at: usize, quote: u8) -> usize {
+    let mut i = at + 1;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' => i += 2,
+            b'\n' => return i,
+            b if b == quote => return i + 1,
+            _ => i += 1,
+        }
+    }
+    bytes.len()
 }

@@ -575,6 +575,12 @@ fn the_preamble_defines_what_the_lua_reads_once_each() {
         &library[code_from..code_to],
     ];
     for script in scripts {
+        // Comments and strings keep the names as written (see inline).
+        let code: String = lua_spans(script)
+            .into_iter()
+            .map(|(is_code, text)| if is_code { text } else { " " })
+            .collect();
+        let script = code.as_str();
         for (name, _) in constants() {
             let as_word = |at: usize| {
                 let before = script[..at].chars().next_back();
@@ -593,6 +599,22 @@ fn the_preamble_defines_what_the_lua_reads_once_each() {
         inline("a = OP_REFUND .. OP_REFUNDS + SET_N - PACK_WIDE_DENIED"),
         r#"a = "r" .. OP_REFUNDS + 5 - (-1)"#
     );
+    // Only code: comments and string literals are left as written.
+    assert_eq!(
+        inline("a = SET_N -- SET_N, \"SET_N\"\nb = 'SET_N' .. \"x\\\"SET_N\" .. SET_N"),
+        "a = 5 -- SET_N, \"SET_N\"\nb = 'SET_N' .. \"x\\\"SET_N\" .. 5"
+    );
+    assert_eq!(
+        inline("--[==[ SET_N ]] SET_N ]==] SET_N [[ SET_N ]] t[SET_N]"),
+        "--[==[ SET_N ]] SET_N ]==] 5 [[ SET_N ]] t[5]"
+    );
+    // The pieces join to the whole.
+    let library = Library::get().source();
+    let joined: String = lua_spans(library)
+        .into_iter()
+        .map(|(_, text)| text)
+        .collect();
+    assert_eq!(joined, library);
     // Values are plain: nothing to escape in a Lua string.
     for (name, value) in constants() {
         if let Lua::Str(text) = value {
