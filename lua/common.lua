@@ -96,7 +96,9 @@ end
 
 -- A TTL in ms (at least 1) as the text SET takes: a number passed to redis.call is
 -- formatted with "%.17g", and a call's writes on one clock mostly set the same few
--- TTLs (one a policy), so the last two are kept.
+-- TTLs (one a policy), so the last two are kept. Writers test the last one in place
+-- (`ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl)`): a call is a visible share of a
+-- decision, and a batch's writes on one clock mostly hit it.
 local TTL_A, TTL_A_TEXT, TTL_B, TTL_B_TEXT = -1, "", -1, ""
 local function ttl_text(ms)
   if ms == TTL_A then
@@ -118,7 +120,7 @@ local function store(key, raw, ttl, kept)
   elseif kept then
     call("SET", key, raw, "KEEPTTL")
   else
-    call("SET", key, raw, "PX", ttl_text(ttl))
+    call("SET", key, raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
   end
 end
 

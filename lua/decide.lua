@@ -173,7 +173,7 @@ local function join_parts(key, n, ttl, kept, same)
   if kept then
     call("SET", key, raw, "KEEPTTL")
   else
-    call("SET", key, raw, "PX", ttl_text(ttl))
+    call("SET", key, raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
   end
 end
 
@@ -335,7 +335,7 @@ local function run(op, set, map, at, cost, now, reply, r, raws, keeps)
         -- store's body, in place: a release is one of every request's two records.
         local raw, ttl = set[SET_ENCODE](w, now, held, false)
         if raw then
-          call("SET", CALL_KEYS[k], raw, "PX", ttl_text(ttl))
+          call("SET", CALL_KEYS[k], raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
         else
           call("DEL", CALL_KEYS[k])
         end
@@ -456,7 +456,14 @@ local function check_joint(set, at, cost, now, reply, r, raw, key, keeps)
     scratch()
   end
   local n = set.n
-  split(raw, n)
+  -- A new subject's key has no parts to split (a call saved, at a decision's cost).
+  if raw then
+    split(raw, n)
+  else
+    for i = 1, n do
+      PARTS[i] = false
+    end
+  end
   local all, any, ttl, kept, same = true, false, 0, true, false
   for i = 1, n do
     local b = SET_FIELDS * (i - 1)
@@ -519,7 +526,7 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
       if kept then
         call("SET", keys[at + 1], raw, "KEEPTTL")
       elseif raw then
-        call("SET", keys[at + 1], raw, "PX", ttl_text(ttl))
+        call("SET", keys[at + 1], raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
       else
         call("DEL", keys[at + 1])
       end
@@ -574,7 +581,7 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
         if kept then
           call("SET", keys[at + i], raw, "KEEPTTL")
         elseif raw then
-          call("SET", keys[at + i], raw, "PX", ttl_text(ttl))
+          call("SET", keys[at + i], raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
         else
           call("DEL", keys[at + i])
         end
