@@ -62,8 +62,15 @@ if nargs == 1 and flags == FLAGS_BASE and nsets == 1 and clock == HEAD_REDIS_CLO
   -- Every state in one read. The reply sized for a few checks (a table grown from
   -- empty is rebuilt at 1, 2, 4 and 8 items); its first r items are the reply.
   local raws, reply, r = call("MGET", unpacked(KEYS)), { nil, nil, nil, nil, nil, nil, nil, nil }, 0
-  for k0 = 0, nkeys - p, p do
-    r = check_once(set, k0, 1, now, reply, r, raws, KEYS, true)
+  if set.joint then
+    -- check_once's dispatch, once for the call: a joint set's key a check.
+    for k = 1, nkeys do
+      r = check_joint(set, 1, now, reply, r, raws[k], KEYS[k], true)
+    end
+  else
+    for k0 = 0, nkeys - p, p do
+      r = check_once(set, k0, 1, now, reply, r, raws, KEYS, true)
+    end
   end
   return packed(reply, r)
 end

@@ -451,7 +451,7 @@ end
 -- decided in turn and, when admitted, encoded at once into PARTS (a denied state's
 -- bytes stay as split), so nothing is kept between the decisions and the write;
 -- the key is written when every enforced policy admits.
-local function check_joint(set, at, cost, now, reply, r, raw, key, keeps)
+local function check_joint(set, cost, now, reply, r, raw, key, keeps)
   if not PARTS then
     scratch()
   end
@@ -539,7 +539,7 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
     return put(reply, r, allowed, remaining, reset, retry)
   end
   if set.joint then
-    return check_joint(set, at, cost, now, reply, r, raws[at + 1], keys[at + 1], keeps)
+    return check_joint(set, cost, now, reply, r, raws[at + 1], keys[at + 1], keeps)
   end
   if not NA then
     scratch()

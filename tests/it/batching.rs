@@ -113,6 +113,58 @@ async fn a_batch_mixes_limiters_subjects_and_algorithms() {
     server.assert_every_key_expires().await;
 }
 
+/// A batch of checks of one set at cost 1 on Redis TIME, each of another subject:
+/// the common call, which the Lua decides on a path of its own (a joint set's key a
+/// check). Each subject's state stays in its own key.
+#[tokio::test]
+async fn a_batch_of_subjects_each_checked_once_keeps_each_state_in_its_own_key() {
+    let server = RedisServer::start();
+    let shared = store(&server);
+    let hour = Duration::from_secs(3_600);
+    // Sliding windows: a window's end between two rounds changes no figure here.
+    let one = Limiter::new(
+        shared.clone(),
+        Policy::sliding_window("one", 3, hour).unwrap(),
+    );
+    // Two policies of one subject: both states in one key.
+    let joint = Limiter::builder(shared.clone())
+        .policy(Policy::sliding_window("sw", 3, hour).unwrap())
+        .policy(Policy::token_bucket("tb", 5, 1, hour).unwrap())
+        .build()
+        .unwrap();
+    one.check("warm", 1).await.unwrap();
+    support::wait_for_function_library(&mut server.conn().await).await;
+    for (limiter, what) in [(&one, "one policy"), (&joint, "two policies")] {
+        for round in 1..=3u64 {
+            let sent = shared.calls_sent();
+            // "a" goes alone (or queues too); "b", "c" and "d" queue, in that order,
+            // for one batch.
+            let (a, b, c, d) = tokio::join!(
+                limiter.check("a", 1),
+                limiter.check("b", 1),
+                limiter.check("c", 1),
+                limiter.check("d", 1),
+            );
+            // At most two calls: after the first round the sending task may still hold
+            // the one place in flight, and then all four wait for one batch.
+            let calls = shared.calls_sent() - sent;
+            assert!(calls <= 2, "{what}, round {round}: {calls} calls");
+            for (subject, decided) in ["a", "b", "c", "d"].into_iter().zip([a, b, c, d]) {
+                // Three a subject an hour: each check of a subject counts in its own
+                // state alone.
+                assert_eq!(
+                    remaining(decided),
+                    Some(3 - round),
+                    "{subject}, round {round}, {what}"
+                );
+            }
+        }
+        let denied = limiter.check("c", 1).await.unwrap();
+        assert!(!denied.is_allowed(), "the fourth check of c");
+    }
+    server.assert_every_key_expires().await;
+}
+
 #[tokio::test]
 async fn many_tasks_batched_admit_exactly_what_the_memory_store_admits() {
     let server = RedisServer::start();
