@@ -456,7 +456,8 @@ local function check_joint(set, cost, now, reply, r, raw, key, keeps)
     scratch()
   end
   local n = set.n
-  -- A new subject's key has no parts to split (a call saved, at a decision's cost).
+  -- A new subject's key has no parts: no call of split (a call costs Redis about what
+  -- a short step does).
   if raw then
     split(raw, n)
   else
