@@ -52,7 +52,13 @@ if nargs == 1 and flags == FLAGS_BASE and nsets == 1 and clock == HEAD_REDIS_CLO
   if nkeys == 1 then
     -- One check of one policy: its outcome alone, one integer when it packs into
     -- one (the cheapest reply there is), and no new table.
-    ONE_RAW[1] = call("GET", KEYS[1])
+    -- GET fails on a key of another type, which MGET reads as absent: as absent here
+    -- too (its error comes back as a table; a string's .err is nil).
+    local raw = try_call("GET", KEYS[1])
+    if raw and raw.err then
+      raw = false
+    end
+    ONE_RAW[1] = raw
     local r = check_once(set, 0, 1, now, ONE_REPLY, 0, ONE_RAW, KEYS, true)
     if r == 1 then
       return ONE_REPLY[1]

@@ -150,8 +150,9 @@ end
 -- Joins PARTS[1..n] (each a state's bytes, "" for none) into `key`, with the TTL
 -- `ttl` or, when `kept`, the key's own; `same`: a part did not change or only
 -- shrank, so the TTL is never set below the key's own (it runs as far as such a
--- part needs).
-local function join_parts(key, n, ttl, kept, same)
+-- part needs); `old`: the call read the key as a string (false: absent, written with
+-- GET, see ttl_text).
+local function join_parts(key, n, ttl, kept, same, old)
   if same and not kept then
     local left = call("PTTL", key)
     if left > ttl then
@@ -169,11 +170,15 @@ local function join_parts(key, n, ttl, kept, same)
     end
     raw = concat(PARTS, "", 1, n)
   end
-  -- store's body, in place (a joint set's every write comes here).
+  -- store's body, in place (a joint set's every write comes here); a new key's SET
+  -- replies nil (see ttl_text).
   if kept then
     call("SET", key, raw, "KEEPTTL")
   else
-    call("SET", key, raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
+    local px = ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl)
+    if old or try_call("SET", key, raw, "PX", px, "GET") then
+      call("SET", key, raw, "PX", px)
+    end
   end
 end
 
@@ -201,7 +206,8 @@ local function write_joint(key, set)
   end
   if any then
     -- Else nothing changed: nothing to write (write_all asks for every joint key it read).
-    join_parts(key, n, ttl, kept, same)
+    -- Its states may have come from records before: written as an existing key's.
+    join_parts(key, n, ttl, kept, same, true)
   end
 end
 
@@ -503,7 +509,7 @@ local function check_joint(set, cost, now, reply, r, raw, key, keeps)
     PARTS[i] = part or ""
   end
   if all and any then
-    join_parts(key, n, ttl, kept, same)
+    join_parts(key, n, ttl, kept, same, raw)
   end
   return r
 end
@@ -527,7 +533,11 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
       if kept then
         call("SET", keys[at + 1], raw, "KEEPTTL")
       elseif raw then
-        call("SET", keys[at + 1], raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
+        -- A new key's SET replies nil (see ttl_text).
+        local px = ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl)
+        if raws[at + 1] or try_call("SET", keys[at + 1], raw, "PX", px, "GET") then
+          call("SET", keys[at + 1], raw, "PX", px)
+        end
       else
         call("DEL", keys[at + 1])
       end
@@ -582,7 +592,10 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
         if kept then
           call("SET", keys[at + i], raw, "KEEPTTL")
         elseif raw then
-          call("SET", keys[at + i], raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
+          local px = ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl)
+          if raws[at + i] or try_call("SET", keys[at + i], raw, "PX", px, "GET") then
+            call("SET", keys[at + i], raw, "PX", px)
+          end
         else
           call("DEL", keys[at + i])
         end

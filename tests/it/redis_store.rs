@@ -1009,3 +1009,67 @@ async fn a_joint_key_survives_a_flush_a_changed_policy_and_a_clock_gone_back() {
     assert!(wait <= Duration::from_millis(1_500), "{wait:?}");
     server.assert_every_key_expires().await;
 }
+
+/// A new key is written with SET's GET option, which fails on a key of another type
+/// (MGET reads one as absent): such a key is overwritten with a new state, as a plain
+/// SET always did, on Redis TIME and on the client's clock, for one policy, a joint
+/// key and a set whose policies keep a key each. Never an error, never a lockout.
+#[tokio::test]
+async fn a_key_of_another_type_is_taken_as_no_state_and_overwritten() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let minute = Duration::from_secs(60);
+    let sets: [Vec<Policy>; 6] = [
+        vec![Policy::fixed_window("fw", 5, minute).unwrap()],
+        vec![Policy::sliding_window("sw", 5, minute).unwrap()],
+        vec![Policy::token_bucket("tb", 5, 1, minute).unwrap()],
+        vec![Policy::sliding_log("sl", 5, minute).unwrap()],
+        vec![
+            Policy::sliding_window("sw", 5, minute).unwrap(),
+            Policy::token_bucket("tb", 5, 1, minute).unwrap(),
+        ],
+        vec![
+            Policy::fixed_window("rate", 5, minute).unwrap(),
+            Policy::in_flight("running", 5, minute).unwrap(),
+        ],
+    ];
+    let clock = FakeClock::new(1_767_225_600_000);
+    for (n, policies) in sets.iter().enumerate() {
+        for client_clock in [false, true] {
+            let store = if client_clock {
+                store(&server).client_clock(clock.clone())
+            } else {
+                store(&server)
+            };
+            let limiter = policies
+                .iter()
+                .cloned()
+                .fold(Limiter::builder(store.clone()), |b, p| b.policy(p))
+                .build()
+                .unwrap();
+            let subject = Subject::new(format!("typed-{n}-{client_clock}"));
+            let keys: HashSet<String> = policies
+                .iter()
+                .map(|p| store.key(&subject, limiter.policy_set(), p))
+                .collect();
+            for key in &keys {
+                let _: () = conn.hset(key, "field", "value").await.unwrap();
+            }
+            for expected in [4, 3] {
+                let decision = limiter.check(subject.clone(), 1).await;
+                let decision = decision.unwrap_or_else(|e| panic!("{policies:?}: {e}"));
+                assert!(decision.is_allowed(), "{policies:?}: {decision:?}");
+                assert_eq!(decision.remaining(), expected, "{policies:?}");
+            }
+            for key in &keys {
+                let kind: String = redis::cmd("TYPE")
+                    .arg(key)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                assert_eq!(kind, "string", "{policies:?}: {key}");
+            }
+        }
+    }
+    server.assert_every_key_expires().await;
+}
