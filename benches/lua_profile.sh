@@ -6,7 +6,9 @@
 # (`callgrind_control --zero`) to a dump. Prints the instructions per decision, all of
 # them and those of the Lua VM's own loop (`luaV_execute`, exclusive). WRITTEN=1: the
 # same calls run once before, unmeasured, so each check finds its subject's state
-# written (a token bucket's alone may have expired).
+# written (a token bucket's alone may have expired). FCALL_ONLY=1: only what runs
+# inside FCALL is counted (`--toggle-collect=fcallCommand`), so the server's timers
+# (serverCron, a few hundred instructions a decision under valgrind) stay out.
 #
 #   REDLIMIT_REDIS_SERVER=$(bash .ci/redis8.sh) bash benches/lua_profile.sh
 #   ... bash benches/lua_profile.sh 'two keys|sw:1000000:60000;tb:1000000:60;|2'
@@ -34,7 +36,11 @@ port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0));
 trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
 cargo run -q --release -p redlimit-bench --example function_library > "$dir/library.lua"
 
-valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" "$SERVER" --port "$port" \
+collect=()
+if [ "${FCALL_ONLY:-0}" = 1 ]; then
+  collect=(--toggle-collect=fcallCommand)
+fi
+valgrind --tool=callgrind "${collect[@]}" --callgrind-out-file="$dir/cg.out" "$SERVER" --port "$port" \
   --save '' --appendonly no > "$dir/valgrind.log" 2>&1 &
 server=$!
 for _ in $(seq 100); do
