@@ -53,9 +53,13 @@ if nargs == 1 and flags == FLAGS_BASE and nsets == 1 and clock == HEAD_REDIS_CLO
     -- One check of one policy: its outcome alone, one integer when it packs into
     -- one (the cheapest reply there is), and no new table.
     -- GET fails on a key of another type, which MGET reads as absent: as absent here
-    -- too (its error comes back as a table; a string's .err is nil).
+    -- too (its error comes back as a table; a string's .err is nil). Any other error
+    -- is the call's, as redis.call would have made it.
     local raw = try_call("GET", KEYS[1])
     if raw and raw.err then
+      if find(raw.err, "WRONGTYPE", 1, true) ~= 1 then
+        return raw
+      end
       raw = false
     end
     ONE_RAW[1] = raw

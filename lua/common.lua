@@ -118,8 +118,8 @@ end
 -- A key the call read as absent is written with SET's GET option, in place:
 --   if old or try_call("SET", key, raw, "PX", px, "GET") then call("SET", key, raw, "PX", px) end
 -- Its reply is then nil (false in Lua), where SET's own "OK" is a status that Redis
--- turns into a new table for Lua: about 900 of a new subject's Redis instructions
--- (benches/lua_profile.sh). A key read as a string keeps the plain SET: GET would
+-- turns into a new table for Lua: about 900 of a new subject's Redis instructions on
+-- Redis 8.2, 400 on 7.0 (BENCHMARKS.md). A key read as a string keeps the plain SET: GET would
 -- send its old value back, which costs more than the status. MGET reads a key of
 -- another type as absent, and GET fails on it; the error comes back as a table, and
 -- the plain SET overwrites the key, as it always did.

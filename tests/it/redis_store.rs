@@ -1011,9 +1011,10 @@ async fn a_joint_key_survives_a_flush_a_changed_policy_and_a_clock_gone_back() {
 }
 
 /// A new key is written with SET's GET option, which fails on a key of another type
-/// (MGET reads one as absent): such a key is overwritten with a new state, as a plain
-/// SET always did, on Redis TIME and on the client's clock, for one policy, a joint
-/// key and a set whose policies keep a key each. Never an error, never a lockout.
+/// (MGET reads one as absent, and so does a lone check's GET): such a key is
+/// overwritten with a new state, as a plain SET always did, on Redis TIME (a lone
+/// check's path) and on the client's clock (a batch's), for one policy, a joint key and
+/// a set whose policies keep a key each. Never an error, never a lockout.
 #[tokio::test]
 async fn a_key_of_another_type_is_taken_as_no_state_and_overwritten() {
     let server = RedisServer::start();
