@@ -151,8 +151,9 @@ end
 -- `ttl` or, when `kept`, the key's own; `same`: a part did not change or only
 -- shrank, so the TTL is never set below the key's own (it runs as far as such a
 -- part needs); `old`: the call read the key as a string (false: absent, written with
--- GET, see ttl_text).
-local function join_parts(key, n, ttl, kept, same, old)
+-- GET, see ttl_text); `now`: the call's Redis TIME, from which a new key's expiry is
+-- set (false on the client's clock).
+local function join_parts(key, n, ttl, kept, same, old, now)
   if same and not kept then
     local left = call("PTTL", key)
     if left > ttl then
@@ -174,10 +175,15 @@ local function join_parts(key, n, ttl, kept, same, old)
   -- replies nil (see ttl_text).
   if kept then
     call("SET", key, raw, "KEEPTTL")
+  elseif old then
+    call("SET", key, raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
   else
-    local px = ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl)
-    if old or try_call("SET", key, raw, "PX", px, "GET") then
-      call("SET", key, raw, "PX", px)
+    local unit, ms = "PX", ttl
+    if now then
+      unit, ms = "PXAT", now + (ttl < 1 and 1 or ttl)
+    end
+    if try_call("SET", key, raw, unit, ms == TTL_A and TTL_A_TEXT or ttl_text(ms), "GET") then
+      call("SET", key, raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
     end
   end
 end
@@ -509,7 +515,7 @@ local function check_joint(set, cost, now, reply, r, raw, key, keeps)
     PARTS[i] = part or ""
   end
   if all and any then
-    join_parts(key, n, ttl, kept, same, raw)
+    join_parts(key, n, ttl, kept, same, raw, keeps and now)
   end
   return r
 end
@@ -532,14 +538,20 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
       local raw, ttl, kept = set[SET_ENCODE](w, now, a, b, c, keeps and keep)
       if kept then
         call("SET", keys[at + 1], raw, "KEEPTTL")
-      elseif raw then
-        -- A new key's SET replies nil (see ttl_text).
-        local px = ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl)
-        if raws[at + 1] or try_call("SET", keys[at + 1], raw, "PX", px, "GET") then
-          call("SET", keys[at + 1], raw, "PX", px)
-        end
-      else
+      elseif not raw then
         call("DEL", keys[at + 1])
+      elseif raws[at + 1] then
+        call("SET", keys[at + 1], raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
+      else
+        -- A new key's SET replies nil, and on Redis TIME its expiry is absolute (see
+        -- ttl_text).
+        local unit, ms = "PX", ttl
+        if keeps then
+          unit, ms = "PXAT", now + (ttl < 1 and 1 or ttl)
+        end
+        if try_call("SET", keys[at + 1], raw, unit, ms == TTL_A and TTL_A_TEXT or ttl_text(ms), "GET") then
+          call("SET", keys[at + 1], raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
+        end
       end
       -- put's common case, in place: the one call a decision saves is a visible share.
       if remaining < PACK_REMAINING_LIMIT and reset < PACK_RESET_LIMIT then
@@ -591,13 +603,18 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
         local raw, ttl, kept = set[b + SET_ENCODE](set[b + SET_N], now, NA[i], NB[i], NC[i], KEEPS[i])
         if kept then
           call("SET", keys[at + i], raw, "KEEPTTL")
-        elseif raw then
-          local px = ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl)
-          if raws[at + i] or try_call("SET", keys[at + i], raw, "PX", px, "GET") then
-            call("SET", keys[at + i], raw, "PX", px)
-          end
-        else
+        elseif not raw then
           call("DEL", keys[at + i])
+        elseif raws[at + i] then
+          call("SET", keys[at + i], raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
+        else
+          local unit, ms = "PX", ttl
+          if keeps then
+            unit, ms = "PXAT", now + (ttl < 1 and 1 or ttl)
+          end
+          if try_call("SET", keys[at + i], raw, unit, ms == TTL_A and TTL_A_TEXT or ttl_text(ms), "GET") then
+            call("SET", keys[at + i], raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
+          end
         end
       end
     end

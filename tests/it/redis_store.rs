@@ -596,6 +596,83 @@ async fn every_write_sets_the_ttl_its_state_needs() {
     server.assert_every_key_expires().await;
 }
 
+/// On Redis TIME a new key's expiry is the time its state ends, on the clock it was
+/// decided on (`SET .. PXAT`): a window's key ends with its window (the sliding
+/// window's, and a joint key holding one, a window later), an in-flight key a slot
+/// lifetime after the decision; alone and in batches, for a key of its own, keys of
+/// one subject's set, and a joint key.
+#[tokio::test]
+async fn a_new_key_on_redis_time_expires_when_its_state_ends() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let w: u64 = 60_000;
+    let minute = Duration::from_millis(w);
+    let sets: [Vec<Policy>; 4] = [
+        vec![Policy::fixed_window("fw", 1_000, minute).unwrap()],
+        vec![Policy::sliding_window("sw", 1_000, minute).unwrap()],
+        vec![
+            Policy::fixed_window("fw", 1_000, minute).unwrap(),
+            Policy::sliding_window("sw", 1_000, minute).unwrap(),
+        ],
+        vec![
+            Policy::fixed_window("rate", 1_000, minute).unwrap(),
+            Policy::in_flight("running", 1_000, minute).unwrap(),
+        ],
+    ];
+    for (n, policies) in sets.iter().enumerate() {
+        let store = store(&server);
+        let limiter = policies
+            .iter()
+            .cloned()
+            .fold(Limiter::builder(store.clone()), |b, p| b.policy(p))
+            .build()
+            .unwrap();
+        // One check alone, then 24 at once: those behind the calls in flight go in batches.
+        for (round, checks) in [(0, 1), (1, 24)] {
+            let before = server_ms(&mut conn).await;
+            let mut tasks = JoinSet::new();
+            for i in 0..checks {
+                let limiter = limiter.clone();
+                tasks.spawn(async move { limiter.check(format!("ends-{n}-{round}-{i}"), 1).await });
+            }
+            while let Some(decision) = tasks.join_next().await {
+                assert!(decision.unwrap().unwrap().is_allowed(), "{policies:?}");
+            }
+            let after = server_ms(&mut conn).await;
+            for i in 0..checks {
+                let subject = Subject::new(format!("ends-{n}-{round}-{i}"));
+                let keys: HashSet<String> = policies
+                    .iter()
+                    .map(|p| store.key(&subject, limiter.policy_set(), p))
+                    .collect();
+                for key in keys {
+                    let ends: u64 = redis::cmd("PEXPIRETIME")
+                        .arg(&key)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    if key.ends_with(":if") {
+                        // A slot's lifetime from the decision.
+                        assert!(
+                            (before + w..=after + w).contains(&ends),
+                            "{key}: ends at {ends}, decided in {before}..={after}"
+                        );
+                    } else {
+                        // The window's end (a sliding window's state, a window later).
+                        let windows = if key.ends_with(":fw") { 1 } else { 2 };
+                        assert_eq!(ends % w, 0, "{key}: ends at {ends}, not at a window's end");
+                        assert!(
+                            (before / w + windows..=after / w + windows).contains(&(ends / w)),
+                            "{key}: ends at {ends}, decided in {before}..={after}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    server.assert_every_key_expires().await;
+}
+
 #[tokio::test]
 async fn server_clock_mode_shares_one_time_between_stores() {
     let server = RedisServer::start();
