@@ -49,6 +49,8 @@ local fmod, floor, min, max, fmt, byte, sub, find, rep, gmatch, char
 local pack, sunpack, call, try_call, tonum, unpacked, concat
 -- The batchable operations by their letter's byte (a batch's records name them so).
 local OP_OF
+-- Whether a new key's expiry on Redis TIME goes as the time it ends (see ttl_text).
+local ABSOLUTE_EXPIRY
 local function init()
   fmod, floor, min, max = math.fmod, math.floor, math.min, math.max
   fmt, byte, sub, find, rep = string.format, string.byte, string.sub, string.find, string.rep
@@ -56,6 +58,7 @@ local function init()
   pack, sunpack, call, tonum, unpacked, concat = struct.pack, struct.unpack, redis.call, tonumber, unpack, table.concat
   -- redis.pcall: an error comes back as a value (a table) instead of ending the call.
   try_call = redis.pcall
+  ABSOLUTE_EXPIRY = (redis.REDIS_VERSION_NUM or 0) >= 0x080000
   OP_OF = {}
   for _, op in ipairs({ OP_CHECK, OP_PEEK, OP_REFUND, OP_CHARGE, OP_RELEASE, OP_RENEW }) do
     OP_OF[byte(op)] = op
@@ -123,14 +126,14 @@ end
 -- send its old value back, which costs more than the status. MGET reads a key of
 -- another type as absent, and GET fails on it; the error comes back as a table, and
 -- the plain SET overwrites the key, as it always did.
--- On Redis TIME, a new key's expiry is given as the time it ends (PXAT now + ttl,
--- through the same text cache: a batch's states of one window end together). Redis
--- 8.2 rewrites a relative one (PX) into that form for its replicas and its AOF, at
--- about 1,900 instructions a write; on 7.0.15 the two cost the same (BENCHMARKS.md).
--- The key ends when the state's TTL says, on the clock the state was decided on. On
--- the client's clock the TTL stays relative: Redis's own clock may differ from it.
--- Before Redis 6.2 (no PXAT, no GET) the attempt fails and the plain SET PX writes
--- the key.
+-- On Redis 8 and Redis TIME, a new key's expiry goes as the time it ends (PXAT now +
+-- ttl, through the same text cache: a batch's states of one window end together).
+-- Redis 8.2 rewrites a relative one (PX) into that form for its replicas and its
+-- AOF, at about 1,900 instructions a write; on 7.0.15 a SET with PXAT costs more
+-- than one with PX (BENCHMARKS.md), so Redis 7 (and a server too old to tell its
+-- version) keeps PX. The key ends when the state's TTL says, on the clock the state
+-- was decided on. On the client's clock the TTL stays relative: Redis's own clock
+-- may differ from it.
 
 -- Writes what an ENCODE returned to `key`.
 local function store(key, raw, ttl, kept)

@@ -515,7 +515,7 @@ local function check_joint(set, cost, now, reply, r, raw, key, keeps)
     PARTS[i] = part or ""
   end
   if all and any then
-    join_parts(key, n, ttl, kept, same, raw, keeps and now)
+    join_parts(key, n, ttl, kept, same, raw, keeps and ABSOLUTE_EXPIRY and now)
   end
   return r
 end
@@ -546,7 +546,7 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
         -- A new key's SET replies nil, and on Redis TIME its expiry is absolute (see
         -- ttl_text).
         local unit, ms = "PX", ttl
-        if keeps then
+        if keeps and ABSOLUTE_EXPIRY then
           unit, ms = "PXAT", now + (ttl < 1 and 1 or ttl)
         end
         if try_call("SET", keys[at + 1], raw, unit, ms == TTL_A and TTL_A_TEXT or ttl_text(ms), "GET") then
@@ -609,7 +609,7 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
           call("SET", keys[at + i], raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
         else
           local unit, ms = "PX", ttl
-          if keeps then
+          if keeps and ABSOLUTE_EXPIRY then
             unit, ms = "PXAT", now + (ttl < 1 and 1 or ttl)
           end
           if try_call("SET", keys[at + i], raw, unit, ms == TTL_A and TTL_A_TEXT or ttl_text(ms), "GET") then
