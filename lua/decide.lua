@@ -152,7 +152,7 @@ end
 -- shrank, so the TTL is never set below the key's own (it runs as far as such a
 -- part needs); `old`: the call read the key as a string (false: absent, written with
 -- GET, see ttl_text); `now`: the call's Redis TIME, from which a new key's expiry is
--- set (false on the client's clock).
+-- set on Redis 8 (false on the client's clock and on Redis 7).
 local function join_parts(key, n, ttl, kept, same, old, now)
   if same and not kept then
     local left = call("PTTL", key)
@@ -175,15 +175,15 @@ local function join_parts(key, n, ttl, kept, same, old, now)
   -- replies nil (see ttl_text).
   if kept then
     call("SET", key, raw, "KEEPTTL")
-  elseif old then
-    call("SET", key, raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
-  else
-    local unit, ms = "PX", ttl
-    if now then
-      unit, ms = "PXAT", now + (ttl < 1 and 1 or ttl)
-    end
-    if try_call("SET", key, raw, unit, ms == TTL_A and TTL_A_TEXT or ttl_text(ms), "GET") then
+  elseif now and not old then
+    local ends = now + (ttl < 1 and 1 or ttl)
+    if try_call("SET", key, raw, "PXAT", ends == TTL_A and TTL_A_TEXT or ttl_text(ends), "GET") then
       call("SET", key, raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
+    end
+  else
+    local px = ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl)
+    if old or try_call("SET", key, raw, "PX", px, "GET") then
+      call("SET", key, raw, "PX", px)
     end
   end
 end
@@ -540,17 +540,18 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
         call("SET", keys[at + 1], raw, "KEEPTTL")
       elseif not raw then
         call("DEL", keys[at + 1])
-      elseif raws[at + 1] then
-        call("SET", keys[at + 1], raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
-      else
-        -- A new key's SET replies nil, and on Redis TIME its expiry is absolute (see
+      elseif keeps and ABSOLUTE_EXPIRY and not raws[at + 1] then
+        -- A new key on Redis 8 and Redis TIME: its expiry as the time it ends (see
         -- ttl_text).
-        local unit, ms = "PX", ttl
-        if keeps and ABSOLUTE_EXPIRY then
-          unit, ms = "PXAT", now + (ttl < 1 and 1 or ttl)
-        end
-        if try_call("SET", keys[at + 1], raw, unit, ms == TTL_A and TTL_A_TEXT or ttl_text(ms), "GET") then
+        local ends = now + (ttl < 1 and 1 or ttl)
+        if try_call("SET", keys[at + 1], raw, "PXAT", ends == TTL_A and TTL_A_TEXT or ttl_text(ends), "GET") then
           call("SET", keys[at + 1], raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
+        end
+      else
+        -- A new key's SET replies nil (see ttl_text).
+        local px = ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl)
+        if raws[at + 1] or try_call("SET", keys[at + 1], raw, "PX", px, "GET") then
+          call("SET", keys[at + 1], raw, "PX", px)
         end
       end
       -- put's common case, in place: the one call a decision saves is a visible share.
@@ -605,15 +606,15 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
           call("SET", keys[at + i], raw, "KEEPTTL")
         elseif not raw then
           call("DEL", keys[at + i])
-        elseif raws[at + i] then
-          call("SET", keys[at + i], raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
-        else
-          local unit, ms = "PX", ttl
-          if keeps and ABSOLUTE_EXPIRY then
-            unit, ms = "PXAT", now + (ttl < 1 and 1 or ttl)
-          end
-          if try_call("SET", keys[at + i], raw, unit, ms == TTL_A and TTL_A_TEXT or ttl_text(ms), "GET") then
+        elseif keeps and ABSOLUTE_EXPIRY and not raws[at + i] then
+          local ends = now + (ttl < 1 and 1 or ttl)
+          if try_call("SET", keys[at + i], raw, "PXAT", ends == TTL_A and TTL_A_TEXT or ttl_text(ends), "GET") then
             call("SET", keys[at + i], raw, "PX", ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl))
+          end
+        else
+          local px = ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl)
+          if raws[at + i] or try_call("SET", keys[at + i], raw, "PX", px, "GET") then
+            call("SET", keys[at + i], raw, "PX", px)
           end
         end
       end
