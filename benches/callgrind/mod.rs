@@ -1,5 +1,6 @@
 //! `redis-server` under `valgrind --tool=callgrind`, for the benches that count what a
-//! decision costs Redis in instructions (`lua_cost`, `redis_cost`).
+//! decision costs Redis in instructions (`lua_cost`, `redis_cost`); another build with
+//! `REDLIMIT_REDIS_SERVER`, as the tests take it (Redis 8: `bash .ci/redis8.sh`).
 //!
 //! Instruction counts do not drift with the load of a shared machine the way CPU
 //! seconds do: ratios between contenders measured this way are repeatable to a
@@ -41,14 +42,18 @@ impl Server {
             .port();
         let dir = std::env::temp_dir().join(format!("redlimit-{bench}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a temporary directory");
+        // The tests' server: `REDLIMIT_REDIS_SERVER` names another build (Redis 8:
+        // `bash .ci/redis8.sh`).
+        let server =
+            std::env::var("REDLIMIT_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned());
         let mut command = if callgrind {
             let mut c = Command::new("valgrind");
             c.arg("--tool=callgrind")
                 .arg(format!("--callgrind-out-file={}/cg.out", dir.display()))
-                .arg("redis-server");
+                .arg(&server);
             c
         } else {
-            Command::new("redis-server")
+            Command::new(&server)
         };
         let child = command
             .args(["--bind", "127.0.0.1", "--port"])
