@@ -13,6 +13,7 @@ use deadpool_redis::redis::{self, AsyncCommands};
 use redlimit::clock::{Clock, FakeClock};
 use redlimit::internals::SubjectInternals;
 use redlimit::{Error, Limiter, Policy, RedisStore, Subject};
+use support::cluster::info_field;
 use support::{hash_tag, key_of, RedisServer};
 use tokio::task::JoinSet;
 
@@ -26,6 +27,25 @@ fn store_kind(result: &Result<redlimit::Decision, Error>) -> Option<StoreErrorKi
         Err(Error::Store(e)) => Some(e.kind()),
         _ => None,
     }
+}
+
+/// A limiter of `policies` on `store`, in order.
+fn limiter_of(store: &RedisStore, policies: &[Policy]) -> Limiter<RedisStore> {
+    policies
+        .iter()
+        .cloned()
+        .fold(Limiter::builder(store.clone()), |b, p| b.policy(p))
+        .build()
+        .unwrap()
+}
+
+/// The keys `limiter` writes for `subject` (a joint set's one key once).
+fn keys_of(limiter: &Limiter<RedisStore>, subject: &Subject) -> HashSet<String> {
+    let set = limiter.policy_set();
+    set.policies()
+        .iter()
+        .map(|p| limiter.store().key(subject, set, p))
+        .collect()
 }
 
 /// Milliseconds of the server's clock.
@@ -611,9 +631,7 @@ async fn a_new_key_on_redis_time_expires_when_its_state_ends() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let major: u32 = info
-        .lines()
-        .find_map(|line| line.strip_prefix("redis_version:"))
+    let major: u32 = info_field(&info, "redis_version")
         .and_then(|version| version.split('.').next()?.parse().ok())
         .unwrap();
     let w: u64 = 60_000;
@@ -632,12 +650,7 @@ async fn a_new_key_on_redis_time_expires_when_its_state_ends() {
     ];
     for (n, policies) in sets.iter().enumerate() {
         let store = store(&server);
-        let limiter = policies
-            .iter()
-            .cloned()
-            .fold(Limiter::builder(store.clone()), |b, p| b.policy(p))
-            .build()
-            .unwrap();
+        let limiter = limiter_of(&store, policies);
         // One check alone, then 24 at once: those behind the calls in flight go in batches.
         for (round, checks) in [(0, 1), (1, 24)] {
             let before = server_ms(&mut conn).await;
@@ -652,11 +665,7 @@ async fn a_new_key_on_redis_time_expires_when_its_state_ends() {
             let after = server_ms(&mut conn).await;
             for i in 0..checks {
                 let subject = Subject::new(format!("ends-{n}-{round}-{i}"));
-                let keys: HashSet<String> = policies
-                    .iter()
-                    .map(|p| store.key(&subject, limiter.policy_set(), p))
-                    .collect();
-                for key in keys {
+                for key in keys_of(&limiter, &subject) {
                     let ends: u64 = redis::cmd("PEXPIRETIME")
                         .arg(&key)
                         .query_async(&mut conn)
@@ -1137,17 +1146,9 @@ async fn a_key_of_another_type_is_taken_as_no_state_and_overwritten() {
             } else {
                 store(&server)
             };
-            let limiter = policies
-                .iter()
-                .cloned()
-                .fold(Limiter::builder(store.clone()), |b, p| b.policy(p))
-                .build()
-                .unwrap();
+            let limiter = limiter_of(&store, policies);
             let subject = Subject::new(format!("typed-{n}-{client_clock}"));
-            let keys: HashSet<String> = policies
-                .iter()
-                .map(|p| store.key(&subject, limiter.policy_set(), p))
-                .collect();
+            let keys = keys_of(&limiter, &subject);
             for key in &keys {
                 let _: () = conn.hset(key, "field", "value").await.unwrap();
             }
