@@ -42,6 +42,12 @@
 //!   script's per decision; the check alone (no slot held, no release) beside it;
 //! - redlimit's fixed window with every task checking one hot subject: a batch reads,
 //!   decides on and writes its state once, whatever the number of its checks;
+//! - with `--cfg redlimit_peers` (see benches/Cargo.toml): tower-rate-limiter 0.1.6's
+//!   Redis store (`Store::increment`, its script: `INCR`, `PEXPIRE` when new, `PTTL`),
+//!   the HTTP section's peer, one call per decision on the references' connection,
+//!   each subject's key its bare name (as its key extractor would give an API key):
+//!   what its layer costs Redis a request, in instructions, where the HTTP section
+//!   gives CPU seconds, which swing from run to run;
 //! - the smallest fixed-window script batched
 //!   (`benches/reference/smallest_fixed_window_batch.lua`: `TIME` once, then per key
 //!   `INCR` and `PEXPIRE` when new), B keys per call from round(16 / B) tasks, so
@@ -54,7 +60,9 @@
 //! (`INFO errorstats`): a failed call costs little and would flatter its contender.
 //! Redis CPU seconds mean nothing under valgrind, so only instructions are reported.
 //!
-//! Shorter runs (smoke tests): `REDIS_COST_DECISIONS=300 REDIS_COST_ROUNDS=1`.
+//! Shorter runs (smoke tests): `REDIS_COST_DECISIONS=300 REDIS_COST_ROUNDS=1`. With
+//! the peer: `RUSTFLAGS="--cfg redlimit_peers" CARGO_TARGET_DIR=target/peers cargo bench
+//! -p redlimit-bench --bench redis_cost --ignore-rust-version`.
 //! Needs `valgrind` (with `callgrind_control`), `redis-server` and `redis-cli`
 //! (Debian: valgrind, redis-server, redis-tools). About a minute (54 s on two cores,
 //! every row), and up to 20 s more for each in-flight turn that would reach a window's
@@ -227,6 +235,10 @@ enum Contender {
     Store(usize),
     /// The smallest fixed-window script, batched.
     Batch(BatchSize),
+    /// tower-rate-limiter's Redis store, one call per decision: on distinct subjects,
+    /// or (`hot`) every decision on one, as redlimit's [`Kind::Hot`] case.
+    #[cfg(redlimit_peers)]
+    Peer { hot: bool },
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -297,6 +309,10 @@ struct Bench {
     smallest: Arc<redis::Script>,
     batch: Arc<redis::Script>,
     decisions: usize,
+    /// tower-rate-limiter's store on the references' connection, and decision d's
+    /// subject by its bare name, the key it is given.
+    #[cfg(redlimit_peers)]
+    peer: (tower_rate_limiter::RedisStore, Arc<Vec<String>>),
 }
 
 impl Bench {
@@ -360,9 +376,10 @@ impl Bench {
             })
             .collect();
         let stride = (SUBJECTS / decisions).max(1);
-        let subjects: Vec<Subject> = (0..decisions)
-            .map(|d| Subject::new(format!("{:012}", (d * stride) % SUBJECTS)))
+        let names: Vec<String> = (0..decisions)
+            .map(|d| format!("{:012}", (d * stride) % SUBJECTS))
             .collect();
+        let subjects: Vec<Subject> = names.iter().map(Subject::new).collect();
         let fixed_window = &limiters[0];
         let policy = &fixed_window.policy_set().policies()[0];
         let keys = subjects
@@ -370,6 +387,11 @@ impl Bench {
             .map(|s| store.key(s, fixed_window.policy_set(), policy))
             .collect();
         Self {
+            #[cfg(redlimit_peers)]
+            peer: (
+                tower_rate_limiter::RedisStore::new(conn.clone()),
+                Arc::new(names),
+            ),
             server,
             rt,
             conn,
@@ -465,6 +487,30 @@ impl Bench {
                         assert!(
                             counts.iter().all(|&c| c == 1),
                             "every subject's first decision: {counts:?}"
+                        );
+                    }
+                })
+                .await
+            }
+            #[cfg(redlimit_peers)]
+            Contender::Peer { hot } => {
+                use tower_rate_limiter::Store as _;
+                let (store, names) = (self.peer.0.clone(), Arc::clone(&self.peer.1));
+                share(TASKS, n, 1, move |d| {
+                    let (store, names) = (store.clone(), Arc::clone(&names));
+                    async move {
+                        let name = if hot { "hot" } else { names[d.start].as_str() };
+                        let usage = store
+                            .increment(name, WINDOW)
+                            .await
+                            .expect("a call of tower-rate-limiter's store");
+                        // Each subject's first decision of the turn creates its key;
+                        // the hot subject's count goes up to the turn's decisions.
+                        let most = if hot { n as u64 } else { 1 };
+                        assert!(
+                            (1..=most).contains(&usage.used),
+                            "tower-rate-limiter's count: {}",
+                            usage.used
                         );
                     }
                 })
@@ -588,6 +634,11 @@ fn main() {
     let cases = cases();
 
     let mut base: Vec<Contender> = vec![Contender::Smallest];
+    #[cfg(redlimit_peers)]
+    base.extend([
+        Contender::Peer { hot: false },
+        Contender::Peer { hot: true },
+    ]);
     base.extend((0..cases.len()).map(Contender::Store));
     base.extend(
         FIXED_BATCHES
@@ -596,7 +647,7 @@ fn main() {
     );
     let mut rows: Vec<(Contender, Vec<Turn>)> = base.iter().map(|&c| (c, Vec::new())).collect();
     rows.insert(
-        1 + cases.len(),
+        base.len() - FIXED_BATCHES.len(),
         (Contender::Batch(BatchSize::AsStore), Vec::new()),
     );
 
@@ -730,6 +781,19 @@ fn report(
         reference,
         None,
     );
+    #[cfg(redlimit_peers)]
+    for (hot, label) in [
+        (false, ""),
+        (true, ", one hot subject (every task increments the same)"),
+    ] {
+        line(
+            format!(
+                "tower-rate-limiter 0.1.6's Redis store (`Store::increment`), one call per decision{label}"
+            ),
+            turns(Contender::Peer { hot }),
+            None,
+        );
+    }
     for (i, case) in cases.iter().enumerate() {
         line(
             format!("redlimit `Limiter::check`, {}", case.label),
@@ -764,6 +828,26 @@ fn report(
          this design is 1.00x): {:.2}x",
         ratio(turns(Contender::Store(0)), as_store)
     );
+    #[cfg(redlimit_peers)]
+    {
+        let hot = cases
+            .iter()
+            .position(|case| case.kind == Kind::Hot)
+            .expect("the hot subject's case");
+        println!(
+            "- redlimit's fixed window / tower-rate-limiter's store, round by round (the HTTP \
+             targets ask <= 0.8x its Redis CPU a request): on distinct subjects, each decision \
+             creating its key (100,000 API keys) {:.2}x; on one hot subject (one client IP) {:.2}x",
+            ratio(
+                turns(Contender::Store(0)),
+                turns(Contender::Peer { hot: false })
+            ),
+            ratio(
+                turns(Contender::Store(hot)),
+                turns(Contender::Peer { hot: true })
+            ),
+        );
+    }
     for (i, case) in cases.iter().enumerate() {
         let of = turns(Contender::Store(i));
         match case.kind {
