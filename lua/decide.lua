@@ -526,7 +526,12 @@ end
 local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
   local n = set.n
   if n == 1 then
-    local a, b, c, keep = set[SET_READ](raws[at + 1])
+    -- A key read as absent is no state: every algorithm's read says so (nil) for it,
+    -- and a call saved is a visible share of a new subject's decision.
+    local old, a, b, c, keep = raws[at + 1], nil, nil, nil, nil
+    if old then
+      a, b, c, keep = set[SET_READ](old)
+    end
     local arg, w = set[SET_ARG], set[SET_N]
     if arg then
       cost = arg == true and 1 or arg
@@ -540,7 +545,7 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
         call("SET", keys[at + 1], raw, "KEEPTTL")
       elseif not raw then
         call("DEL", keys[at + 1])
-      elseif keeps and ABSOLUTE_EXPIRY and not raws[at + 1] then
+      elseif keeps and ABSOLUTE_EXPIRY and not old then
         -- A new key on Redis 8 and Redis TIME: its expiry as the time it ends (see
         -- ttl_text).
         local ends = now + (ttl < 1 and 1 or ttl)
@@ -550,7 +555,7 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
       else
         -- A new key's SET replies nil (see ttl_text).
         local px = ttl == TTL_A and TTL_A_TEXT or ttl_text(ttl)
-        if raws[at + 1] or try_call("SET", keys[at + 1], raw, "PX", px, "GET") then
+        if old or try_call("SET", keys[at + 1], raw, "PX", px, "GET") then
           call("SET", keys[at + 1], raw, "PX", px)
         end
       end
@@ -571,7 +576,11 @@ local function check_once(set, at, cost, now, reply, r, raws, keys, keeps)
   local all = true
   for i = 1, n do
     local b = SET_FIELDS * (i - 1)
-    local a, bb, c, keep = set[b + SET_READ](raws[at + i])
+    -- An absent key's state is nil, unread, as above.
+    local old, a, bb, c, keep = raws[at + i], nil, nil, nil, nil
+    if old then
+      a, bb, c, keep = set[b + SET_READ](old)
+    end
     local arg, units = set[b + SET_ARG], cost
     if arg then
       units = arg == true and 1 or arg

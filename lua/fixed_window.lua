@@ -41,15 +41,21 @@ local function fixed_window_step(limit, w, now, cost, idx, count)
   return false, remaining, reset, reset, idx, count
 end
 
+-- The last state packed and its bytes: a call's new subjects of one window all
+-- start at the same count, and pack is a visible share of their decisions.
+local FW_IDX, FW_COUNT, FW_RAW = -1, -1, ""
+
 -- Kept to the window's end: a state written in the stored window keeps its TTL.
 local function fixed_window_encode(w, now, idx, count, _, keep)
-  local raw
-  if idx < WIDE_AT and count < WIDE_AT then
-    raw = pack(">I6I6", idx, count)
-  else
-    raw = pack(">I7I7", idx, count)
+  if idx ~= FW_IDX or count ~= FW_COUNT then
+    if idx < WIDE_AT and count < WIDE_AT then
+      FW_RAW = pack(">I6I6", idx, count)
+    else
+      FW_RAW = pack(">I7I7", idx, count)
+    end
+    FW_IDX, FW_COUNT = idx, count
   end
-  return raw, (idx + 1) * w - now, keep == true or keep == idx
+  return FW_RAW, (idx + 1) * w - now, keep == true or keep == idx
 end
 
 READ[ALG_FIXED_WINDOW], STEP[ALG_FIXED_WINDOW], ENCODE[ALG_FIXED_WINDOW] =

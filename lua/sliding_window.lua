@@ -93,16 +93,21 @@ local function sliding_window_step(limit, w, asked, cost, idx, prev, cur)
   return false, remaining, reset, retry, idx, prev, cur
 end
 
+-- The last state packed and its bytes, as the fixed window's (FW_RAW).
+local SW_IDX, SW_PREV, SW_CUR, SW_RAW = -1, -1, -1, ""
+
 -- Kept to the end of the next window (its `prev` is this window's count): a state
 -- that counted in the stored window keeps its TTL.
 local function sliding_window_encode(w, now, idx, prev, cur, keep)
-  local raw
-  if idx < 4294967296 and prev < 4294967296 and cur < 4294967296 then
-    raw = pack(">I4I4I4", idx, prev, cur)
-  else
-    raw = pack(">I7I7I7", idx, prev, cur)
+  if idx ~= SW_IDX or prev ~= SW_PREV or cur ~= SW_CUR then
+    if idx < 4294967296 and prev < 4294967296 and cur < 4294967296 then
+      SW_RAW = pack(">I4I4I4", idx, prev, cur)
+    else
+      SW_RAW = pack(">I7I7I7", idx, prev, cur)
+    end
+    SW_IDX, SW_PREV, SW_CUR = idx, prev, cur
   end
-  return raw, (idx + 2) * w - now, keep == true or (keep == idx and cur > 0)
+  return SW_RAW, (idx + 2) * w - now, keep == true or (keep == idx and cur > 0)
 end
 
 READ[ALG_SLIDING_WINDOW], STEP[ALG_SLIDING_WINDOW], ENCODE[ALG_SLIDING_WINDOW] =
