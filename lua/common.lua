@@ -99,6 +99,12 @@ local function int(n)
   return fmt("%d%08d", high, n - high * 100000000)
 end
 
+-- WINDOW_AT: the last window index a window's step worked out, floor(now / w), for
+-- the now and w it was worked out at. A call's decisions share one now (Redis TIME)
+-- and mostly one window length: the fixed and sliding windows' steps test it in place
+-- and divide only when now or w differ.
+local WINDOW_AT_NOW, WINDOW_AT_W, WINDOW_AT_INDEX = -1, -1, -1
+
 -- A TTL in ms (at least 1) as the text SET takes: a number passed to redis.call is
 -- formatted with "%.17g", and a call's writes on one clock mostly set the same few
 -- TTLs (one a policy), so the last two are kept. Writers test the last one in place

@@ -23,7 +23,12 @@ end
 -- further ahead, it is state this clock cannot have written, read as fresh. The
 -- refund and the charge read the window the same way: this with a cost of 0.
 local function fixed_window_step(limit, w, now, cost, idx, count)
-  local cur = (now - fmod(now, w)) / w
+  -- The window now is in, as common.lua's WINDOW_AT keeps it.
+  local cur = WINDOW_AT_INDEX
+  if now ~= WINDOW_AT_NOW or w ~= WINDOW_AT_W then
+    cur = (now - fmod(now, w)) / w
+    WINDOW_AT_NOW, WINDOW_AT_W, WINDOW_AT_INDEX = now, w, cur
+  end
   if not idx or idx < cur or idx > cur + MAX_BACK then
     idx, count = cur, 0
   end

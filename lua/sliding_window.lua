@@ -30,7 +30,12 @@ end
 -- way: this with a cost of 0.
 local function sliding_window_step(limit, w, asked, cost, idx, prev, cur)
   local now = asked
-  local i = (now - fmod(now, w)) / w
+  -- The window now is in, as common.lua's WINDOW_AT keeps it.
+  local i = WINDOW_AT_INDEX
+  if now ~= WINDOW_AT_NOW or w ~= WINDOW_AT_W then
+    i = (now - fmod(now, w)) / w
+    WINDOW_AT_NOW, WINDOW_AT_W, WINDOW_AT_INDEX = now, w, i
+  end
   if idx and idx >= i - 1 and idx <= i + MAX_BACK then
     if idx > i then
       now = idx * w
