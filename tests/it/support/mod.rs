@@ -7,6 +7,7 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::{self, AsyncCommands};
@@ -381,7 +382,33 @@ fn redis_server_binary() -> String {
     std::env::var("REDLIMIT_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned())
 }
 
+/// A free loopback port for a server this run starts, kept for it alone: the same
+/// port is never handed out twice in one run, and it lies below the kernel's range of
+/// ephemeral ports. A server stopped for a restart leaves its ports unbound for a
+/// while; a port from the ephemeral range can meanwhile become another connection's
+/// local port or another `bind(0)`'s pick, and the restart fails with "Address
+/// already in use" (seen in CI for a cluster node's bus port).
 fn free_port() -> u16 {
+    static HANDED_OUT: AtomicUsize = AtomicUsize::new(0);
+    const LOWEST: usize = 10_000;
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<usize>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral_start.saturating_sub(LOWEST);
+    if span >= 1_000 {
+        // Two test processes at once start apart; a port that is busy is skipped.
+        let offset = std::process::id() as usize * 7_919 % span;
+        for _ in 0..span {
+            let next = HANDED_OUT.fetch_add(1, Ordering::Relaxed);
+            let port = LOWEST + (offset + next) % span;
+            let port = u16::try_from(port).expect("below the ephemeral range");
+            if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+                return port;
+            }
+        }
+    }
+    // An odd ephemeral range: the kernel's pick, which a restart may lose.
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
