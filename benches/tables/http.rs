@@ -13,6 +13,11 @@
 //! the allowed path; the generator checks the status and, for the layers, that the
 //! decision's headers are there (no store failure let a request pass unchecked).
 //!
+//! With `REDLIMIT_HTTP_LOAD=wrk` each turn is `wrk -t1 -c32` instead, in a process of
+//! its own and in whole seconds: the load generator the HTTP targets were first
+//! measured with. It checks every status but no headers, and gives each turn's p50
+//! and p99 (the table shows their medians), not every request's latency.
+//!
 //! What each request costs beside its rate, per turn: the app's CPU, the CPU time of
 //! the server runtime's threads (named `rl-http-server`: its workers, and any blocking
 //! thread it starts) from `/proc/self/task/<tid>/schedstat`, so the load generator's
@@ -288,6 +293,100 @@ struct Load {
     latencies: Vec<u32>,
     /// Answers without the layer's headers where they were expected.
     unchecked: u64,
+    /// wrk's p50 and p99 for the turn, ms (wrk keeps no latency per request).
+    percentiles: Option<(f64, f64)>,
+}
+
+/// What sends the turns' requests.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Generator {
+    /// [`load`]: a hyper client on a thread of this process.
+    InProcess,
+    /// [`load_wrk`]: `wrk -t1 -c32`, in a process of its own.
+    Wrk,
+}
+
+impl Generator {
+    /// `REDLIMIT_HTTP_LOAD`: `wrk`, or unset (or empty) for the in-process generator.
+    fn from_env() -> Self {
+        match std::env::var("REDLIMIT_HTTP_LOAD").as_deref() {
+            Err(_) | Ok("") => Generator::InProcess,
+            Ok("wrk") => Generator::Wrk,
+            Ok(other) => panic!("REDLIMIT_HTTP_LOAD={other:?}: `wrk`, or unset"),
+        }
+    }
+}
+
+/// `wrk -t1 -c{CONNECTIONS}` on `addr` for `turn` (whole seconds, at least one),
+/// each request with the next API key when `keys` says so (benches/wrk/walk_keys.lua).
+fn load_wrk(addr: SocketAddr, turn: Duration, keys: Keys) -> Load {
+    let secs = turn.as_secs().max(1);
+    let mut wrk = std::process::Command::new("wrk");
+    wrk.args([
+        "-t1",
+        &format!("-c{CONNECTIONS}"),
+        &format!("-d{secs}s"),
+        "--latency",
+    ]);
+    if keys == Keys::ApiKeys {
+        wrk.args([
+            "-s",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/wrk/walk_keys.lua"),
+        ]);
+    }
+    let out = wrk
+        .arg(format!("http://{addr}/"))
+        .output()
+        .unwrap_or_else(|e| panic!("REDLIMIT_HTTP_LOAD=wrk needs wrk (apt-get install wrk): {e}"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "wrk failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !text.contains("Non-2xx") && !text.contains("Socket errors"),
+        "wrk saw answers other than 200, or socket errors: {text}"
+    );
+    // "  73528 requests in 1.00s, 9.19MB read"
+    let (requests, time) = text
+        .lines()
+        .find_map(|line| {
+            let (n, rest) = line.trim().split_once(" requests in ")?;
+            let secs = wrk_duration_ms(rest.split(',').next()?)? / 1_000.0;
+            Some((n.parse::<u64>().ok()?, Duration::from_secs_f64(secs)))
+        })
+        .unwrap_or_else(|| panic!("no request count in wrk's output: {text}"));
+    // "     50%  383.00us" under "Latency Distribution"
+    let percentile = |p: &str| {
+        text.lines()
+            .find_map(|line| wrk_duration_ms(line.trim().strip_prefix(p)?.trim()))
+            .unwrap_or_else(|| panic!("no {p} latency in wrk's output: {text}"))
+    };
+    Load {
+        requests,
+        time,
+        latencies: Vec::new(),
+        unchecked: 0,
+        percentiles: Some((percentile("50%"), percentile("99%"))),
+    }
+}
+
+/// A wrk duration (`383.00us`, `1.20ms`, `1.00s`) in ms.
+fn wrk_duration_ms(text: &str) -> Option<f64> {
+    let text = text.trim();
+    let (number, scale) = if let Some(n) = text.strip_suffix("us") {
+        (n, 1e-3)
+    } else if let Some(n) = text.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1e3)
+    } else if let Some(n) = text.strip_suffix('m') {
+        (n, 60e3)
+    } else {
+        return None;
+    };
+    Some(number.parse::<f64>().ok()? * scale)
 }
 
 /// `CONNECTIONS` connections sending requests to `addr` for `turn`, with an API key
@@ -369,6 +468,7 @@ pub(crate) fn run(server: &RedisServer) {
 /// One table: every variant keyed on `keys`, in rotation, and its targets.
 fn measure(server: &RedisServer, keys: Keys) {
     let (turn_length, warm_up) = (scaled(TURN), scaled(WARM_UP));
+    let generator = Generator::from_env();
     let server_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name(SERVER_THREADS)
@@ -407,6 +507,8 @@ fn measure(server: &RedisServer, keys: Keys) {
     let mut redis_cpu: Vec<Vec<f64>> = vec![Vec::new(); served.len()];
     // Per turn: Redis script calls per request (a batch of checks is one).
     let mut calls: Vec<Vec<f64>> = vec![Vec::new(); served.len()];
+    // Per turn, with wrk: its p50 and p99, ms.
+    let mut turn_percentiles: Vec<Vec<(f64, f64)>> = vec![Vec::new(); served.len()];
     let mut info = blocking_conn(server);
     for round in 0..ROUNDS {
         for (i, (_, headers, _, addr)) in served.iter().enumerate() {
@@ -416,7 +518,10 @@ fn measure(server: &RedisServer, keys: Keys) {
                 script_calls_blocking(&mut info),
             );
             let app_before = machine::threads_cpu_ns(SERVER_THREADS);
-            let turn = load(*addr, turn_length, *headers, keys);
+            let turn = match generator {
+                Generator::InProcess => load(*addr, turn_length, *headers, keys),
+                Generator::Wrk => load_wrk(*addr, turn_length, keys),
+            };
             let app = machine::threads_cpu_ns(SERVER_THREADS).saturating_sub(app_before);
             let redis = redis_cpu_s_blocking(&mut info) - redis_before;
             let requests = turn.requests.max(1) as f64;
@@ -425,6 +530,7 @@ fn measure(server: &RedisServer, keys: Keys) {
             app_cpu[i].push(app as f64 / 1_000.0 / requests);
             redis_cpu[i].push(redis * 1e6 / requests);
             latencies[i].extend(turn.latencies);
+            turn_percentiles[i].extend(turn.percentiles);
             unchecked[i] += turn.unchecked;
         }
         eprintln!(
@@ -443,15 +549,26 @@ fn measure(server: &RedisServer, keys: Keys) {
     println!();
     println!(
         "A hello-world axum 0.8 app on loopback, served with connect info on a 2-worker tokio runtime; \
-         a Rust load generator in the same process (hyper 1 client, one thread): {CONNECTIONS} keep-alive \
+         {}: {CONNECTIONS} keep-alive \
          connections, one request in flight each, {ROUNDS} turns of {} ms per variant in rotation (each after \
-         {} ms of warm-up). Requests/s is the median turn, a ratio the median of the ratios of one round's turns; latencies over every request of the variant. Every variant keys \
+         {} ms of warm-up). Requests/s is the median turn, a ratio the median of the ratios of one round's turns; {}. Every variant keys \
          on {}; the limits admit everything. App CPU: the CPU time of the server runtime's threads \
          (not the generator's) over the turn, per request; Redis CPU: the main thread's \
          `used_cpu_user_main_thread` + `used_cpu_sys_main_thread` delta over the turn, per request (the \
          Redis-backed variants); both the median turn.",
-        turn_length.as_millis(),
+        match generator {
+            Generator::InProcess => "a Rust load generator in the same process (hyper 1 client, one thread)",
+            Generator::Wrk => "wrk in a process of its own (`wrk -t1 -c32 --latency`, with benches/wrk/walk_keys.lua on API keys)",
+        },
+        match generator {
+            Generator::InProcess => turn_length.as_millis(),
+            Generator::Wrk => u128::from(turn_length.as_secs().max(1)) * 1_000,
+        },
         warm_up.as_millis(),
+        match generator {
+            Generator::InProcess => "latencies over every request of the variant",
+            Generator::Wrk => "latencies the median of its turns' wrk p50 and p99 (wrk checks no headers: that column is empty)",
+        },
         match keys {
             Keys::ClientIp => "the client IP (every request from 127.0.0.1: one hot subject)".to_owned(),
             Keys::ApiKeys => format!(
@@ -479,8 +596,23 @@ fn measure(server: &RedisServer, keys: Keys) {
         let per_round: Vec<f64> = x[a].iter().zip(&x[b]).map(|(p, q)| p / q).collect();
         median(&per_round)
     };
+    for latencies in &mut latencies {
+        latencies.sort_unstable();
+    }
+    // Variant `i`'s percentile `p` (0.5 or 0.99), ms: over its requests, or with wrk
+    // the median of its turns'.
+    let latency = |i: usize, p: f64| {
+        if turn_percentiles[i].is_empty() {
+            percentile(&latencies[i], p)
+        } else {
+            let turns: Vec<f64> = turn_percentiles[i]
+                .iter()
+                .map(|&(p50, p99)| if p < 0.9 { p50 } else { p99 })
+                .collect();
+            median(&turns)
+        }
+    };
     for (i, (name, headers, redis, _)) in served.iter().enumerate() {
-        latencies[i].sort_unstable();
         let rate = median(&rates[i]);
         let slowest = rates[i].iter().cloned().fold(f64::MAX, f64::min);
         let fastest = rates[i].iter().cloned().fold(f64::MIN, f64::max);
@@ -490,9 +622,9 @@ fn measure(server: &RedisServer, keys: Keys) {
             thousands(slowest),
             thousands(fastest),
             ratio(i, 0),
-            percentile(&latencies[i], 0.50),
-            percentile(&latencies[i], 0.99),
-            if *headers {
+            latency(i, 0.50),
+            latency(i, 0.99),
+            if *headers && generator == Generator::InProcess {
                 unchecked[i].to_string()
             } else {
                 "—".to_owned()
