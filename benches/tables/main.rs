@@ -10,6 +10,8 @@
 //! # target directory of its own keeps the default build's artifacts):
 //! RUSTFLAGS="--cfg redlimit_peers" CARGO_TARGET_DIR=target/peers \
 //!     cargo bench -p redlimit-bench --bench tables --ignore-rust-version -- http
+//! # the http section's turns driven by `wrk -t1 -c32` instead of its own generator
+//! REDLIMIT_HTTP_LOAD=wrk cargo bench -p redlimit-bench --bench tables -- http
 //! ```
 //!
 //! Starts its own `redis-server` on a free loopback port (the test harness in
