@@ -13,6 +13,11 @@
 //! the allowed path; the generator checks the status and, for the layers, that the
 //! decision's headers are there (no store failure let a request pass unchecked).
 //!
+//! On one client IP the rotation also has the Redis store's fixed-window layer without
+//! headers on allowed answers, as the smallest-script handler answers. The Redis
+//! store's batching is its defaults unless `REDLIMIT_MAX_PIPELINED` or
+//! `REDLIMIT_MAX_BATCH` say otherwise, as in the throughput section.
+//!
 //! With `REDLIMIT_HTTP_LOAD=wrk` each turn is `wrk -t1 -c32` instead, in a process of
 //! its own and in whole seconds: the load generator the HTTP targets were first
 //! measured with. It checks every status but no headers, and gives each turn's p50
@@ -112,6 +117,10 @@ fn smallest_script_app(conn: MultiplexedConnection, keys: Keys) -> Router {
     Router::new().route("/", get(handler))
 }
 
+/// The name of the Redis store's fixed-window layer without headers on allowed answers.
+const REDIS_FIXED_QUIET: &str =
+    "RateLimitLayer, Redis store, fixed window, headers_on_allowed(false)";
+
 /// The name of tower-rate-limiter's variant.
 const TOWER_RATE_LIMITER: &str = "tower-rate-limiter 0.1.6, Redis store, fixed window";
 
@@ -196,18 +205,29 @@ fn variants(
     peer: Option<MultiplexedConnection>,
     keys: Keys,
 ) -> Vec<Variant> {
-    // The hello world behind the Redis store's layer of `policy`.
-    let redis_app = |policy| {
-        let store = RedisStore::new(server.pool()).timeout(Duration::from_secs(1));
+    // The hello world behind the Redis store's layer of `policy`, with or without its
+    // headers on allowed answers; the store's batching as set in the environment
+    // (`REDLIMIT_MAX_PIPELINED`, `REDLIMIT_MAX_BATCH`), else its defaults.
+    let redis_app_with = |policy, headers_on_allowed| {
+        let store = RedisStore::new(server.pool())
+            .timeout(Duration::from_secs(1))
+            .max_pipelined(env_usize("REDLIMIT_MAX_PIPELINED", 2))
+            .max_batch(env_usize("REDLIMIT_MAX_BATCH", 32));
         let limiter = Limiter::new(store, policy);
         match keys {
-            Keys::ClientIp => app().layer(RateLimitLayer::new(limiter, ClientIp::new())),
+            Keys::ClientIp => app().layer(
+                RateLimitLayer::new(limiter, ClientIp::new())
+                    .headers_on_allowed(headers_on_allowed),
+            ),
             Keys::ApiKeys => {
                 let header = redlimit::key::Header::plain(API_KEY).expect("a header name");
-                app().layer(RateLimitLayer::new(limiter, header))
+                app().layer(
+                    RateLimitLayer::new(limiter, header).headers_on_allowed(headers_on_allowed),
+                )
             }
         }
     };
+    let redis_app = |policy| redis_app_with(policy, true);
     let variant = |name, headers, redis, router| Variant {
         name,
         headers,
@@ -269,6 +289,16 @@ fn variants(
             smallest_script_app(smallest, keys),
         ),
     ]);
+    if keys == Keys::ClientIp {
+        // The handler sends no headers: the layer without them on allowed answers, to
+        // tell what they cost from what the store's path does.
+        variants.push(variant(
+            REDIS_FIXED_QUIET,
+            false,
+            true,
+            redis_app_with(fixed_window_policy(), false),
+        ));
+    }
     // tower-rate-limiter last, in a build that has it.
     #[cfg(redlimit_peers)]
     variants.extend(peer.map(|conn| {
@@ -707,6 +737,14 @@ fn measure(server: &RedisServer, keys: Keys) {
          fixed-window script (target >= 0.9x: {}), {redis_fixed_cpu_vs_smallest:.3}x its Redis CPU per request",
         met(redis_fixed_vs_smallest >= 0.9),
     );
+    if let Some(quiet) = find(REDIS_FIXED_QUIET) {
+        println!(
+            "- the same without headers on allowed answers (as the handler answers): {:.3}x the handler's \
+             requests/s, {:.3}x its app CPU per request",
+            ratio(quiet, smallest),
+            ratio_of(&app_cpu, quiet, smallest),
+        );
+    }
     match peer {
         Some((rate, redis_cpu, app_cpu)) => println!(
             "- Redis store on a fixed window {rate:.3}x tower-rate-limiter 0.1.6's requests/s (target >= \
